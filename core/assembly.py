@@ -1,0 +1,161 @@
+"""Assembly: resolve an algorithm spec into a bundle, then into a run plugin manager.
+
+The run manager registers only the chosen components, one per single slot, and is checked
+(slot counts and each component's cross-slot ``check``) before anything loads a model. pluggy's
+``firstresult`` would silently take the last registered implementation, so which component runs
+is decided here, never by hook order.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .catalog import Catalog, get_catalog
+from .components import Bundle, Component, Use
+from .errors import ConfigError, did_you_mean
+
+SINGLE = [s for s, kind in hookspecs.SLOTS.items() if kind == "single"]
+COLLECT = [s for s, kind in hookspecs.SLOTS.items() if kind == "collect"]
+
+
+def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
+                      where: str = "algorithm") -> Bundle:
+    """``"grpo"`` or ``{"base": "grpo", "clip": {"use": "cispo", "eps_high": 5.0}}`` -> Bundle.
+
+    Per-slot override forms: ``{use: NAME, **params}`` replaces the component;
+    ``{**params}`` (no ``use``) keeps the bundle's component and overrides parameters;
+    ``null`` removes an optional slot (``kl``); ``reward``/``filter`` take a list of those."""
+    catalog = catalog or get_catalog()
+    if isinstance(spec, Bundle):
+        return spec
+    if isinstance(spec, str):
+        return catalog.bundle(spec, where)
+    if not isinstance(spec, dict) or "base" not in spec:
+        raise ConfigError(where, f"expected an algorithm name or a mapping with 'base', got {spec!r}",
+                          "write `algorithm: grpo` or `algorithm: {base: grpo, clip: {use: cispo}}`")
+    base = catalog.bundle(spec["base"], f"{where}.base")
+    changes: dict[str, Any] = {}
+    for slot, value in spec.items():
+        if slot == "base":
+            continue
+        if slot not in hookspecs.SLOTS:
+            raise ConfigError(f"{where}.{slot}", f"unknown slot {slot!r}{did_you_mean(slot, hookspecs.SLOTS)}",
+                              f"slots are: {', '.join(hookspecs.SLOTS)}")
+        current = getattr(base, slot)
+        if hookspecs.SLOTS[slot] == "collect":
+            items = value if isinstance(value, list) else ([] if value is None else [value])
+            changes[slot] = tuple(_override(None, v, f"{where}.{slot}[{i}]") for i, v in enumerate(items))
+        elif value is None:
+            if slot != "kl":
+                raise ConfigError(f"{where}.{slot}", f"the {slot} slot cannot be empty",
+                                  f"name a {slot} component with `use:`")
+            changes[slot] = None
+        else:
+            changes[slot] = _override(current, value, f"{where}.{slot}")
+    hybrid = base.replace(**changes) if changes else base
+    return hybrid
+
+
+def _override(current: Use | None, value: Any, where: str) -> Use:
+    if isinstance(value, str):
+        return Use(value, {})
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"expected a mapping like {{use: NAME, param: value}}, got {value!r}",
+                          "see `policyzoo explain NAME` for parameters")
+    value = dict(value)
+    name = value.pop("use", None)
+    if name is None:
+        if current is None:
+            raise ConfigError(where, "no component named", "add `use: NAME`")
+        return current.with_params(**value)
+    if current is not None and name == current.name:
+        return current.with_params(**value)
+    return Use(str(name), value)
+
+
+class Run:
+    """The chosen components of one training run, registered in their own plugin manager.
+
+    Attributes: ``bundle``; one attribute per single slot (``run.clip`` ...) holding the component
+    instance; ``run.kl`` (or None); ``run.reward`` and ``run.filter`` lists; ``run.hook`` the pluggy
+    hook relay; ``run.sources`` ``{slot: "name from dist version"}``."""
+
+    def __init__(self, bundle: Bundle, catalog: Catalog | None = None,
+                 rewards: tuple[Use, ...] = (), where: str = "algorithm"):
+        catalog = catalog or get_catalog()
+        self.bundle = bundle
+        self.sources: dict[str, str] = {}
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs.Spec)
+        for slot in hookspecs.SLOTS:
+            chosen = getattr(bundle, slot)
+            if hookspecs.SLOTS[slot] == "collect":
+                uses = (tuple(rewards) + tuple(chosen)) if slot == "reward" else tuple(chosen)
+                comps = [self._make(catalog, slot, u, f"{where}.{slot}[{i}]") for i, u in enumerate(uses)]
+                setattr(self, slot, comps)
+            elif chosen is None:
+                if slot != "kl":
+                    raise ConfigError(f"{where}.{slot}", f"no {slot} component", "name one with `use:`")
+                setattr(self, slot, None)
+            else:
+                setattr(self, slot, self._make(catalog, slot, chosen, f"{where}.{slot}"))
+        self.hook = self.pm.hook
+        if os.environ.get("POLICYZOO_TRACE", "") not in ("", "0"):
+            self.pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[policyzoo trace] {msg}"))
+            self.pm.enable_tracing()
+        self.check()
+
+    def _make(self, catalog: Catalog, slot: str, u: Use, where: str) -> Component:
+        cls = catalog.component(slot, u.name, f"{where}.use")
+        comp = _construct(cls, u.params, where)
+        self.pm.register(comp, name=f"{slot}:{u.name}:{id(comp)}")
+        src = catalog.components[slot][u.name][1]
+        self.sources[slot] = (self.sources[slot] + ", " if slot in self.sources else "") + f"{u.name} from {src}"
+        return comp
+
+    def components(self) -> list[Component]:
+        out: list[Component] = []
+        for slot in hookspecs.SLOTS:
+            v = getattr(self, slot)
+            out.extend(v if isinstance(v, list) else ([] if v is None else [v]))
+        return out
+
+    def check(self) -> None:
+        """Exactly one implementation per single slot, then every component's own ``check``."""
+        for slot in SINGLE + ["kl"]:
+            n = len(getattr(self.pm.hook, slot).get_hookimpls())
+            if n > 1 or (n == 0 and slot != "kl"):
+                raise ConfigError(f"algorithm.{slot}", f"{n} components implement the single slot {slot!r}",
+                                  "choose exactly one component per single slot")
+        for comp in self.components():
+            comp.check(self)
+
+    def call_each(self, slot: str, **kwargs) -> list[tuple[Component, Any]]:
+        """Call every component of a collect slot; returns ``[(component, result)]`` in config
+        order, so results can be weighted and reported per component."""
+        out = []
+        impls = {id(i.plugin): i for i in getattr(self.pm.hook, slot).get_hookimpls()}
+        for comp in getattr(self, slot):
+            impl = impls[id(comp)]
+            if self.pm.trace.root.getwriter() is not None and os.environ.get("POLICYZOO_TRACE"):
+                sys.stderr.write(f"[policyzoo trace] {slot} -> {comp!r}\n")
+            out.append((comp, impl.function(**{a: kwargs[a] for a in impl.argnames})))
+        return out
+
+
+def _construct(cls: type[Component], params: dict, where: str) -> Component:
+    from .components import validate_params
+
+    validate_params(cls, params, where)  # raises ConfigError with the path
+    return cls(**params)
+
+
+def assemble(spec: str | dict | Bundle, rewards: tuple[Use, ...] = (), catalog: Catalog | None = None) -> Run:
+    """Resolve ``spec`` and build a checked :class:`Run` (no model is loaded)."""
+    catalog = catalog or get_catalog()
+    return Run(resolve_algorithm(spec, catalog), catalog, rewards)

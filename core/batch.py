@@ -1,0 +1,142 @@
+"""The tensors that cross hook boundaries.
+
+Shapes: B rows = P prompts x G samples, T response tokens (right-padded). ``response_mask`` is
+True on generated tokens that count for the loss. Rows are never reordered by policyzoo; grouping
+always uses ``group_ids``, never row position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    """What a ``sample`` component returns: G responses per prompt.
+
+    Attributes:
+        prompt_ids: list of B token-id lists (the prompt of each row, unpadded).
+        response_ids: ``[B, T]`` long, right-padded with the pad id.
+        response_mask: ``[B, T]`` bool, True on generated tokens (EOS included when generated).
+        rollout_logprobs: ``[B, T]`` float, per-token log-probabilities reported by the sampler
+            (nats), 0 on padding. May differ slightly from the trainer's (engine mismatch).
+        group_ids: ``[B]`` long; rows with the same id answered the same prompt.
+        truncated: ``[B]`` bool, True when the response hit the token limit without EOS.
+        prompts / completions: B strings (the prompt text and the decoded response).
+        rows: B dicts, the data row each prompt came from (answer and any extra columns).
+        temperature: the sampling temperature; the trainer scales logits by it.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: Tensor
+    response_mask: Tensor
+    rollout_logprobs: Tensor
+    group_ids: Tensor
+    truncated: Tensor
+    prompts: list[str] = field(default_factory=list)
+    completions: list[str] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    temperature: float = 1.0
+    max_tokens: int = 0
+
+    def __len__(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    def select(self, keep: Tensor) -> "Rollout":
+        """Rows where ``keep [B]`` is True, in their original order."""
+        return _select(self, keep)
+
+    @staticmethod
+    def concat(parts: list["Rollout"]) -> "Rollout":
+        """Stack rollouts row-wise; T is padded to the widest part."""
+        return _concat(parts)
+
+
+@dataclass
+class StepBatch:
+    """A rollout plus everything the loss needs, for one optimizer step (or one micro-batch of it).
+
+    All tensors are ``[B, T]`` or ``[B]`` and aligned with ``rollout``'s rows.
+    ``old_logprobs`` are the trainer's log-probs at sampling time (no grad); ``ref_logprobs`` the
+    reference model's (only when a ``kl`` component is active); ``values`` the critic's (only for
+    critic baselines). ``rewards`` is the weighted sum of reward components (NaN = unscorable).
+    """
+
+    rollout: Rollout
+    rewards: Tensor
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    values: Tensor | None = None
+    token_rewards: Tensor | None = None
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+
+    @property
+    def response_mask(self) -> Tensor:
+        return self.rollout.response_mask
+
+    def __len__(self) -> int:
+        return len(self.rollout)
+
+    def select(self, keep: Tensor) -> "StepBatch":
+        return _select(self, keep)
+
+    def split(self, n_micro: int) -> list["StepBatch"]:
+        """Split rows into ``n_micro`` contiguous micro-batches (order kept)."""
+        b = len(self)
+        bounds = [round(i * b / n_micro) for i in range(n_micro + 1)]
+        out = []
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            keep = torch.zeros(b, dtype=torch.bool)
+            keep[lo:hi] = True
+            out.append(self.select(keep))
+        return out
+
+
+def _select(obj, keep: Tensor):
+    keep = keep.to(torch.bool).cpu()
+    idx = keep.nonzero().flatten().tolist()
+    b = int(keep.shape[0])
+    values = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, (Rollout, StepBatch)):
+            v = _select(v, keep)
+        elif isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == b:
+            v = v[keep.to(v.device)]
+        elif isinstance(v, list) and len(v) == b:
+            v = [v[i] for i in idx]
+        values[f.name] = v
+    return type(obj)(**values)
+
+
+def _pad_to(t: Tensor, width: int, value) -> Tensor:
+    if t.dim() < 2 or t.shape[1] == width:
+        return t
+    pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype, device=t.device)
+    return torch.cat([t, pad], dim=1)
+
+
+def _concat(parts: list[Rollout]) -> Rollout:
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.response_ids.shape[1] for p in parts)
+    first = parts[0]
+    return Rollout(
+        prompt_ids=[x for p in parts for x in p.prompt_ids],
+        response_ids=torch.cat([_pad_to(p.response_ids, width, 0) for p in parts]),
+        response_mask=torch.cat([_pad_to(p.response_mask, width, False) for p in parts]),
+        rollout_logprobs=torch.cat([_pad_to(p.rollout_logprobs, width, 0.0) for p in parts]),
+        group_ids=torch.cat([p.group_ids for p in parts]),
+        truncated=torch.cat([p.truncated for p in parts]),
+        prompts=[x for p in parts for x in p.prompts],
+        completions=[x for p in parts for x in p.completions],
+        rows=[x for p in parts for x in p.rows],
+        temperature=first.temperature,
+        max_tokens=first.max_tokens,
+    )

@@ -1,0 +1,183 @@
+"""The catalog: every component and bundle this process can use, with where it came from.
+
+One catalog plugin manager per process loads, in order: the built-in components
+(``policyzoo.plugins``), the zoo (``policyzoo.zoo``), then every installed distribution's
+``policyzoo`` entry point. Each registers through the ``register_components`` and
+``register_bundles`` hooks. A name registered twice in a slot fails loudly naming both sources.
+
+Environment switches
+--------------------
+``POLICYZOO_DISABLE_PLUGIN_AUTOLOAD=1``  load only built-ins and the zoo (no entry points).
+``POLICYZOO_PLUGINS=dist-a,dist-b``       load entry points only from these distributions.
+``POLICYZOO_TRACE=1``                     print every hook call of a run (name and arguments).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata as md
+import os
+from dataclasses import dataclass, field
+
+import pluggy
+
+from . import hookspecs
+from .components import Bundle, Component
+from .errors import PluginError, did_you_mean
+
+ENTRY_POINT_GROUP = "policyzoo"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a name came from: distribution, version and module."""
+
+    dist: str
+    version: str
+    module: str
+
+    def __str__(self) -> str:
+        return f"{self.dist} {self.version} ({self.module})"
+
+
+@dataclass
+class PluginInfo:
+    dist: str
+    version: str
+    module: str
+    hooks: list[str] = field(default_factory=list)
+    components: list[str] = field(default_factory=list)
+    bundles: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Catalog:
+    """``components[slot][name] = (cls, source)``; ``bundles[name] = (bundle, source)``."""
+
+    components: dict[str, dict[str, tuple[type[Component], Source]]]
+    bundles: dict[str, tuple[Bundle, Source]]
+    plugins: list[PluginInfo]
+
+    def component(self, slot: str, name: str, where: str = "") -> type[Component]:
+        from .errors import ConfigError
+
+        names = self.components.get(slot, {})
+        if name not in names:
+            other = [s for s, comps in self.components.items() if name in comps]
+            hint = f"; {name!r} is a {other[0]} component" if other else ""
+            raise ConfigError(where or slot, f"no {slot} component named {name!r}"
+                              f"{did_you_mean(name, names)}{hint}",
+                              f"choose one of: {', '.join(sorted(names))} "
+                              "(`policyzoo components` lists them with their sources)")
+        return names[name][0]
+
+    def bundle(self, name: str, where: str = "algorithm") -> Bundle:
+        from .errors import ConfigError
+
+        if name not in self.bundles:
+            raise ConfigError(where, f"no algorithm named {name!r}{did_you_mean(name, self.bundles)}",
+                              f"choose one of: {', '.join(sorted(self.bundles))} (`policyzoo zoo`)")
+        return self.bundles[name][0]
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "0+local"
+
+
+def _entry_points():
+    for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else ep.module
+        yield dist, ep
+
+
+def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
+                 extra: list = ()) -> Catalog:
+    """Build a fresh catalog. ``autoload``/``allow`` default to the environment switches;
+    ``extra`` adds plugin objects (modules or instances) as if they were installed."""
+    import policyzoo.plugins
+    import policyzoo.zoo
+
+    if autoload is None:
+        autoload = os.environ.get("POLICYZOO_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0")
+    if allow is None and os.environ.get("POLICYZOO_PLUGINS"):
+        allow = [d.strip() for d in os.environ["POLICYZOO_PLUGINS"].split(",") if d.strip()]
+
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs.Spec)
+    own = _version("policyzoo")
+    loaded: list[tuple[object, PluginInfo]] = []
+    for module in (policyzoo.plugins, policyzoo.zoo):
+        loaded.append((module, PluginInfo("policyzoo", own, module.__name__)))
+    if autoload:
+        for dist, ep in _entry_points():
+            if allow is not None and dist not in allow:
+                continue
+            try:
+                obj = ep.load()
+            except Exception as e:  # a broken plugin is reported by name, not by traceback
+                raise PluginError(f"plugin distribution {dist!r} (entry point {ep.value})",
+                                  f"importing it raised {type(e).__name__}: {e}",
+                                  f"fix or uninstall {dist!r}, or run with POLICYZOO_PLUGINS set "
+                                  "to the distributions you need (POLICYZOO_DISABLE_PLUGIN_AUTOLOAD=1 "
+                                  "loads none)") from None
+            loaded.append((obj, PluginInfo(dist, _version(dist), getattr(obj, "__name__", ep.value))))
+    for obj in extra:
+        loaded.append((obj, PluginInfo("(in-process)", "", getattr(obj, "__name__", repr(obj)))))
+
+    components: dict[str, dict] = {slot: {} for slot in hookspecs.SLOTS}
+    bundles: dict[str, tuple[Bundle, Source]] = {}
+    for obj, info in loaded:
+        try:
+            pm.register(obj, name=f"{info.dist}:{info.module}")
+        except ValueError:  # the same module object listed twice (e.g. an entry point to the zoo)
+            continue
+        except pluggy.PluginValidationError as e:
+            raise PluginError(f"plugin distribution {info.dist!r} ({info.module})", str(e),
+                              "hook implementations must match policyzoo.hookspecs") from None
+        src = Source(info.dist, info.version, info.module)
+        info.hooks = sorted(impl.function.__name__ for name in ("register_components", "register_bundles")
+                            for impl in getattr(pm.hook, name).get_hookimpls() if impl.plugin is obj)
+        if hasattr(obj, "register_components"):
+            obj.register_components(register=functools.partial(_add_component, components, src, info))
+        if hasattr(obj, "register_bundles"):
+            obj.register_bundles(register=functools.partial(_add_bundle, bundles, src, info))
+    return Catalog(components, bundles, [info for _, info in loaded])
+
+
+def _add_component(table, src: Source, info: PluginInfo, cls) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, Component)):
+        raise PluginError(str(src), f"register() got {cls!r}, not a Component subclass",
+                          "pass the class: register(MyComponent)")
+    if cls.slot not in table:
+        raise PluginError(f"{src}: {cls.__qualname__}", f"unknown slot {cls.slot!r}"
+                          f"{did_you_mean(cls.slot, table)}", f"slot is one of {', '.join(table)}")
+    if not callable(getattr(cls, cls.slot, None)):
+        raise PluginError(f"{src}: {cls.__qualname__}", f"has no method {cls.slot}()",
+                          f"implement `@hookimpl def {cls.slot}(self, ...)`")
+    if cls.name in table[cls.slot]:
+        prev = table[cls.slot][cls.name][1]
+        raise PluginError(f"{cls.slot} component {cls.name!r}",
+                          f"registered twice: by {prev} and by {src}",
+                          "rename one of them (names are unique per slot), or uninstall one distribution")
+    table[cls.slot][cls.name] = (cls, src)
+    info.components.append(f"{cls.slot}:{cls.name}")
+
+
+def _add_bundle(table, src: Source, info: PluginInfo, bundle) -> None:
+    if not isinstance(bundle, Bundle):
+        raise PluginError(str(src), f"register() got {bundle!r}, not a Bundle",
+                          "pass a policyzoo.Bundle")
+    if bundle.name in table:
+        raise PluginError(f"algorithm {bundle.name!r}", f"registered twice: by {table[bundle.name][1]} "
+                          f"and by {src}", "rename one of them, or uninstall one distribution")
+    table[bundle.name] = (bundle, src)
+    info.bundles.append(bundle.name)
+
+
+@functools.lru_cache(maxsize=1)
+def get_catalog() -> Catalog:
+    """The process-wide catalog (built once; environment switches read at first use)."""
+    return load_catalog()

@@ -1,0 +1,43 @@
+"""User-facing errors: one block that says where, why and how to fix it.
+
+Every mistake a user can make in a config, a plugin or a data file raises a subclass of
+:class:`UserError`. The CLI prints ``str(error)`` and exits with status 2, without a stack trace.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+
+class UserError(Exception):
+    """A mistake the user can fix. Printed as one block: ``where``, ``why`` and ``fix``."""
+
+    def __init__(self, where: str, why: str, fix: str = ""):
+        self.where, self.why, self.fix = where, why, fix
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"error at {self.where}:", f"  {self.why}"]
+        if self.fix:
+            lines.append(f"  fix: {self.fix}")
+        return "\n".join(lines)
+
+
+class ConfigError(UserError):
+    """A config value, key, component name or slot combination is wrong."""
+
+
+class PluginError(UserError):
+    """A plugin distribution failed to load, or registered a name that is already taken."""
+
+
+class DataError(UserError):
+    """A data file, column or row is unusable."""
+
+
+def did_you_mean(name: str, choices) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest choices, or ``""``."""
+    close = difflib.get_close_matches(str(name), sorted(map(str, choices)), n=3, cutoff=0.5)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"

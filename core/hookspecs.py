@@ -1,0 +1,167 @@
+"""The hook reference: every extension point of one policy-gradient step.
+
+This module is the contract. ``docs/hooks.md`` is checked against it by a test.
+
+Conventions for every step hook
+-------------------------------
+* Shapes: B rows = P prompts x G samples, T response tokens. Per-token tensors are ``[B, T]``,
+  per-sequence tensors ``[B]``; a sequence-level quantity used per token is broadcast over T.
+* ``response_mask [B, T]`` (bool) is True on generated tokens that count. Values at masked-out
+  positions are ignored by every consumer and must not carry gradient into the loss.
+* Log-probabilities are natural-log, per token, of the sampled token (``logprobs`` = current
+  policy with grad; ``old_logprobs`` = trainer at sampling time; ``rollout_logprobs`` = the
+  sampling engine's; ``ref_logprobs`` = frozen reference model).
+* Losses are to be minimised. Advantages are "higher is better".
+* Implementations may accept any subset of a spec's arguments (pluggy passes only the names an
+  implementation declares), so adding an argument to a spec never breaks a plugin.
+
+Call types
+----------
+* **single**: exactly one component fills the slot in a run (``kl`` may be absent: no reference
+  model is loaded then). The run manager refuses to start otherwise. Declared ``firstresult``.
+* **collect**: zero or more components; results combine as stated on the hook (weighted sum of
+  rewards; logical AND of keep masks).
+* **register**: called once per process on the catalog manager to add named components/bundles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pluggy
+from torch import Tensor
+
+PROJECT = "policyzoo"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+#: slot name -> call type. The order is the order of one step.
+SLOTS: dict[str, str] = {
+    "sample": "single",
+    "reward": "collect",
+    "filter": "collect",
+    "kl": "optional",
+    "baseline": "single",
+    "ratio": "single",
+    "clip": "single",
+    "reduce": "single",
+}
+
+
+# ----------------------------------------------------------------------------- result types
+@dataclass
+class Keep:
+    """What a ``filter`` returns. ``keep [B]`` bool (False drops the row from the step, order
+    kept) or ``[B, T]`` bool (False removes those tokens from ``response_mask``).
+    ``reasons`` counts dropped rows (or tokens) per reason, for the metrics."""
+
+    keep: Tensor
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Advantages:
+    """What a ``baseline`` returns: ``advantages [B, T]`` (0 on masked positions) and, for critic
+    baselines, ``returns [B, T]`` (the value targets)."""
+
+    advantages: Tensor
+    returns: Tensor | None = None
+
+
+@dataclass
+class Surrogate:
+    """What a ``clip`` returns: the per-token surrogate ``loss [B, T]`` (to minimise, before the
+    reduce), and bool masks ``[B, T]`` of tokens whose gradient the clip cut (or capped) on the
+    low side (ratio < 1 - eps_low) and the high side (ratio > 1 + eps_high)."""
+
+    loss: Tensor
+    clipped_low: Tensor | None = None
+    clipped_high: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """Normalisers over the whole optimizer step: all micro-batches and all data-parallel ranks.
+
+    ``tokens``: number of True entries of ``response_mask``; ``sequences``: number of rows with at
+    least one such token. A reduce divides by these, never by a micro-batch's own counts, so the
+    sum of micro-batch losses equals the full-batch loss exactly."""
+
+    tokens: int
+    sequences: int
+
+
+class Spec:
+    """Hook specifications (the methods' bodies are empty on purpose)."""
+
+    # ------------------------------------------------------------------ registration hooks
+    @hookspec
+    def register_components(self, register):
+        """Add named components to the catalog. Call ``register(ComponentClass)`` once per class.
+
+        A name already taken in the same slot raises :class:`policyzoo.PluginError` naming both
+        sources; nothing is overwritten."""
+
+    @hookspec
+    def register_bundles(self, register):
+        """Add algorithm bundles. Call ``register(bundle)`` with a :class:`policyzoo.Bundle`.
+        Bundle names share one namespace; duplicates fail like components."""
+
+    # ------------------------------------------------------------------ step hooks
+    @hookspec(firstresult=True)
+    def sample(self, policy, prompts, seed):
+        """single. Generate G responses per prompt.
+
+        Args: ``policy`` (an engine exposing ``generate``), ``prompts`` (P data rows, each a dict
+        with at least ``prompt``), ``seed`` (int, for reproducible sampling).
+        Returns: :class:`policyzoo.batch.Rollout` with B = P x G rows and explicit ``group_ids``.
+        G is the component's ``n`` (1 for PPO and REINFORCE++)."""
+
+    @hookspec
+    def reward(self, rollout):
+        """collect. Score each row: returns ``rewards [B]`` float.
+
+        The step sums the components' results, each times its ``weight`` parameter. NaN means
+        "unscorable": the row is excluded from baseline statistics and gets advantage 0 (a NaN in
+        any component makes the sum NaN)."""
+
+    @hookspec
+    def filter(self, rollout, rewards):
+        """collect. Returns :class:`Keep`. Row masks ``[B]`` of all filters are ANDed; a row
+        dropped by any filter leaves the step; rows are never reordered. A filter whose
+        ``resample`` parameter is True makes the step sample again until the batch is full
+        (dynamic sampling), up to ``train.max_sample_rounds`` rounds."""
+
+    @hookspec(firstresult=True)
+    def kl(self, logprobs, ref_logprobs, response_mask):
+        """optional single. Per-token KL estimate ``[B, T]`` of the policy from the reference
+        (k1 = log r, k2 = (log r)^2 / 2, k3 = exp(-log r) - 1 + log r with log r = logprobs -
+        ref_logprobs; Schulman 2020). The component's ``beta`` and ``placement`` decide its use:
+        ``reward`` subtracts beta x KL from per-token rewards at sampling time (no grad);
+        ``loss`` adds beta x KL to the per-token loss. Absent: no reference model is loaded."""
+
+    @hookspec(firstresult=True)
+    def baseline(self, rewards, group_ids, response_mask, token_rewards, values):
+        """single. Returns :class:`Advantages` ``[B, T]``.
+
+        Args: ``rewards [B]`` (sequence rewards, NaN = unscorable), ``group_ids [B]``,
+        ``response_mask [B, T]``, ``token_rewards [B, T]`` (per-token rewards such as a KL
+        penalty in reward placement; zeros if none), ``values [B, T]`` (critic values, or None).
+        Rows with no trainable token and rows with NaN reward do not enter any statistic and get
+        advantage 0."""
+
+    @hookspec(firstresult=True)
+    def ratio(self, logprobs, old_logprobs, rollout_logprobs, response_mask):
+        """single. Importance ratio ``[B, T]`` between the current and the sampling policy
+        (per token, or a sequence-level ratio broadcast over T). Must be exactly 1 where
+        ``logprobs == old_logprobs``. Gradient flows through ``logprobs``."""
+
+    @hookspec(firstresult=True)
+    def clip(self, ratio, advantages, logprobs, old_logprobs, response_mask):
+        """single. Per-token surrogate loss (to minimise): returns :class:`Surrogate`."""
+
+    @hookspec(firstresult=True)
+    def reduce(self, loss, response_mask, totals):
+        """single. Per-token loss ``[B, T]`` -> scalar for this micro-batch. ``totals``
+        (:class:`StepTotals`) are the whole optimizer step's counts, so summing the micro-batch
+        results gives the full-batch loss exactly, whatever the split and the padding width."""

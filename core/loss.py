@@ -1,0 +1,92 @@
+"""The loss of one policy-gradient step, computed through the hooks (no algorithm names here).
+
+``prepare`` runs once per optimizer step on the whole batch (rewards -> advantages);
+``micro_loss`` runs per micro-batch with the current policy's log-probs and returns the reduced
+loss plus the metrics each part reports.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .batch import StepBatch
+from .hookspecs import StepTotals
+
+
+def step_totals(batch: StepBatch) -> StepTotals:
+    """Token and sequence counts of the whole step (one rank; the engine all-reduces them)."""
+    mask = batch.response_mask
+    return StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()))
+
+
+def zero_std_fraction(rewards: Tensor, group_ids: Tensor, mask: Tensor, tol: float = 0.0) -> float:
+    """Fraction of groups whose valid rewards are all equal (within ``tol``): they carry no
+    signal for any group baseline. Rows with NaN rewards or no trainable token are ignored."""
+    valid = ~torch.isnan(rewards) & (mask.sum(-1) > 0)
+    groups = group_ids[valid].unique()
+    if len(groups) == 0:
+        return 0.0
+    flat = 0
+    for g in groups:
+        r = rewards[valid & (group_ids == g)]
+        flat += int((r.max() - r.min()).abs() <= tol)
+    return flat / len(groups)
+
+
+def prepare(run, batch: StepBatch, scored: Tensor | None = None) -> tuple[StepBatch, dict]:
+    """Per-token rewards (KL in reward placement), then advantages through ``baseline``.
+
+    ``scored [B, T]``: the trainer's log-probs at sampling time (no grad), needed for a KL in
+    reward placement; the sampler's ``rollout_logprobs`` stand in when it is None."""
+    mask = batch.response_mask
+    metrics: dict[str, float] = {}
+    token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    if run.kl is not None and batch.ref_logprobs is not None:
+        now = scored if scored is not None else batch.rollout.rollout_logprobs
+        kl = run.hook.kl(logprobs=now, ref_logprobs=batch.ref_logprobs, response_mask=mask)
+        metrics["kl_ref"] = masked_mean(kl, mask)
+        if run.kl.params.placement == "reward":
+            token_rewards = torch.where(mask, -run.kl.params.beta * kl, torch.zeros_like(kl))
+    out = run.hook.baseline(rewards=batch.rewards, group_ids=batch.rollout.group_ids, response_mask=mask,
+                            token_rewards=token_rewards, values=batch.values)
+    batch.token_rewards, batch.advantages, batch.returns = token_rewards, out.advantages, out.returns
+    metrics["zero_std_frac"] = zero_std_fraction(batch.rewards, batch.rollout.group_ids, mask)
+    metrics["advantage_mean"] = masked_mean(out.advantages, mask)
+    return batch, metrics
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> float:
+    n = mask.sum()
+    return float((x.detach() * mask).sum() / n) if n > 0 else 0.0
+
+
+def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals,
+               entropy: Tensor | None = None) -> tuple[Tensor, dict[str, tuple[float, float]]]:
+    """Reduced loss of one micro-batch and its metric sums.
+
+    ``logprobs [B, T]`` carry grad. ``mb.old_logprobs`` None means on-policy (first update after
+    sampling): old = ``logprobs.detach()``, so every ratio is exactly 1.
+    Metrics are ``{name: (sum, count)}`` over masked tokens, so they add up across micro-batches.
+    """
+    mask = mb.response_mask
+    old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+    ratio = run.hook.ratio(logprobs=logprobs, old_logprobs=old, rollout_logprobs=mb.rollout.rollout_logprobs,
+                           response_mask=mask)
+    sur = run.hook.clip(ratio=ratio, advantages=mb.advantages, logprobs=logprobs, old_logprobs=old,
+                        response_mask=mask)
+    per_token = sur.loss
+    n = float(mask.sum())
+    sums: dict[str, tuple[float, float]] = {}
+    if run.kl is not None and run.kl.params.placement == "loss":
+        kl = run.hook.kl(logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask)
+        per_token = per_token + run.kl.params.beta * kl
+        sums["kl_loss"] = (float((kl.detach() * mask).sum()), n)
+    per_token = torch.where(mask, per_token, torch.zeros_like(per_token))  # no NaN leaks from padding
+    loss = run.hook.reduce(loss=per_token, response_mask=mask, totals=totals)
+    for name, hit in (("clip_frac_low", sur.clipped_low), ("clip_frac_high", sur.clipped_high)):
+        sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
+    sums["ratio_mean"] = (float((ratio.detach() * mask).sum()), n)
+    if entropy is not None:
+        sums["entropy"] = (float((entropy.detach() * mask).sum()), n)
+    return loss, sums

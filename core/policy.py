@@ -1,0 +1,44 @@
+"""What the training step needs from an engine: the :class:`Policy` protocol.
+
+The real engine (vLLM rollout + DeepSpeed trainer, ``policyzoo.engine``) and the bandit test bed
+(``policyzoo.bandit``) both implement it, so every bundle's dynamics are tested on the same step
+code that trains a language model.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+from .batch import Rollout
+
+
+@runtime_checkable
+class Policy(Protocol):
+    def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float,
+                 seed: int) -> Rollout:
+        """Sample ``n`` responses for each prompt row (B = len(prompts) x n rows, grouped by
+        ``group_ids``), with the sampler's per-token ``rollout_logprobs``."""
+
+    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Trainer log-probs ``[B, T]`` of the response tokens (token t scored from the logits at
+        position t-1, divided by ``rollout.temperature``), and the per-token entropy ``[B, T]``
+        of that distribution when ``entropy`` is True (else None). With ``grad`` the result is
+        attached to the trainable weights."""
+
+    def ref_logprobs(self, rollout: Rollout) -> Tensor:
+        """Log-probs ``[B, T]`` of the frozen reference model (only called when ``kl`` is set)."""
+
+    def values(self, rollout: Rollout, *, grad: bool) -> Tensor:
+        """Critic values ``[B, T]`` (only called when the baseline ``needs_values``)."""
+
+    def backward(self, loss: Tensor, value_loss: Tensor | None = None) -> None:
+        """Accumulate gradients of one micro-batch's loss (and the critic's value loss)."""
+
+    def optimizer_step(self) -> dict:
+        """Apply accumulated gradients, zero them; returns metrics (e.g. ``grad_norm``). Must not
+        write weights if any gradient is non-finite (returns ``{"skipped": 1}`` then)."""
+
+    def sync(self) -> dict:
+        """Push trained weights into the rollout engine; returns timing/check metrics."""

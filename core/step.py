@@ -1,0 +1,166 @@
+"""One training step, top to bottom: sample -> reward -> filter -> score -> advantages -> update.
+
+Used unchanged by the real engine and by the bandit test bed. Every algorithm-specific decision
+is a hook call; this file names no algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .batch import Rollout, StepBatch
+from .errors import UserError
+from .loss import micro_loss, prepare, step_totals
+
+
+@dataclass
+class StepSettings:
+    """Step-level settings (``train:`` in the config).
+
+    ``updates_per_batch``: optimizer steps on each sampled batch (PPO epochs); 1 = on-policy, and
+    then old_logprobs are the current log-probs detached (no extra forward, ratio exactly 1).
+    ``micro_batches``: gradient-accumulation splits of the batch (the loss is exact for any split).
+    ``max_sample_rounds``: dynamic sampling budget (rounds of P prompts) when a filter resamples.
+    ``on_shortfall``: ``train_on_fewer`` or ``error`` when that budget cannot fill the batch.
+    """
+
+    updates_per_batch: int = 1
+    micro_batches: int = 1
+    max_sample_rounds: int = 1
+    on_shortfall: str = "train_on_fewer"
+
+
+class ShortfallError(UserError):
+    pass
+
+
+def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
+            settings: StepSettings) -> tuple[Rollout, torch.Tensor, dict]:
+    """Sample, score and filter until the batch holds P prompts' worth of kept groups."""
+    kept_parts: list[Rollout] = []
+    kept_rewards: list[torch.Tensor] = []
+    metrics: Counter = Counter()
+    resample = any(getattr(f.params, "resample", False) for f in run.filter)
+    rounds = settings.max_sample_rounds if resample else 1
+    target_rows = 0
+    for r in range(rounds):
+        prompts = next_prompts()
+        t0 = time.perf_counter()
+        rollout = run.hook.sample(policy=policy, prompts=prompts, seed=seed * 1000 + r)
+        metrics["time_rollout"] += time.perf_counter() - t0
+        target_rows = target_rows or len(rollout)
+        t0 = time.perf_counter()
+        rewards = torch.zeros(len(rollout))
+        for comp, value in run.call_each("reward", rollout=rollout):
+            value = torch.as_tensor(value, dtype=torch.float32)
+            metrics[f"reward/{comp.name}"] += float(torch.nanmean(value)) / rounds if len(value) else 0.0
+            rewards = rewards + comp.params.weight * value
+        metrics["time_reward"] += time.perf_counter() - t0
+        keep = torch.ones(len(rollout), dtype=torch.bool)
+        mask = rollout.response_mask.clone()
+        for comp, out in run.call_each("filter", rollout=rollout, rewards=rewards):
+            if out.keep.dim() == 2:
+                mask &= out.keep
+            else:
+                keep &= out.keep
+            for reason, count in out.reasons.items():
+                metrics[f"filtered/{reason}"] += count
+        rollout.response_mask = mask
+        metrics["sampled_rows"] += len(rollout)
+        metrics["reward_mean_sampled"] += float(torch.nansum(rewards))
+        kept_parts.append(rollout.select(keep))
+        kept_rewards.append(rewards[keep])
+        if sum(len(p) for p in kept_parts) >= target_rows:
+            break
+    rollout = Rollout.concat(kept_parts)
+    rewards = torch.cat(kept_rewards)
+    if len(rollout) > target_rows:  # keep whole groups, first come first kept
+        groups = list(dict.fromkeys(rollout.group_ids.tolist()))
+        keep_groups, rows = [], 0
+        for g in groups:
+            size = int((rollout.group_ids == g).sum())
+            if rows + size > target_rows:
+                break
+            keep_groups.append(g)
+            rows += size
+        keep = torch.isin(rollout.group_ids, torch.tensor(keep_groups))
+        rollout, rewards = rollout.select(keep), rewards[keep]
+    metrics["reward_mean_sampled"] /= max(metrics["sampled_rows"], 1)
+    metrics["kept_frac"] = len(rollout) / max(metrics["sampled_rows"], 1)
+    metrics["sample_rounds"] = len(kept_parts)
+    if len(rollout) < target_rows and resample:
+        metrics["shortfall_rows"] = target_rows - len(rollout)
+        if settings.on_shortfall == "error" or len(rollout) == 0:
+            raise ShortfallError("dynamic sampling", f"only {len(rollout)} of {target_rows} rows kept after "
+                                 f"{len(kept_parts)} rounds", "raise train.max_sample_rounds, loosen the filter, "
+                                 "or set train.on_shortfall: train_on_fewer")
+    return rollout, rewards, dict(metrics)
+
+
+def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
+               settings: StepSettings = StepSettings()) -> dict:
+    """One optimizer step (or ``updates_per_batch`` of them) on a freshly sampled batch."""
+    rollout, rewards, metrics = collect(run, policy, next_prompts, seed, settings)
+
+    # Score the batch with frozen models (only what the chosen components need).
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        kl_in_reward = run.kl is not None and run.kl.params.placement == "reward"
+        scored = policy.logprobs(rollout, grad=False)[0] if (settings.updates_per_batch > 1 or kl_in_reward) else None
+        ref = policy.ref_logprobs(rollout) if run.kl is not None else None
+        values = policy.values(rollout, grad=False) if getattr(run.baseline, "needs_values", False) else None
+    # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
+    # log-probs detached, so the first ratio is exactly 1 without a second forward.
+    old = scored if settings.updates_per_batch > 1 else None
+    batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values)
+    batch, adv_metrics = prepare(run, batch, scored)
+    metrics.update(adv_metrics)
+    totals = step_totals(batch)
+
+    # Update: each pass over the batch is one optimizer step; micro-batches accumulate exactly.
+    sums: Counter = Counter()
+    counts: Counter = Counter()
+    for _ in range(settings.updates_per_batch):
+        for mb in batch.split(min(settings.micro_batches, len(batch))):
+            logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True)
+            loss, mb_sums = micro_loss(run, mb, logprobs, totals, entropy)
+            value_loss = None
+            if getattr(run.baseline, "needs_values", False):
+                value_loss = run.baseline.value_loss(values=policy.values(mb.rollout, grad=True),
+                                                     old_values=mb.values, returns=mb.returns,
+                                                     response_mask=mb.response_mask, totals=totals)
+                sums["value_loss"] += float(value_loss)
+                counts["value_loss"] = 1
+            sums["loss"] += float(loss)
+            counts["loss"] = 1
+            for k, (s, c) in mb_sums.items():
+                sums[k] += s
+                counts[k] += c
+            policy.backward(loss, value_loss)
+        metrics.update(policy.optimizer_step())
+    metrics["time_train"] = time.perf_counter() - t0
+    for k in sums:
+        metrics[k] = sums[k] / counts[k] if counts[k] else 0.0
+    metrics["loss"] = sums["loss"] / settings.updates_per_batch
+
+    t0 = time.perf_counter()
+    metrics.update(policy.sync())
+    metrics["time_sync"] = time.perf_counter() - t0
+
+    lengths = rollout.response_mask.sum(-1).float()
+    valid = ~torch.isnan(rewards)
+    metrics.update(
+        reward_mean=float(rewards[valid].mean()) if valid.any() else math.nan,
+        reward_std=float(rewards[valid].std(unbiased=False)) if valid.any() else math.nan,
+        response_length_mean=float(lengths.mean()) if len(lengths) else 0.0,
+        response_length_max=float(lengths.max()) if len(lengths) else 0.0,
+        truncated_frac=float(rollout.truncated.float().mean()) if len(rollout) else 0.0,
+        rows=len(rollout),
+    )
+    return metrics

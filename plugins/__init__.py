@@ -1,0 +1,14 @@
+"""Built-in components, one module per slot. Each module lists its classes in ``COMPONENTS``."""
+
+from policyzoo.hookspecs import hookimpl
+
+from . import baseline, clip, filter, kl, ratio, reduce, reward, sample
+
+MODULES = (sample, reward, filter, kl, baseline, ratio, clip, reduce)
+
+
+@hookimpl
+def register_components(register):
+    for module in MODULES:
+        for cls in module.COMPONENTS:
+            register(cls)
