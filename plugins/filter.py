@@ -1,0 +1,65 @@
+"""``filter`` components: which rows of a sampled batch enter the step.
+
+Each returns :class:`~policyzoo.hookspecs.Keep` with ``keep [B]`` bool (order never changes) and
+``reasons`` {reason: rows dropped}. The step ANDs the masks of all filters. ``resample`` True
+asks the step to sample again until the batch is full (DAPO's dynamic sampling).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from policyzoo.components import Component
+from policyzoo.hookspecs import Keep, hookimpl
+
+
+class NonconstantGroups(Component):
+    """Drop whole groups whose valid rewards are all equal (max - min <= ``tolerance``).
+
+    Such a group has zero advantage under every group baseline, so it only dilutes the batch.
+    Valid = reward not NaN and at least one token in ``response_mask``; a group with fewer than two
+    valid rows is constant too. Rows are grouped by ``rollout.group_ids`` (never by position).
+    Args: ``rollout`` (``group_ids [B]``, ``response_mask [B, T]``), ``rewards [B]``.
+    Returns ``Keep(keep [B], {"zero_std_group": rows dropped})``.
+    Source: DAPO, Yu et al. 2025 (arXiv:2503.14476) eq. 11 (0 < |{correct}| < G), generalised to
+    real-valued rewards."""
+
+    slot, name = "filter", "nonconstant_groups"
+
+    class Params(Component.Params):
+        tolerance: float = Field(0.0, ge=0, description="rewards within this distance count as equal (>= 0)")
+        resample: bool = Field(True, description="refill the batch by sampling again (dynamic sampling)")
+
+    @hookimpl
+    def filter(self, rollout, rewards):
+        gid = rollout.group_ids
+        valid = ~torch.isnan(rewards) & rollout.response_mask.any(-1)
+        keep = torch.zeros(len(gid), dtype=torch.bool)
+        for g in gid.unique():
+            rows = gid == g
+            r = rewards[rows & valid]
+            if len(r) >= 2 and float(r.max() - r.min()) > self.params.tolerance:
+                keep |= rows
+        return Keep(keep, {"zero_std_group": int((~keep).sum())})
+
+
+class DropTruncated(Component):
+    """Drop rows whose response hit the token limit without EOS (``rollout.truncated [B]``).
+
+    A truncated answer's reward judges an unfinished text; dropping it is DAPO's "overlong
+    filtering" alternative to the soft penalty. Returns ``Keep(~truncated, {"truncated": n})``.
+    Source: DAPO, Yu et al. 2025 (arXiv:2503.14476) Sec. 3.4 (overlong filtering)."""
+
+    slot, name = "filter", "drop_truncated"
+
+    class Params(Component.Params):
+        resample: bool = Field(False, description="refill the batch by sampling again")
+
+    @hookimpl
+    def filter(self, rollout):
+        keep = ~rollout.truncated.to(torch.bool)
+        return Keep(keep, {"truncated": int((~keep).sum())})
+
+
+COMPONENTS = (NonconstantGroups, DropTruncated)

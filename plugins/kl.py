@@ -1,0 +1,132 @@
+"""``kl`` components: per-token estimators of KL(pi || ref) and where the penalty goes.
+
+With ``log r = logprobs - ref_logprobs`` (nats, per sampled token, y ~ pi) Schulman's estimators
+(J. Schulman 2020, "Approximating KL Divergence", joschu.net/blog/kl-approx.html) are
+
+* k1 = log r                          unbiased for KL(pi||ref), high variance, can be negative
+* k2 = (log r)^2 / 2                  biased, low variance, >= 0
+* k3 = exp(-log r) - 1 + log r        unbiased for KL(pi||ref), >= 0 (``r^-1 - 1 + log r``)
+
+Every estimator returns ``[B, T]`` float, exactly 0 where ``response_mask`` is False (and no
+gradient flows from there). ``beta`` (>= 0) is the coefficient; ``placement``:
+
+* ``reward``: the step subtracts ``beta x KL`` from the per-token rewards at sampling time (no
+  gradient through the estimator; InstructGPT / PPO-RLHF, REINFORCE++, RLOO).
+* ``loss``: the step adds ``beta x KL`` to the per-token loss (GRPO), differentiated through
+  ``logprobs``.
+
+Which combinations give the gradient of KL(pi||ref) (on-policy; Tang & Munos 2025, "On a few
+pitfalls in KL divergence gradient estimation for RL", arXiv:2506.09477; the "comedy of
+estimators" discussion). With d = grad log pi(y):
+
+* k1 in reward: E[k1 d] = grad KL(pi||ref). Correct (score function with KL as reward).
+* k1 in loss:   grad k1 = d and E[d] = 0: zero expected gradient, only noise. Warned.
+* k2 in loss:   grad k2 = log r d, E = grad KL(pi||ref). Correct.
+* k2 in reward: E[k2 d] = grad E_pi[(log r)^2/2], not the KL gradient. Warned (biased).
+* k3 in loss:   grad k3 = (1 - 1/r) d, E = grad KL(ref||pi): the *forward* KL's gradient, a
+  valid regulariser but not the reverse KL the estimator's value estimates (GRPO's choice; kept
+  silent because it is the paper's).
+* k3 in reward: E[k3 d] = grad KL(pi||ref) - grad KL(ref||pi). Warned (biased).
+
+Numerics: k3 clamps ``log r`` to [-20, 20] inside ``exp`` only (exp(20) ~ 4.9e8), so a token the
+reference finds impossible gives a large finite value, never inf/NaN (verl clamps k3 to +-10 after
+the fact instead; ours keeps the value exact for |log r| <= 20).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from policyzoo.components import Component
+from policyzoo.hookspecs import hookimpl
+
+EXP_CLAMP = 20.0
+
+#: (estimator, placement) -> why its gradient is biased or useless.
+BAD_COMBINATIONS = {
+    ("k1", "loss"): "k1 = log r in the loss has gradient grad log pi, whose expectation under pi is 0: "
+                    "the KL term adds only noise to the gradient",
+    ("k2", "reward"): "k2 = (log r)^2/2 as a reward gives E[k2 grad log pi], which is not the gradient of "
+                      "KL(pi||ref) (biased)",
+    ("k3", "reward"): "k3 as a reward gives E[k3 grad log pi] = grad KL(pi||ref) - grad KL(ref||pi) (biased)",
+}
+GOOD_ALTERNATIVE = {"loss": "k2 (or k3, GRPO's choice) with placement: loss",
+                    "reward": "k1 with placement: reward"}
+
+
+class _KL(Component):
+    slot = "kl"
+
+    class Params(Component.Params):
+        beta: float = Field(0.04, ge=0, description="KL coefficient beta (>= 0)")
+        placement: Literal["reward", "loss"] = Field(
+            "loss", description="'reward': -beta x KL added to per-token rewards (no grad); "
+                                "'loss': +beta x KL added to the per-token loss")
+
+    @staticmethod
+    def estimate(log_r: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @hookimpl
+    def kl(self, logprobs, ref_logprobs, response_mask):
+        log_r = torch.where(response_mask, logprobs - ref_logprobs, torch.zeros_like(logprobs))
+        out = self.estimate(log_r)
+        return torch.where(response_mask, out, torch.zeros_like(out))
+
+    def check(self, run) -> None:
+        why = BAD_COMBINATIONS.get((self.name, self.params.placement))
+        if why:
+            other = "reward" if self.params.placement == "loss" else "loss"
+            warnings.warn(f"kl: {self.name} with placement {self.params.placement!r}: {why} "
+                          f"(Tang & Munos 2025, arXiv:2506.09477). Use {GOOD_ALTERNATIVE[other]} "
+                          f"or {GOOD_ALTERNATIVE[self.params.placement]}.", UserWarning, stacklevel=2)
+
+
+class K1(_KL):
+    """k1 = log r = logprobs - ref_logprobs per token ``[B, T]`` (nats), 0 where masked.
+
+    Unbiased for KL(pi||ref). Default placement ``reward`` (the gradient-correct one, as in
+    InstructGPT and REINFORCE++); in ``loss`` its expected gradient is zero and ``check`` warns.
+    Source: Schulman 2020, "Approximating KL Divergence"."""
+
+    name = "k1"
+
+    class Params(_KL.Params):
+        beta: float = Field(0.01, ge=0, description="KL coefficient beta (>= 0)")
+        placement: Literal["reward", "loss"] = Field(
+            "reward", description="'reward' (recommended for k1) or 'loss' (zero expected gradient)")
+
+    @staticmethod
+    def estimate(log_r):
+        return log_r
+
+
+class K2(_KL):
+    """k2 = (log r)^2 / 2 per token ``[B, T]``, 0 where masked. Its gradient in the loss is the
+    unbiased on-policy gradient of KL(pi||ref); as a reward it is biased and ``check`` warns.
+    Source: Schulman 2020; Tang & Munos 2025 (arXiv:2506.09477)."""
+
+    name = "k2"
+
+    @staticmethod
+    def estimate(log_r):
+        return 0.5 * log_r * log_r
+
+
+class K3(_KL):
+    """k3 = exp(-log r) - 1 + log r per token ``[B, T]`` (>= 0), 0 where masked; ``log r`` clamped
+    to +-20 inside exp only. GRPO's estimator in the loss (DeepSeekMath eq. 4, beta 0.04); as a
+    reward it is biased and ``check`` warns. Source: Schulman 2020."""
+
+    name = "k3"
+
+    @staticmethod
+    def estimate(log_r):
+        return torch.exp(-log_r.clamp(-EXP_CLAMP, EXP_CLAMP)) - 1.0 + log_r
+
+
+COMPONENTS = (K1, K2, K3)

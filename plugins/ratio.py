@@ -1,0 +1,64 @@
+"""``ratio`` components: the importance ratio between the current and the sampling policy.
+
+Both return ``[B, T]`` float with gradient through ``logprobs`` (``old_logprobs`` are constants),
+exactly 1 where ``logprobs == old_logprobs`` and 1 on masked positions. The log-ratio is clamped
+*before* ``exp`` so no ratio is ever inf; where the clamp is active the gradient is 0 (such a
+token is far outside any clip range anyway).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from policyzoo.components import Component
+from policyzoo.hookspecs import hookimpl
+
+
+class Token(Component):
+    """Per-token ratio r_t = exp(clamp(logprobs - old_logprobs, -20, 20)), ``[B, T]``.
+
+    The clamp (exp(20) ~ 4.9e8) only guards against inf; any clip range acts long before.
+    Source: Schulman et al. 2017, PPO (arXiv:1707.06347) eq. 6."""
+
+    slot, name = "ratio", "token"
+    level = "token"
+
+    class Params(Component.Params):
+        max_log_ratio: float = Field(20.0, gt=0, description="|log r| clamp before exp (> 0)")
+
+    @hookimpl
+    def ratio(self, logprobs, old_logprobs, response_mask):
+        m = self.params.max_log_ratio
+        log_r = torch.where(response_mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+        return torch.exp(log_r.clamp(-m, m))
+
+
+class Sequence(Component):
+    """GSPO sequence ratio s_i = exp(clamp(mean_t log r_it, +-max_log_ratio)), broadcast to ``[B, T]``.
+
+    The mean is over row i's masked tokens (|y_i| of them): s_i is the geometric mean of the token
+    ratios, i.e. (pi(y_i)/pi_old(y_i))^(1/|y_i|). Clamped before exp (default +-10, exp(10) ~ 2.2e4)
+    so log-ratios of +-50 give a finite loss and gradient. Rows with no masked token get s = 1.
+    Gradient flows to every token of the row through the mean (GSPO eq. 10: each token receives
+    s_i x A_i / |y_i| x grad log pi). Pair it with a reduce that averages per sequence
+    (``seq_mean_token_mean``); token-sum reduces are rejected by their ``check``.
+    Source: Zheng et al. 2025, GSPO (arXiv:2507.18071) eq. 7."""
+
+    slot, name = "ratio", "sequence"
+    level = "sequence"
+
+    class Params(Component.Params):
+        max_log_ratio: float = Field(10.0, gt=0, description="|mean log r| clamp before exp (> 0)")
+
+    @hookimpl
+    def ratio(self, logprobs, old_logprobs, response_mask):
+        m = self.params.max_log_ratio
+        maskf = response_mask.to(logprobs.dtype)
+        log_r = torch.where(response_mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+        n = maskf.sum(-1).clamp(min=1.0)
+        seq = (log_r.sum(-1) / n).clamp(-m, m)  # rows with no token: 0 / 1 = 0 -> ratio 1
+        return torch.exp(seq).unsqueeze(-1).expand_as(logprobs)
+
+
+COMPONENTS = (Token, Sequence)

@@ -1,0 +1,226 @@
+"""``reward`` components: rollout -> ``rewards [B]`` float (NaN = unscorable).
+
+The step multiplies each component's result by its ``weight`` parameter (every reward component
+has one, default 1.0) and sums them. Components added to this module must be appended to
+``COMPONENTS`` at the bottom.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from decimal import Decimal, InvalidOperation
+
+import torch
+from pydantic import Field
+
+from policyzoo.components import Component
+from policyzoo.errors import ConfigError, DataError, UserError
+from policyzoo.hookspecs import hookimpl
+
+
+class RewardFunctionError(UserError):
+    """A user reward function could not be imported, raised, or returned the wrong thing."""
+
+
+class _Reward(Component):
+    slot = "reward"
+
+    class Params(Component.Params):
+        weight: float = Field(1.0, description="multiplier of this reward in the weighted sum")
+
+
+# ----------------------------------------------------------------------------- overlong penalty
+class OverlongPenalty(_Reward):
+    """DAPO's soft overlong punishment (eq. 13), ``[B]`` float in [-1, 0].
+
+    With |y| the response's token count (``response_mask`` sum), L_max = ``max_tokens`` and
+    L_cache = ``cache``: 0 if |y| <= L_max - L_cache; ((L_max - L_cache) - |y|) / L_cache if
+    L_max - L_cache < |y| <= L_max; -1 if |y| > L_max. ``max_tokens`` None -> the run's
+    ``sample.max_tokens`` (resolved in ``check``; the rollout's ``max_tokens`` if unchecked);
+    ``cache`` larger than L_max is clipped to L_max (the ramp then starts at length 0).
+    Source: Yu et al. 2025, DAPO (arXiv:2503.14476) eq. 13 (L_cache 4096 of 20480 there).
+    Errors: ``ConfigError`` when no L_max can be found."""
+
+    name = "overlong_penalty"
+
+    class Params(_Reward.Params):
+        max_tokens: int | None = Field(None, ge=1, description="L_max (>= 1); None = the run's sample.max_tokens")
+        cache: int = Field(512, ge=1, description="L_cache (>= 1): length of the linear penalty ramp before L_max")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.max_tokens = self.params.max_tokens
+
+    def check(self, run) -> None:
+        if self.params.max_tokens is None:
+            sample_params = getattr(getattr(run, "sample", None), "params", None)
+            self.max_tokens = getattr(sample_params, "max_tokens", None)
+
+    @hookimpl
+    def reward(self, rollout):
+        l_max = self.max_tokens or rollout.max_tokens
+        if not l_max:
+            raise ConfigError("reward: overlong_penalty -> max_tokens", "no L_max: max_tokens is None and "
+                              "neither the sampler nor the rollout states a token limit",
+                              "set `{use: overlong_penalty, max_tokens: 1024}`")
+        cache = min(self.params.cache, l_max)
+        length = rollout.response_mask.sum(-1).double()
+        start = l_max - cache
+        ramp = (start - length) / cache
+        out = torch.where(length <= start, torch.zeros_like(length),
+                          torch.where(length <= l_max, ramp, torch.full_like(length, -1.0)))
+        return out.float()
+
+
+# ----------------------------------------------------------------------------- answer match
+_NUMBER = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
+_MARKED = re.compile(r"(?:Answer:|####)\s*\**\s*\$?\s*(" + _NUMBER + ")", re.IGNORECASE)
+_ANY = re.compile(_NUMBER)
+
+
+def extract_number(text: str) -> Decimal | None:
+    """The number after the last "Answer:"/"####" marker if there is one, else the last number in
+    ``text``. Commas are thousands separators ("1,234" = 1234); a trailing "." is a full stop."""
+    marked = _MARKED.findall(text)
+    candidates = marked if marked else _ANY.findall(text)
+    if not candidates:
+        return None
+    try:
+        return Decimal(candidates[-1].replace(",", "").rstrip("."))
+    except InvalidOperation:
+        return None
+
+
+class AnswerMatch(_Reward):
+    """Strict numeric answer check, ``[B]`` float in {0.0, 1.0}.
+
+    The completion's answer is the number right after its last "Answer:" or "####" marker if one
+    is present, else its last number; ``row["answer"]`` is parsed the same way (so a GSM8K
+    solution "... #### 72" works). 1.0 when both are equal as decimals ("72" = "72.0" = "72.00",
+    "1,234" = "1234"), else 0.0 (also when the completion has no number). No tolerance, no
+    fractions, no LaTeX: use the ``math_verify`` reward for those.
+    Errors: ``DataError`` naming the row when it has no parsable ``answer``.
+    Source: GSM8K's "#### answer" format (Cobbe et al. 2021, arXiv:2110.14168)."""
+
+    name = "answer_match"
+
+    @hookimpl
+    def reward(self, rollout):
+        out = []
+        for i, (row, text) in enumerate(zip(rollout.rows, rollout.completions)):
+            if "answer" not in row:
+                raise DataError(f"reward: answer_match, row {i}", f"the data row has no 'answer' column "
+                                f"(columns: {', '.join(map(str, row)) or 'none'})",
+                                "add an 'answer' column to the data set, or use another reward")
+            gold = extract_number(str(row["answer"]))
+            if gold is None:
+                raise DataError(f"reward: answer_match, row {i}", f"answer {str(row['answer'])[:80]!r} "
+                                "contains no number", "answer_match compares numbers; use math_verify "
+                                "or a `function` reward for other answers")
+            got = extract_number(text)
+            out.append(1.0 if got is not None and got == gold else 0.0)
+        if len(out) != len(rollout):
+            raise DataError("reward: answer_match", f"{len(rollout)} rows but {len(rollout.rows)} data rows "
+                            f"and {len(rollout.completions)} completions", "the sampler must fill rows and completions")
+        return torch.tensor(out, dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------- user function
+def load_function(path: str, where: str):
+    """Import ``"package.module:function"``; raise :class:`RewardFunctionError` with the fix."""
+    module_name, _, attr = path.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as e:
+        raise RewardFunctionError(where, f"cannot import module {module_name!r} of reward function {path!r}: "
+                                  f"{type(e).__name__}: {e}", "check the module is importable (installed or "
+                                  "on PYTHONPATH) and the path is 'package.module:function'") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise RewardFunctionError(where, f"module {module_name!r} has no attribute {attr!r}",
+                                      f"define `def {attr.split('.')[-1]}(prompts, completions, **kwargs)` "
+                                      f"in {module_name} or fix the name")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise RewardFunctionError(where, f"{path!r} is a {type(obj).__name__}, not a function",
+                                  "point `function` at a callable")
+    return obj
+
+
+class Function(_Reward):
+    """A user reward function, called TRL-style on the whole batch.
+
+    ``function`` = "package.module:name" is imported when the run is built. It is called as
+    ``fn(prompts=[B str], completions=[B str], **columns)`` where ``columns`` are the data rows'
+    keys as lists of B values (missing keys None), except ``prompt`` and ``completion`` (as TRL
+    drops them) and ``prompts``/``completions`` (the names above). It must return B numbers; None
+    means unscorable (NaN). Returns ``[B]`` float32.
+    Errors (:class:`RewardFunctionError`, a ``UserError``): a path that does not import; a raising
+    function (the function is re-run row by row to name the first failing row); a result of the
+    wrong length or with a non-number (naming the row).
+    Source: TRL ``GRPOTrainer`` reward-function convention (huggingface.co/docs/trl)."""
+
+    name = "function"
+
+    class Params(_Reward.Params):
+        function: str = Field(..., pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+                              description="import path 'package.module:function' of fn(prompts, completions, **columns)")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.fn = load_function(self.params.function, f"reward: function -> {self.params.function}")
+
+    @staticmethod
+    def _columns(rows: list[dict]) -> dict[str, list]:
+        skip = {"prompt", "completion", "prompts", "completions"}
+        keys = list(dict.fromkeys(k for row in rows for k in row if k not in skip))
+        return {k: [row.get(k) for row in rows] for k in keys}
+
+    def _call(self, prompts, completions, rows):
+        return self.fn(prompts=list(prompts), completions=list(completions), **self._columns(rows))
+
+    @hookimpl
+    def reward(self, rollout):
+        name = self.params.function
+        b = len(rollout)
+        rows = rollout.rows if len(rollout.rows) == b else [{} for _ in range(b)]
+        try:
+            result = self._call(rollout.prompts, rollout.completions, rows)
+        except Exception as e:
+            row = self._failing_row(rollout, rows)
+            at = f"row {row} (prompt {rollout.prompts[row][:60]!r})" if row is not None else "the batch"
+            raise RewardFunctionError(f"reward: function {name}", f"{name} raised {type(e).__name__}: {e} "
+                                      f"on {at}", f"fix {name} or the data row; return None for rows it "
+                                      "cannot score") from None
+        try:
+            values = list(result)
+        except TypeError:
+            values = None
+        if values is None or len(values) != b:
+            got = f"{len(values)} values" if values is not None else repr(type(result).__name__)
+            raise RewardFunctionError(f"reward: function {name}", f"returned {got} for {b} completions",
+                                      "return one float (or None) per completion, in order")
+        out = []
+        for i, v in enumerate(values):
+            if v is None:
+                out.append(math.nan)
+                continue
+            try:
+                out.append(float(v))
+            except (TypeError, ValueError):
+                raise RewardFunctionError(f"reward: function {name}, row {i}", f"returned {v!r}, not a number",
+                                          "return a float, or None for an unscorable row") from None
+        return torch.tensor(out, dtype=torch.float32)
+
+    def _failing_row(self, rollout, rows) -> int | None:
+        for i in range(len(rollout)):
+            try:
+                self._call(rollout.prompts[i:i + 1], rollout.completions[i:i + 1], rows[i:i + 1])
+            except Exception:
+                return i
+        return None
+
+
+COMPONENTS = (OverlongPenalty, AnswerMatch, Function)

@@ -1,0 +1,72 @@
+"""``sample`` components: how a batch of responses is drawn from the policy."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from pydantic import Field
+
+from policyzoo.batch import Rollout
+from policyzoo.components import Component
+from policyzoo.errors import ConfigError, UserError
+from policyzoo.hookspecs import hookimpl
+
+
+class Group(Component):
+    """G responses per prompt from the shared engine (GRPO-style groups; G = 1 for PPO).
+
+    Calls ``policy.generate(prompts, n, max_tokens, temperature, seed)`` and returns its
+    :class:`~policyzoo.batch.Rollout` with B = P x n rows, ``group_ids [B]`` (one id per prompt),
+    ``response_mask [B, T]``, ``rollout_logprobs [B, T]`` (nats) and ``truncated [B]``; it stamps
+    ``rollout.temperature`` and ``rollout.max_tokens`` so the trainer scales logits by the same
+    temperature and length-based rewards/reduces see the same limit.
+
+    Conventions: ``max_tokens`` counts response tokens only (EOS included), and is the L_max that
+    the ``overlong_penalty`` reward and the ``token_sum_norm`` reduce default to. ``top_p < 1`` is
+    passed as ``top_p=`` to engines whose ``generate`` accepts it; an engine without it raises a
+    :class:`ConfigError` instead of silently sampling from the full distribution. (Nucleus sampling
+    makes the sampler's distribution differ from the trainer's; the ratio still uses the trainer's
+    ``old_logprobs``, as TRL and verl do.)
+
+    Errors: :class:`ConfigError` for an engine that cannot honour ``top_p``; :class:`UserError` when
+    the engine returns a rollout of the wrong size (B != P x n).
+    Source: Shao et al. 2024 (DeepSeekMath, arXiv:2402.03300) Sec. 4.1 for groups of G samples.
+    """
+
+    slot, name = "sample", "group"
+
+    class Params(Component.Params):
+        n: int = Field(8, ge=1, description="samples per prompt G (>= 1; group baselines need >= 2)")
+        max_tokens: int = Field(256, ge=1, description="response token limit L_max (>= 1)")
+        temperature: float = Field(1.0, gt=0, description="sampling temperature (> 0); the trainer "
+                                   "divides logits by the same value")
+        top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass in (0, 1]; 1 = off")
+
+    @hookimpl
+    def sample(self, policy, prompts, seed):
+        p = self.params
+        kwargs = {}
+        if p.top_p < 1.0:
+            try:
+                accepts = "top_p" in inspect.signature(policy.generate).parameters
+            except (TypeError, ValueError):
+                accepts = False
+            if not accepts:
+                raise ConfigError("sample: group -> top_p", f"top_p = {p.top_p} but "
+                                  f"{type(policy).__name__}.generate takes no top_p",
+                                  "set sample.top_p: 1.0, or use an engine that supports nucleus sampling")
+            kwargs["top_p"] = p.top_p
+        rollout: Rollout = policy.generate(prompts, p.n, p.max_tokens, p.temperature, seed, **kwargs)
+        expected = len(prompts) * p.n
+        if len(rollout) != expected or tuple(rollout.group_ids.shape) != (expected,):
+            raise UserError("sample: group", f"{type(policy).__name__}.generate returned {len(rollout)} rows "
+                            f"(group_ids {tuple(rollout.group_ids.shape)}) for {len(prompts)} prompts x n={p.n}",
+                            "generate must return len(prompts) x n rows with one group id per row")
+        rollout.temperature = p.temperature
+        rollout.max_tokens = p.max_tokens
+        rollout.group_ids = torch.as_tensor(rollout.group_ids, dtype=torch.long)
+        return rollout
+
+
+COMPONENTS = (Group,)
