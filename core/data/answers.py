@@ -1,0 +1,51 @@
+"""Reference answers: number normalisation and the GSM8K final-answer format.
+
+Conventions (tested in ``tests/test_data_answers.py``):
+
+* A numeric answer is written ``[+-]digits[.digits]``; thousands separators (``1,000``) are
+  removed and a leading ``+`` dropped. Nothing else is rewritten: ``3.50`` stays ``3.50`` (reward
+  components compare numbers by value, not by string). Units, ``$`` and words are not numbers.
+* JSON numbers are accepted: an integral float (``5.0``) becomes ``"5"``; bools are not numbers.
+* GSM8K (Cobbe et al. 2021, arXiv:2110.14168) ends each solution with ``#### <answer>``; the
+  reference answer is the text after the last ``####``, normalised as above.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")
+_CALC = re.compile(r"<<[^<>]*>>")
+
+
+def normalize_number(value) -> str | None:
+    """``value`` (str, int or float) as a normalised number string, or None if it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return str(int(value)) if value.is_integer() else repr(value)
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if not _NUMBER.fullmatch(text):
+        return None
+    return text.replace(",", "").lstrip("+")
+
+
+def gsm8k_final_answer(solution: str) -> str | None:
+    """The normalised number after the last ``####`` of a GSM8K solution, or None."""
+    if "####" not in solution:
+        return None
+    return normalize_number(solution.rsplit("####", 1)[1])
+
+
+def gsm8k_worked_solution(solution: str, answer: str) -> str:
+    """A GSM8K solution as a model should write it: calculator marks ``<<48/2=24>>`` removed and
+    the ``#### 72`` line replaced by ``The answer is \\boxed{72}.`` (the form math-verify reads)."""
+    body = _CALC.sub("", solution.rsplit("####", 1)[0]).strip()
+    return f"{body}\nThe answer is \\boxed{{{answer}}}."

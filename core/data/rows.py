@@ -1,0 +1,103 @@
+"""From raw rows to task rows: column mapping, checks, and chat prompts.
+
+A task row is the source row (all its columns) with two keys set:
+
+* ``prompt``: a list of chat messages ``[{"role": ..., "content": ...}]`` ready for
+  ``tokenizer.apply_chat_template``: the system message (if any), then ``few_shot`` solved
+  examples as user/assistant pairs, then the row's own prompt. A string prompt becomes one user
+  message; a list of messages is kept as is (the system message is added only if it has none).
+* ``answer``: the reference answer as a string (normalised when the task is numeric).
+
+Every check runs on every row before training, and names the row by its 0-based index in the
+source (for JSON Lines: the index among non-empty lines).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import DataError, did_you_mean
+from .answers import normalize_number
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_rows(raw: list[dict], prompt_column: str, answer_column: str, answer_type: str,
+               where: str) -> list[dict]:
+    """Validate the columns of every row; return copies with ``answer`` set (normalised numbers
+    for ``answer_type == "number"``) and the prompt left in ``prompt_column``."""
+    if not raw:
+        raise DataError(where, "the data set is empty (0 rows)", "point data.path / data.name at data with rows")
+    columns = list(raw[0])
+    for col, key in ((prompt_column, "prompt_column"), (answer_column, "answer_column")):
+        if col not in raw[0]:
+            raise DataError(f"{where} (data.{key})", f"no column {col!r} in the data{did_you_mean(col, columns)}; "
+                            f"columns are: {', '.join(map(str, columns))}",
+                            f"set data.{key} to the column that holds the {key.split('_')[0]}")
+    out = []
+    for i, row in enumerate(raw):
+        for col in (prompt_column, answer_column):
+            if row.get(col) is None:
+                raise DataError(f"{where}, row {i}", f"column {col!r} is missing or null",
+                                "fill it in or remove the row")
+        _check_prompt(row[prompt_column], f"{where}, row {i}, column {prompt_column!r}")
+        answer = row[answer_column]
+        if answer_type == "number":
+            norm = normalize_number(answer)
+            if norm is None:
+                raise DataError(f"{where}, row {i}, column {answer_column!r}",
+                                f"the answer {str(answer)[:80]!r} is not a number, and this task's answers are numeric",
+                                "fix the row, or set data.answer_type: text for free-form answers")
+            answer = norm
+        elif not isinstance(answer, (str, int, float)) or isinstance(answer, bool) or str(answer).strip() == "":
+            raise DataError(f"{where}, row {i}, column {answer_column!r}",
+                            f"the answer {answer!r} is empty or not a string/number", "fix the row or remove it")
+        out.append({**row, "answer": str(answer)})
+    return out
+
+
+def _check_prompt(value, where: str) -> None:
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(where, "the prompt is an empty string", "fill it in or remove the row")
+        return
+    if isinstance(value, list) and value:
+        for j, m in enumerate(value):
+            ok = isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+            if not ok:
+                raise DataError(f"{where}, message {j}", f"expected {{'role': one of {ROLES}, 'content': str}}, "
+                                f"got {str(m)[:80]}", "write the prompt as a string or a list of chat messages")
+        if value[-1]["role"] == "assistant":
+            raise DataError(where, "the prompt's last message is from the assistant, so there is nothing to answer",
+                            "end the prompt with a user message")
+        return
+    raise DataError(where, f"the prompt must be a string or a non-empty list of chat messages, got "
+                    f"{type(value).__name__}", "write the prompt as text or as [{'role': 'user', 'content': ...}]")
+
+
+def as_messages(value) -> list[dict]:
+    """A prompt (string or list of messages) as a fresh list of messages."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def build_prompts(rows: list[dict], prompt_column: str, system_prompt: str | None, examples: list[dict],
+                  solved: Callable[[dict], str]) -> list[dict]:
+    """Set ``row["prompt"]`` to the chat messages: system, solved examples, the row's prompt.
+
+    ``solved(example_row)`` is the assistant's text for a few-shot example (e.g. ``Answer: 68``)."""
+    shots: list[dict] = []
+    for ex in examples:
+        shots += [m for m in as_messages(ex[prompt_column]) if m["role"] != "system"]
+        shots.append({"role": "assistant", "content": solved(ex)})
+    out = []
+    for row in rows:
+        own = as_messages(row[prompt_column])
+        head = []
+        if own and own[0]["role"] == "system":
+            head, own = [own[0]], own[1:]
+        elif system_prompt:
+            head = [{"role": "system", "content": system_prompt}]
+        out.append({**row, "prompt": head + shots + own})
+    return out

@@ -1,0 +1,142 @@
+"""``load_task``: a :class:`DataSettings` -> a :class:`Task` (train rows, held-out rows, rewards).
+
+Split rules (all deterministic in ``data.seed``):
+
+* Built-in ``arithmetic``: held-out, example and training problems are generated separately
+  (see :mod:`policyzoo.data.arithmetic`); ``limit`` training problems (default 5000).
+* Sources with a separate held-out split (``eval_split``; gsm8k uses ``test`` by default): the
+  first ``eval_size`` rows of that split, in source order.
+* Otherwise ``eval_size`` rows of ``split`` are held out, chosen by a seeded shuffle.
+* Few-shot examples are the first ``few_shot`` remaining rows (source order) and leave the
+  training rows; then ``limit`` keeps the first rows of what is left.
+
+Every check (file, columns, prompts, answers) runs here, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Callable, Iterator
+
+import pydantic
+
+from ..components import Use, use
+from ..errors import ConfigError, DataError
+from . import arithmetic
+from .answers import gsm8k_final_answer, gsm8k_worked_solution
+from .batching import prompt_batches
+from .config import DataSettings
+from .rows import build_prompts, check_rows
+from .sources import _read_jsonl, read_cached_dataset, read_path
+
+GSM8K_SYSTEM_PROMPT = ("Solve the math word problem. Think step by step, then give the final "
+                       "answer as \\boxed{<number>}.")
+GSM8K_SPLITS = {"train": "gsm8k_train.jsonl", "test": "gsm8k_test.jsonl"}
+
+
+@dataclass
+class Task:
+    """A loaded task.
+
+    ``train_rows`` / ``eval_rows``: lists of dicts with ``prompt`` (chat messages), ``answer``
+    (str) and the source row's other columns. ``default_rewards``: the reward components to use
+    when the config names none (``policyzoo.use(...)`` objects, for ``assemble(..., rewards=)``).
+    """
+
+    name: str
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    default_rewards: list[Use] = field(default_factory=list)
+    seed: int = 0
+
+    def batches(self, P: int, start: int = 0) -> Iterator[list[dict]]:
+        """``prompt_batches(self.train_rows, P, self.seed, start)``: P training rows per step."""
+        return prompt_batches(self.train_rows, P, self.seed, start)
+
+
+def load_task(data_config: DataSettings | dict | None = None) -> Task:
+    """Load and check the task described by ``data_config`` (a ``DataSettings`` or a plain dict).
+
+    Raises :class:`~policyzoo.errors.ConfigError` for bad settings and
+    :class:`~policyzoo.errors.DataError` for bad data (missing file, unknown format, missing
+    column, empty data set, non-numeric answer of a numeric task), each naming where and why."""
+    s = _settings(data_config)
+    if s.path is not None:
+        return _load_rows(s, f"data.path ({s.path})", lambda split: read_path(s.path, split), _plain_answer,
+                          default_prompt_column="prompt", default_eval_split=None, system=None)
+    if s.name == "arithmetic":
+        return _load_arithmetic(s)
+    if s.name == "gsm8k":
+        return _load_rows(s, "data.name (gsm8k)", _read_gsm8k, lambda r: gsm8k_worked_solution(r["solution"], r["answer"]),
+                          default_prompt_column="question", default_eval_split="test", system=GSM8K_SYSTEM_PROMPT)
+    return _load_rows(s, f"data.name ({s.name})", lambda split: read_cached_dataset(s.name, split), _plain_answer,
+                      default_prompt_column="prompt", default_eval_split=None, system=None)
+
+
+def _settings(data_config) -> DataSettings:
+    if isinstance(data_config, DataSettings):
+        return data_config
+    try:
+        return DataSettings(**(data_config or {}))
+    except pydantic.ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(f"data.{key}", f"{err['msg']} (got {err.get('input')!r})",
+                          "data takes: " + ", ".join(DataSettings.model_fields)) from None
+
+
+def _plain_answer(row: dict) -> str:
+    return str(row["answer"])
+
+
+def _read_gsm8k(split: str) -> list[dict]:
+    if split not in GSM8K_SPLITS:
+        raise DataError("data.split (gsm8k)", f"gsm8k has no split {split!r}", "use split: train or split: test")
+    with resources.as_file(resources.files(__package__) / GSM8K_SPLITS[split]) as p:
+        raw = _read_jsonl(p, "gsm8k")
+    return [{"question": r["question"], "solution": r["answer"], "answer": gsm8k_final_answer(r["answer"])}
+            for r in raw]
+
+
+def _load_arithmetic(s: DataSettings) -> Task:
+    if s.prompt_column not in (None, "question") or s.answer_column != "answer" or s.answer_type != "number":
+        raise ConfigError("data (arithmetic)", "prompt_column / answer_column / answer_type apply to data read "
+                          "from data.path or a `datasets` name", "remove them, or set data.path")
+    k = 2 if s.few_shot is None else s.few_shot
+    held, examples, train = arithmetic.generate(s.seed, s.eval_size, k, s.limit or arithmetic.DEFAULT_TRAIN_SIZE)
+    system = arithmetic.SYSTEM_PROMPT if s.system_prompt is None else s.system_prompt
+
+    def build(raw: list[dict]) -> list[dict]:
+        rows = check_rows(raw, "question", "answer", "number", "data (arithmetic)") if raw else []
+        return build_prompts(rows, "question", system, examples, arithmetic.solved)
+    return Task("arithmetic", build(train), build(held), [use("answer_match")], s.seed)
+
+
+def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], solved: Callable[[dict], str],
+               default_prompt_column: str, default_eval_split: str | None, system: str | None) -> Task:
+    pc = s.prompt_column or default_prompt_column
+    rows = check_rows(read(s.split), pc, s.answer_column, s.answer_type, f"{where}, split {s.split!r}")
+    eval_split = s.eval_split or default_eval_split
+    if eval_split is not None and eval_split != s.split:
+        held = check_rows(read(eval_split), pc, s.answer_column, s.answer_type,
+                          f"{where}, split {eval_split!r}")[:s.eval_size]
+        pool = rows
+    else:
+        order = list(range(len(rows)))
+        random.Random(f"policyzoo-heldout:{s.seed}").shuffle(order)
+        chosen = set(order[:s.eval_size])
+        held = [rows[i] for i in order[:s.eval_size]]
+        pool = [r for i, r in enumerate(rows) if i not in chosen]
+    k = s.few_shot or 0
+    examples, train = pool[:k], pool[k:]
+    train = train[:s.limit] if s.limit else train
+    if not train:
+        raise DataError(where, f"no training rows left: {len(rows)} rows, {len(rows) - len(pool)} held out for "
+                        f"evaluation, {len(examples)} used as few-shot examples",
+                        "lower data.eval_size or data.few_shot, or set data.eval_split")
+    system = system if s.system_prompt is None else s.system_prompt
+    name = s.name if s.path is None else s.path
+    return Task(name, build_prompts(train, pc, system, examples, solved),
+                build_prompts(held, pc, system, examples, solved), [use("math_verify")], s.seed)
