@@ -142,7 +142,7 @@ class Run:
         impls = {id(i.plugin): i for i in getattr(self.pm.hook, slot).get_hookimpls()}
         for comp in getattr(self, slot):
             impl = impls[id(comp)]
-            if self.pm.trace.root.getwriter() is not None and os.environ.get("POLICYZOO_TRACE"):
+            if os.environ.get("POLICYZOO_TRACE", "") not in ("", "0"):
                 sys.stderr.write(f"[policyzoo trace] {slot} -> {comp!r}\n")
             out.append((comp, impl.function(**{a: kwargs[a] for a in impl.argnames})))
         return out
