@@ -30,13 +30,20 @@ def _fmt(u) -> str:
     return f"{u.name}({args})" if args else u.name
 
 
+def _names(u) -> str:
+    if u is None or u == ():
+        return "-"
+    return ", ".join(x.name for x in u) if isinstance(u, tuple) else u.name
+
+
 def cmd_zoo(args, out: Console) -> None:
+    """One row per bundle, component names per slot (``explain NAME`` shows the parameters)."""
     cat = get_catalog()
-    table = Table(title="policyzoo algorithms", show_lines=True)
-    for col in ["name", "source", *SLOTS]:
-        table.add_column(col)
+    table = Table(title="policyzoo algorithms (parameters: policyzoo explain NAME)")
+    for col in ["name", "from", *SLOTS]:
+        table.add_column(col, overflow="fold")
     for name, (bundle, src) in sorted(cat.bundles.items()):
-        table.add_row(name, f"{src.dist} {src.version}", *[_fmt(getattr(bundle, s)) for s in SLOTS])
+        table.add_row(name, src.dist, *[_names(getattr(bundle, s)) for s in SLOTS])
     out.print(table)
 
 
@@ -88,14 +95,21 @@ def cmd_explain(args, out: Console) -> None:
 
 
 def resolved_view(config, run) -> dict:
-    """The fully resolved config, with every slot's component, parameters and source."""
+    """The fully resolved config: every slot's component with all parameters, whether it is the
+    base algorithm's choice or an override, and which distribution provides it."""
     view = config.model_dump()
-    view["algorithm"] = {"name": run.bundle.name, "paper": run.bundle.paper, "slots": {}}
+    base_name = config.algorithm if isinstance(config.algorithm, str) else config.algorithm.get("base")
+    base = get_catalog().bundle(base_name)
+    view["algorithm"] = {"name": run.bundle.name, "base": base_name, "paper": run.bundle.paper, "slots": {}}
     for slot in SLOTS:
         comps = getattr(run, slot)
         comps = comps if isinstance(comps, list) else ([] if comps is None else [comps])
-        view["algorithm"]["slots"][slot] = [
-            {"use": c.name, **c.params.model_dump()} for c in comps]
+        if slot == "reward":
+            origin = "rewards: (task) + algorithm extras"
+        else:
+            origin = f"{base_name} default" if getattr(run.bundle, slot) == getattr(base, slot) else "override"
+        view["algorithm"]["slots"][slot] = {"from": origin, "components": [
+            {"use": c.name, **c.params.model_dump()} for c in comps]}
     view["algorithm"]["sources"] = run.sources
     return view
 
@@ -165,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    out = Console()
+    out = Console() if sys.stdout.isatty() else Console(width=200)
     try:
         args.fn(args, out)
     except UserError as e:

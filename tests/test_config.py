@@ -1,0 +1,105 @@
+"""Config mistakes give one block (where / why / fix), never a stack trace."""
+
+import subprocess
+import sys
+
+import pytest
+
+from policyzoo import ConfigError, assemble
+from policyzoo.config import load_config, step_settings
+from policyzoo.assembly import Run, resolve_algorithm
+
+
+def _err(**kw) -> str:
+    with pytest.raises(ConfigError) as e:
+        cfg = load_config(**kw)
+        Run(resolve_algorithm(cfg.algorithm))
+    return str(e.value)
+
+
+def test_misspelled_component_suggests_close_match():
+    msg = _err(algo="grpo", overrides=["algorithm.clip.use=cispoo"])
+    assert "algorithm.clip.use" in msg and "no clip component named 'cispoo'" in msg
+    assert "did you mean 'cispo'" in msg and "fix:" in msg
+
+
+def test_misspelled_algorithm_suggests_close_match():
+    msg = _err(algo="grop")
+    assert "no algorithm named 'grop'" in msg and "'grpo'" in msg
+
+
+def test_unknown_config_key_lists_allowed_keys():
+    msg = _err(algo="grpo", overrides=["train.lrr=1e-6"])
+    assert "train.lrr" in msg and "unknown key 'lrr'" in msg and "did you mean 'lr'" in msg
+
+
+def test_unknown_component_parameter():
+    msg = _err(algo="dapo", overrides=["algorithm.clip.eps_hi=0.3"])
+    assert "algorithm.clip" in msg and "unknown parameter 'eps_hi'" in msg and "'eps_high'" in msg
+
+
+def test_out_of_range_parameter_names_the_valid_range():
+    msg = _err(algo="grpo", overrides=["algorithm.clip.eps_low=1.5"])
+    assert "algorithm.clip -> eps_low" in msg and "1.5" in msg and "[0, 1)" in msg
+
+
+def test_dual_clip_constant_must_exceed_one():
+    msg = _err(algo="grpo", overrides=["algorithm.clip.dual_clip=0.9"])
+    assert "dual_clip" in msg and "greater than 1" in msg
+
+
+def test_sequence_ratio_with_token_sum_reduce_is_rejected():
+    with pytest.raises(ConfigError) as e:
+        assemble({"base": "gspo", "reduce": {"use": "token_sum_norm"}})
+    assert "sequence" in str(e.value) and "fix:" in str(e.value)
+
+
+def test_group_baseline_with_one_sample_is_rejected():
+    with pytest.raises(ConfigError) as e:
+        assemble({"base": "grpo", "sample": {"n": 1}})
+    assert "n" in str(e.value) and "fix:" in str(e.value)
+
+
+def test_kl_can_be_removed_but_clip_cannot():
+    assert assemble({"base": "grpo", "kl": None}).kl is None
+    with pytest.raises(ConfigError):
+        assemble({"base": "grpo", "clip": None})
+
+
+def test_override_keeps_bundle_component_and_merges_params():
+    run = assemble({"base": "dapo", "clip": {"eps_high": 0.3}})
+    assert run.clip.name == "ppo_clip"
+    assert (run.clip.params.eps_low, run.clip.params.eps_high) == (0.2, 0.3)
+
+
+def test_step_settings_take_algorithm_defaults():
+    cfg = load_config(algo="dapo")
+    assert step_settings(cfg, resolve_algorithm(cfg.algorithm)).max_sample_rounds == 3
+    cfg = load_config(algo="dapo", overrides=["train.max_sample_rounds=5"])
+    assert step_settings(cfg, resolve_algorithm(cfg.algorithm)).max_sample_rounds == 5
+
+
+def test_yaml_file_errors(tmp_path):
+    assert "config file not found" in _err(path=str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algorithm: grpo\ntrain: {steps: -3}\n")
+    msg = _err(path=str(bad))
+    assert "train.steps" in msg and "-3" in msg
+
+
+@pytest.mark.parametrize("override", ["algorithm.clip.use=cispoo", "train.lrr=1", "algorithm.clip.eps_low=2"])
+def test_cli_prints_one_block_and_exits_2(override):
+    out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--dry-run", override],
+                         capture_output=True, text=True, env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and out.stderr.startswith("error at ")
+    assert "fix:" in out.stderr
+
+
+def test_cli_dry_run_shows_where_each_slot_came_from():
+    out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--dry-run",
+                          "algorithm.clip.use=cispo", "algorithm.clip.eps_high=5.0"],
+                         capture_output=True, text=True, env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "from: override" in out.stdout and "from: grpo default" in out.stdout
+    assert "use: cispo" in out.stdout
