@@ -36,9 +36,11 @@ class Policy(Protocol):
     def backward(self, loss: Tensor, value_loss: Tensor | None = None) -> None:
         """Accumulate gradients of one micro-batch's loss (and the critic's value loss)."""
 
-    def optimizer_step(self) -> dict:
-        """Apply accumulated gradients, zero them; returns metrics (e.g. ``grad_norm``). Must not
-        write weights if any gradient is non-finite (returns ``{"skipped": 1}`` then)."""
+    def optimizer_step(self, skip: bool = False) -> dict:
+        """Apply accumulated gradients, zero them; returns metrics (e.g. ``grad_norm``).
+        With ``skip`` (the step found a non-finite reward, log-prob or loss) discard the
+        accumulated gradients and leave weights and optimizer state unchanged. Must also refuse
+        to write weights if any gradient is non-finite (returns ``{"skipped": 1}`` then)."""
 
     def sync(self) -> dict:
         """Push trained weights into the rollout engine; returns timing/check metrics."""

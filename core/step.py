@@ -124,33 +124,44 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     totals = step_totals(batch)
 
     # Update: each pass over the batch is one optimizer step; micro-batches accumulate exactly.
+    # A non-finite reward, log-prob or loss skips the whole update: gradients are discarded and
+    # the weights stay as they were (the engine's optimizer_step(skip=True) guarantees it).
     sums: Counter = Counter()
     counts: Counter = Counter()
+    fault = _bad_rows("rewards", torch.isinf(rewards), rollout)
     for _ in range(settings.updates_per_batch):
-        for mb in batch.split(min(settings.micro_batches, len(batch))):
+        for mb in batch.split(min(settings.micro_batches, len(batch))) if fault is None else []:
             logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True)
+            fault = _bad_rows("logprobs", (~torch.isfinite(logprobs.detach()) & mb.response_mask).any(-1), mb.rollout)
+            if fault is not None:
+                break
             loss, mb_sums = micro_loss(run, mb, logprobs, totals, entropy)
             value_loss = None
             if getattr(run.baseline, "needs_values", False):
                 value_loss = run.baseline.value_loss(values=policy.values(mb.rollout, grad=True),
                                                      old_values=mb.values, returns=mb.returns,
                                                      response_mask=mb.response_mask, totals=totals)
-                sums["value_loss"] += float(value_loss)
-                counts["value_loss"] = 1
-            sums["loss"] += float(loss)
-            counts["loss"] = 1
-            for k, (s, c) in mb_sums.items():
-                sums[k] += s
+                mb_sums["value_loss"] = (float(value_loss), 1.0)
+            if not all(math.isfinite(float(x)) for x in (loss, value_loss) if x is not None):
+                fault = _bad_rows("loss", torch.ones(len(mb), dtype=torch.bool), mb.rollout)
+                break
+            mb_sums["loss"] = (float(loss), 1.0 / settings.updates_per_batch)
+            for k, (v, c) in mb_sums.items():
+                sums[k] += v
                 counts[k] += c
             policy.backward(loss, value_loss)
+        if fault is not None:
+            metrics.update(policy.optimizer_step(skip=True), skipped=1, **fault)
+            break
         metrics.update(policy.optimizer_step())
     metrics["time_train"] = time.perf_counter() - t0
-    for k in sums:
+    for k in sums:  # token-weighted means over the step (loss: sum of micro-batch losses)
         metrics[k] = sums[k] / counts[k] if counts[k] else 0.0
-    metrics["loss"] = sums["loss"] / settings.updates_per_batch
+    metrics.setdefault("skipped", 0)
 
     t0 = time.perf_counter()
-    metrics.update(policy.sync())
+    if not metrics["skipped"]:
+        metrics.update(policy.sync())
     metrics["time_sync"] = time.perf_counter() - t0
 
     lengths = rollout.response_mask.sum(-1).float()
@@ -162,5 +173,16 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         response_length_max=float(lengths.max()) if len(lengths) else 0.0,
         truncated_frac=float(rollout.truncated.float().mean()) if len(rollout) else 0.0,
         rows=len(rollout),
+        reward_unscorable=int((~valid).sum()),
     )
     return metrics
+
+
+def _bad_rows(what: str, bad, rollout: Rollout) -> dict | None:
+    """None if no row is bad, else the skip record: the reason, and the offending rows named by
+    group id (stable across micro-batches) with the first few prompts."""
+    if not bool(bad.any()):
+        return None
+    rows = bad.nonzero().flatten().tolist()
+    return {"skip_reason": f"non-finite {what}", "skip_groups": sorted(set(rollout.group_ids[rows].tolist())),
+            "skip_prompts": [str(rollout.prompts[i])[:80] for i in rows[:4]] if rollout.prompts else []}
