@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 import pydantic
 
 from ..components import Use, use
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, did_you_mean
 from . import arithmetic
 from .answers import gsm8k_final_answer, gsm8k_worked_solution
 from .batching import prompt_batches
@@ -83,8 +83,9 @@ def _settings(data_config) -> DataSettings:
     except pydantic.ValidationError as e:
         err = e.errors()[0]
         key = ".".join(str(x) for x in err["loc"])
-        raise ConfigError(f"data.{key}", f"{err['msg']} (got {err.get('input')!r})",
-                          "data takes: " + ", ".join(DataSettings.model_fields)) from None
+        why = (f"unknown setting {key!r}{did_you_mean(key, DataSettings.model_fields)}"
+               if err["type"] == "extra_forbidden" else f"{err['msg']} (got {err.get('input')!r})")
+        raise ConfigError(f"data.{key}", why, "data takes: " + ", ".join(DataSettings.model_fields)) from None
 
 
 def _plain_answer(row: dict) -> str:

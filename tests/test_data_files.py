@@ -1,0 +1,153 @@
+"""Local files and `datasets` folders through the prompt/answer column mapping, and their errors."""
+
+import json
+
+import pytest
+
+from policyzoo.data import DataSettings, load_task, normalize_number
+from policyzoo.errors import ConfigError, DataError
+
+ROWS = [{"q": f"What is {i} + 1?", "a": str(i + 1), "level": i % 3} for i in range(12)]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def load(path, **kw):
+    return load_task(DataSettings(path=str(path), prompt_column="q", answer_column="a", **kw))
+
+
+def test_jsonl_rows_map_to_chat_prompts_and_keep_other_columns(tmp_path):
+    task = load(write_jsonl(tmp_path / "d.jsonl", ROWS), eval_size=2, system_prompt="Be brief.")
+    assert len(task.train_rows) == 10 and len(task.eval_rows) == 2
+    row = next(r for r in task.train_rows if r["q"] == "What is 4 + 1?")
+    assert row["prompt"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 4 + 1?"}]
+    assert row["answer"] == "5" and row["level"] == 1  # 4 + 1 = 5; 4 % 3 = 1
+    assert [u.name for u in task.default_rewards] == ["math_verify"]
+    # held-out rows and training rows partition the file
+    assert sorted(r["q"] for r in task.train_rows + task.eval_rows) == sorted(r["q"] for r in ROWS)
+
+
+def test_held_out_split_is_seeded_and_training_rows_keep_file_order(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    a, b, c = load(path, eval_size=3, seed=1), load(path, eval_size=3, seed=1), load(path, eval_size=3, seed=2)
+    assert a.eval_rows == b.eval_rows and a.eval_rows != c.eval_rows
+    order = [int(r["a"]) for r in a.train_rows]
+    assert order == sorted(order)
+
+
+def test_limit_and_few_shot_from_the_file(tmp_path):
+    task = load(write_jsonl(tmp_path / "d.jsonl", ROWS), eval_size=0, few_shot=1, limit=4)
+    # first row is the example (0 + 1 = 1), then the first 4 of the rest
+    assert [r["q"] for r in task.train_rows] == [f"What is {i} + 1?" for i in (1, 2, 3, 4)]
+    assert task.train_rows[0]["prompt"] == [
+        {"role": "user", "content": "What is 0 + 1?"}, {"role": "assistant", "content": "1"},
+        {"role": "user", "content": "What is 1 + 1?"}]
+
+
+def test_json_and_parquet_and_message_prompts(tmp_path):
+    rows = [{"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "2+2?"}], "answer": 4},
+            {"prompt": "3+3?", "answer": 6.0}]
+    (tmp_path / "d.json").write_text(json.dumps(rows))
+    task = load_task(DataSettings(path=str(tmp_path / "d.json"), eval_size=0, system_prompt="default"))
+    # a row's own system message wins; a string prompt gets the configured one; 6.0 -> "6"
+    assert task.train_rows[0]["prompt"][0] == {"role": "system", "content": "S"}
+    assert task.train_rows[1]["prompt"] == [{"role": "system", "content": "default"}, {"role": "user", "content": "3+3?"}]
+    assert [r["answer"] for r in task.train_rows] == ["4", "6"]
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
+    assert load(tmp_path / "d.parquet", eval_size=0).train_rows[3]["answer"] == "4"  # 3 + 1
+
+
+def test_datasets_folder_with_splits(tmp_path):
+    import datasets
+
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:8]),
+                               "test": datasets.Dataset.from_list(ROWS[8:])})
+    dd.save_to_disk(str(tmp_path / "ds"))
+    task = load(tmp_path / "ds", eval_split="test", eval_size=3)
+    assert len(task.train_rows) == 8 and [r["a"] for r in task.eval_rows] == ["9", "10", "11"]
+    with pytest.raises(DataError, match="no split 'tran'.*did you mean 'train'"):
+        load(tmp_path / "ds", split="tran")
+
+
+def test_uncached_datasets_name_is_an_error_not_a_download():
+    with pytest.raises(DataError, match="not a built-in task.*local `datasets` cache"):
+        load_task(DataSettings(name="nobody/no-such-dataset-xyz"))
+
+
+def test_answers_are_normalised_numbers():
+    assert normalize_number(" 1,000 ") == "1000" and normalize_number("+3.50") == "3.50"
+    assert normalize_number(-7) == "-7" and normalize_number(5.0) == "5" and normalize_number(0.25) == "0.25"
+    for bad in ("12 apples", "$5", "1,00", "", True, None, float("nan"), "1/2"):
+        assert normalize_number(bad) is None, bad
+
+
+# ------------------------------------------------------------------------------------ errors
+def test_missing_file(tmp_path):
+    with pytest.raises(DataError) as e:
+        load_task({"path": str(tmp_path / "nope.jsonl")})
+    assert "no such file" in e.value.why and "nope.jsonl" in e.value.why and e.value.fix
+
+
+def test_unknown_format(tmp_path):
+    (tmp_path / "d.csv").write_text("q,a\n")
+    with pytest.raises(DataError, match="unknown data format '.csv'") as e:
+        load_task({"path": str(tmp_path / "d.csv")})
+    assert ".jsonl" in e.value.fix
+
+
+def test_missing_column_lists_columns_and_suggests(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    with pytest.raises(DataError) as e:
+        load_task({"path": path, "prompt_column": "qq", "answer_column": "a"})
+    assert "no column 'qq'" in e.value.why and "did you mean 'q'" in e.value.why
+    assert "columns are: q, a, level" in e.value.why and "prompt_column" in e.value.where
+
+
+def test_empty_data_set(tmp_path):
+    (tmp_path / "d.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="empty"):
+        load_task({"path": str(tmp_path / "d.jsonl")})
+
+
+def test_non_numeric_answer_names_the_row(tmp_path):
+    rows = [dict(r) for r in ROWS]
+    rows[7]["a"] = "eight"
+    with pytest.raises(DataError) as e:
+        load(write_jsonl(tmp_path / "d.jsonl", rows))
+    assert "row 7" in e.value.where and "'eight' is not a number" in e.value.why and "answer_type: text" in e.value.fix
+    assert load(tmp_path / "d.jsonl", answer_type="text", eval_size=0).train_rows[7]["answer"] == "eight"
+
+
+def test_bad_rows_and_bad_json(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"q": "x", "a": 1}\n{"q": "y", "a": \n')
+    with pytest.raises(DataError, match="line 2"):
+        load(tmp_path / "d.jsonl")
+    (tmp_path / "d.json").write_text('{"q": "x"}')
+    with pytest.raises(DataError, match="list of objects"):
+        load(tmp_path / "d.json")
+    write_jsonl(tmp_path / "m.jsonl", [{"q": [{"role": "user", "content": "x"}], "a": 1},
+                                       {"q": [{"role": "robot", "content": "x"}], "a": 1}])
+    with pytest.raises(DataError) as e:
+        load(tmp_path / "m.jsonl")
+    assert "row 1" in e.value.where and "message 0" in e.value.where
+
+
+def test_nothing_left_to_train_on(tmp_path):
+    with pytest.raises(DataError, match="no training rows left") as e:
+        load(write_jsonl(tmp_path / "d.jsonl", ROWS), eval_size=12)
+    assert "eval_size" in e.value.fix
+
+
+def test_unknown_setting_is_a_config_error():
+    with pytest.raises(ConfigError, match="did you mean 'prompt_column'") as e:
+        load_task({"promt_column": "q"})
+    assert e.value.where == "data.promt_column"
+    with pytest.raises(ConfigError, match="eval_size"):
+        load_task({"eval_size": -1})
