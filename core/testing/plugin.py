@@ -8,7 +8,7 @@ conftest:
 ``pz_register``       ``pz_register(MyClip, my_bundle, plugin_module, ...) -> Catalog``: a fresh
                       catalog with these added, installed as the process catalog for the test.
 ``pz_hook_recorder``  ``rec = pz_hook_recorder(run)``: records every hook call of a run.
-``pz_tiny_run``       ``pz_tiny_run("grpo", steps=2) -> [metrics per step]``: trains the tabular
+``pz_tiny_run``       ``pz_tiny_run("grpo", steps=2) -> TinyRun`` (``.history``, ``.run``): trains the tabular
                       bandit policy (CPU, seconds) through the real training step.
 
 Heavy imports (torch) happen inside the fixtures, so loading the plugin costs nothing for test
@@ -75,10 +75,11 @@ def pz_hook_recorder():
 
 @pytest.fixture
 def pz_tiny_run():
-    """``pz_tiny_run(algorithm, steps=2, seed=0, **bandit_options) -> list[dict]``: trains the
-    tabular bandit through :func:`policyzoo.step.train_step` and returns each step's metrics.
+    """``pz_tiny_run(algorithm, steps=2, seed=0, plugins=(), **options) -> TinyRun``: trains the
+    tabular bandit through :func:`policyzoo.step.train_step`; ``.history`` holds each step's
+    metrics, ``.run.sources`` where each slot came from, ``.weights_changed`` whether it learned.
     ``algorithm`` is anything :func:`policyzoo.assemble` takes (a name, a hybrid mapping, a
-    Bundle)."""
+    Bundle); see :func:`policyzoo.testing.training.tiny_run`."""
     from policyzoo.testing.training import tiny_run
 
     return tiny_run

@@ -31,7 +31,8 @@ class ToyBatch:
     """Every argument a step hook can take, aligned on B rows and T tokens.
 
     Shapes: ``logprobs``, ``old_logprobs``, ``rollout_logprobs``, ``ref_logprobs``, ``values``,
-    ``token_rewards``, ``advantages``, ``loss`` are ``[B, T]`` float32; ``response_mask [B, T]``
+    ``token_rewards``, ``advantages``, ``loss`` are ``[B, T]`` float32 (``logprobs`` and ``loss``, a
+    per-token loss for ``reduce``, are leaves that require grad); ``response_mask [B, T]``
     bool; ``rewards [B]`` float32; ``group_ids [B]`` long; ``totals`` the step's counts.
     ``advantages`` are sequence advantages broadcast over T and 0 on masked positions.
     """
@@ -140,6 +141,6 @@ def toy_batch(seed: int = 0, lengths=LENGTHS, group_ids=GROUP_IDS, rewards=REWAR
         advantages=adv,
         values=torch.where(mask, uniform(-1.0, 1.0), torch.full((b, t), 3.0)),
         token_rewards=torch.zeros(b, t),
-        loss=torch.where(mask, uniform(-2.0, 2.0), torch.full((b, t), 11.0)),
+        loss=torch.where(mask, uniform(-2.0, 2.0), torch.full((b, t), 11.0)).requires_grad_(True),
         totals=StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum())),
     )

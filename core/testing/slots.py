@@ -1,0 +1,204 @@
+"""Per-slot knowledge for the contract suite: how to call a component of each slot on a toy
+batch, and what its output must look like (see :mod:`policyzoo.testing.contract`)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+from torch import Tensor
+
+from ..batch import Rollout
+from ..hookspecs import Advantages, Keep, Surrogate
+from .toys import ToyBatch, toy_batch
+
+#: slots whose output is a per-token (or reduced) part of the differentiable loss.
+LOSS_SLOTS = ("ratio", "clip", "kl", "reduce")
+
+
+def call(comp, tb: ToyBatch, policy=None, prompts=None):
+    """Call ``comp``'s hook method with the arguments it declares, taken from ``tb``.
+
+    ``ratio`` for a clip is computed in the graph from ``tb.logprobs`` (the token ratio)."""
+    method = getattr(comp, comp.slot)
+    kw = tb.hook_kwargs()
+    kw["policy"], kw["prompts"] = policy, prompts or []
+    names = [p for p in inspect.signature(method).parameters if p != "self"]
+    return method(**{n: kw[n] for n in names if n in kw})
+
+
+def extreme_batch(seed: int = 0) -> ToyBatch:
+    """The toy batch pushed to the edges a real run can reach: probabilities near 1 (log-prob
+    -1e-6) and near 0 (-40), log-ratios to old/rollout/ref of +-15, advantages +-50, losses
+    +-1e4, rewards +-1e6, one NaN (unscorable) reward."""
+    tb = toy_batch(seed)
+    m = tb.response_mask
+    b, t = m.shape
+    sign = torch.where(torch.arange(b * t).reshape(b, t) % 2 == 0, 1.0, -1.0)
+    lp = torch.where(sign > 0, torch.full((b, t), -1e-6), torch.full((b, t), -40.0))
+    lp = torch.where(m, lp, tb.logprobs.detach())
+    tb.logprobs = lp.clone().requires_grad_(True)
+    tb.old_logprobs = torch.where(m, lp - 15.0 * sign, tb.old_logprobs)
+    tb.rollout_logprobs = torch.where(m, lp + 15.0 * sign, torch.zeros(b, t))
+    tb.rollout.rollout_logprobs = tb.rollout_logprobs.clone()
+    tb.ref_logprobs = torch.where(m, lp + 30.0 * sign, tb.ref_logprobs)
+    tb.advantages = torch.where(m, 50.0 * sign, torch.zeros(b, t))
+    tb.loss = torch.where(m, 1e4 * sign, tb.loss.detach()).requires_grad_(True)
+    tb.values = torch.where(m, 1e3 * sign, tb.values)
+    tb.rewards = torch.tensor([1e6, -1e6, float("nan"), 1e6, 0.0, 1e6])[:b]
+    return tb
+
+
+def check_output(slot: str, out, tb: ToyBatch, prompts=None) -> list[str]:
+    """Shape/type problems of a slot's output (empty list = fine)."""
+    b, t = tb.shape
+    bad: list[str] = []
+
+    def tensor(x, shape, what, dtype_kind="float"):
+        if not isinstance(x, Tensor):
+            bad.append(f"{what} is {type(x).__name__}, not a Tensor")
+        elif tuple(x.shape) != tuple(shape):
+            bad.append(f"{what} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+        elif dtype_kind == "float" and not x.is_floating_point():
+            bad.append(f"{what} has dtype {x.dtype}, expected a float dtype")
+        elif dtype_kind == "bool" and x.dtype != torch.bool:
+            bad.append(f"{what} has dtype {x.dtype}, expected torch.bool")
+
+    if slot == "sample":
+        if not isinstance(out, Rollout):
+            return [f"sample returned {type(out).__name__}, not a Rollout"]
+        rows, p = len(out), len(prompts or [])
+        if p and (rows % p or len(out.group_ids.unique()) != p):
+            bad.append(f"{rows} rows and {len(out.group_ids.unique())} group ids for {p} prompts "
+                       "(expected P x G rows in P groups)")
+        width = out.response_ids.shape[1] if out.response_ids.dim() == 2 else -1
+        tensor(out.response_mask, (rows, width), "response_mask", "bool")
+        tensor(out.rollout_logprobs, (rows, width), "rollout_logprobs")
+        tensor(out.group_ids, (rows,), "group_ids", "any")
+        tensor(out.truncated, (rows,), "truncated", "bool")
+    elif slot == "reward":
+        x = torch.as_tensor(out) if not isinstance(out, Tensor) else out
+        tensor(x if x.is_floating_point() else x.float(), (b,), "rewards")
+    elif slot == "filter":
+        if not isinstance(out, Keep):
+            return [f"filter returned {type(out).__name__}, not a Keep"]
+        if tuple(out.keep.shape) not in ((b,), (b, t)):
+            bad.append(f"keep has shape {tuple(out.keep.shape)}, expected ({b},) or ({b}, {t})")
+        tensor(out.keep, out.keep.shape, "keep", "bool")
+        if not all(isinstance(v, int) for v in out.reasons.values()):
+            bad.append(f"reasons must count rows as ints, got {out.reasons!r}")
+    elif slot == "baseline":
+        if not isinstance(out, Advantages):
+            return [f"baseline returned {type(out).__name__}, not Advantages"]
+        tensor(out.advantages, (b, t), "advantages")
+        if out.returns is not None:
+            tensor(out.returns, (b, t), "returns")
+    elif slot in ("ratio", "kl"):
+        tensor(out, (b, t), slot)
+    elif slot == "clip":
+        if not isinstance(out, Surrogate):
+            return [f"clip returned {type(out).__name__}, not a Surrogate"]
+        tensor(out.loss, (b, t), "loss")
+        for name in ("clipped_low", "clipped_high"):
+            if getattr(out, name) is not None:
+                tensor(getattr(out, name), (b, t), name, "bool")
+    elif slot == "reduce":
+        if not isinstance(out, Tensor) or out.dim() != 0:
+            bad.append(f"reduce returned {getattr(out, 'shape', type(out).__name__)}, expected a scalar tensor")
+    return bad
+
+
+def per_token(slot: str, out) -> Tensor | None:
+    """The differentiable per-token tensor of a loss-path output (None for others)."""
+    if slot in ("ratio", "kl"):
+        return out
+    if slot == "clip":
+        return out.loss
+    return None
+
+
+def differentiated(slot: str, tb: ToyBatch) -> Tensor:
+    """The input whose gradient the masked-position checks inspect."""
+    return tb.loss if slot == "reduce" else tb.logprobs
+
+
+def finite_problems(slot: str, out, tb: ToyBatch) -> list[str]:
+    """Non-finite values at valid positions (NaN rewards are allowed: they mean unscorable)."""
+    m = tb.response_mask
+    if slot == "reward":
+        x = torch.as_tensor(out, dtype=torch.float32)
+        return ["a reward is +-inf"] if torch.isinf(x).any() else []
+    if slot == "baseline":
+        a = out.advantages
+        bad = [] if torch.isfinite(a[m]).all() else ["advantages are not finite at valid positions"]
+        if out.returns is not None and not torch.isfinite(out.returns[m]).all():
+            bad.append("returns are not finite at valid positions")
+        return bad
+    if slot == "reduce":
+        return [] if math.isfinite(float(out.detach())) else [f"reduce returned {float(out.detach())}"]
+    x = per_token(slot, out)
+    if x is not None and not torch.isfinite(x.detach()[m]).all():
+        return [f"{slot} output is not finite at valid positions"]
+    return []
+
+
+def spec_problems(comp, slot: str, ctx) -> list[str]:
+    """What the hook reference promises for the slot, checked on the toy batch:
+
+    * ``ratio``: exactly 1 at valid positions when logprobs == old_logprobs == rollout_logprobs;
+    * ``clip``: on-policy (ratio = exp(logprobs - logprobs.detach()) = 1) the gradient of the
+      summed surrogate is the policy gradient, d/d logprobs = -A at valid positions;
+    * ``kl``: 0 where logprobs == ref_logprobs;
+    * ``reduce``: exact under micro-batching (the sum over a 2- and a 3-way split of the rows,
+      with the step's totals, equals the full result) and independent of right padding;
+    * ``baseline``: grouping by ids, not position (shuffled rows give shuffled advantages).
+    """
+    tb = toy_batch()
+    m = tb.response_mask
+    bad: list[str] = []
+    if slot == "ratio":
+        same = tb.logprobs.detach()
+        tb.old_logprobs, tb.rollout_logprobs = same.clone(), torch.where(m, same, torch.zeros_like(same))
+        r = call(comp, tb, *ctx).detach()
+        if not torch.allclose(r[m], torch.ones_like(r[m]), rtol=0, atol=1e-6):
+            bad.append("ratio is not 1 where logprobs == old_logprobs == rollout_logprobs")
+    elif slot == "clip":
+        lp = tb.logprobs
+        kw = dict(tb.hook_kwargs(), ratio=torch.exp(lp - lp.detach()), old_logprobs=lp.detach())
+        method = getattr(comp, "clip")
+        names = [p for p in inspect.signature(method).parameters if p != "self"]
+        out = method(**{n: kw[n] for n in names if n in kw})
+        (grad,) = torch.autograd.grad(out.loss.sum(), lp)
+        if not torch.allclose(grad[m], -tb.advantages[m], rtol=1e-5, atol=1e-6):
+            bad.append("on-policy, d loss / d logprobs is not -A (the policy gradient)")
+    elif slot == "kl":
+        tb.ref_logprobs = tb.logprobs.detach().clone()
+        k = call(comp, tb, *ctx).detach()
+        if not torch.allclose(k[m], torch.zeros_like(k[m]), atol=1e-6):
+            bad.append("KL is not 0 where logprobs == ref_logprobs")
+    elif slot == "reduce":
+        full = float(call(comp, tb, *ctx).detach())
+        for parts in (2, 3):
+            total = 0.0
+            for rows in torch.arange(len(m)).tensor_split(parts):
+                sub = tb.clone()
+                sub.loss, sub.response_mask = tb.loss.detach()[rows], m[rows]
+                total += float(call(comp, sub, *ctx).detach())
+            if not math.isclose(total, full, rel_tol=1e-5, abs_tol=1e-6):
+                bad.append(f"not exact under micro-batching: {parts} parts sum to {total}, full batch {full}")
+        wide = tb.clone()
+        wide.loss = torch.cat([tb.loss.detach(), torch.full((len(m), 3), 9.0)], 1)
+        wide.response_mask = torch.cat([m, torch.zeros(len(m), 3, dtype=torch.bool)], 1)
+        if not math.isclose(float(call(comp, wide, *ctx).detach()), full, rel_tol=1e-6, abs_tol=1e-7):
+            bad.append("the result changes with extra right padding")
+    elif slot == "baseline":
+        a = call(comp, tb, *ctx).advantages.detach()
+        perm = torch.tensor([5, 2, 0, 3, 1, 4])
+        sh = tb.clone()
+        for name in ("rewards", "group_ids", "response_mask", "token_rewards", "values"):
+            setattr(sh, name, getattr(tb, name)[perm])
+        a2 = call(comp, sh, *ctx).advantages.detach()
+        if not torch.allclose(a2, a[perm], atol=1e-6):
+            bad.append("advantages depend on row order (group by group_ids, not by position)")
+    return bad
