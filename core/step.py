@@ -141,11 +141,11 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
                 value_loss = run.baseline.value_loss(values=policy.values(mb.rollout, grad=True),
                                                      old_values=mb.values, returns=mb.returns,
                                                      response_mask=mb.response_mask, totals=totals)
-                mb_sums["value_loss"] = (float(value_loss), 1.0)
-            if not all(math.isfinite(float(x)) for x in (loss, value_loss) if x is not None):
+                mb_sums["value_loss"] = (float(value_loss.detach()), 1.0)
+            if not all(math.isfinite(float(x.detach())) for x in (loss, value_loss) if x is not None):
                 fault = _bad_rows("loss", torch.ones(len(mb), dtype=torch.bool), mb.rollout)
                 break
-            mb_sums["loss"] = (float(loss), 1.0 / settings.updates_per_batch)
+            mb_sums["loss"] = (float(loss.detach()), 1.0 / settings.updates_per_batch)
             for k, (v, c) in mb_sums.items():
                 sums[k] += v
                 counts[k] += c
