@@ -280,7 +280,8 @@ class RewardModel(_Reward):
     pooled logit (transformers pools at the last non-pad token, as TRL's RewardTrainer trains it)
     for label ``label``; None requires a single-label model. No grad; eval mode; fp32.
     Errors: ``ConfigError`` for a missing folder, a folder that does not load, or a label that is
-    not one of the model's; ``UserError`` when transformers is missing."""
+    not one of the model's; ``UserError`` when transformers is missing.
+    Source: Ouyang et al. 2022, InstructGPT (arXiv:2203.02155) Sec. 3.5 (a scalar learned reward)."""
 
     name = "reward_model"
 
