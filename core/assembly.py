@@ -17,7 +17,7 @@ import pluggy
 from . import hookspecs
 from .catalog import Catalog, get_catalog
 from .components import Bundle, Component, Use
-from .errors import ConfigError, did_you_mean
+from .errors import ComponentError, ConfigError, UserError, did_you_mean
 
 SINGLE = [s for s, kind in hookspecs.SLOTS.items() if kind == "single"]
 COLLECT = [s for s, kind in hookspecs.SLOTS.items() if kind == "collect"]
@@ -144,7 +144,15 @@ class Run:
             impl = impls[id(comp)]
             if os.environ.get("POLICYZOO_TRACE", "") not in ("", "0"):
                 sys.stderr.write(f"[policyzoo trace] {slot} -> {comp!r}\n")
-            out.append((comp, impl.function(**{a: kwargs[a] for a in impl.argnames})))
+            try:
+                result = impl.function(**{a: kwargs[a] for a in impl.argnames})
+            except UserError:
+                raise
+            except Exception as e:  # name the component that failed, keep the cause chained
+                raise ComponentError(f"{slot} component {comp!r}", f"raised {type(e).__name__}: {e}",
+                                     f"fix the component or remove it from `{slot}`; rerun with "
+                                     "POLICYZOO_TRACE=1 to see the hook calls") from e
+            out.append((comp, result))
         return out
 
 

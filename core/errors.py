@@ -31,6 +31,10 @@ class PluginError(UserError):
     """A plugin distribution failed to load, or registered a name that is already taken."""
 
 
+class ComponentError(UserError):
+    """A component raised while the step called it (the cause is chained)."""
+
+
 class DataError(UserError):
     """A data file, column or row is unusable."""
 
