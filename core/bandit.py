@@ -278,7 +278,7 @@ def train(run, bandit: Bandit, steps: int, prompts_per_step: int = 8, seed: int 
     settings = settings or step_settings(run)
     history = []
     for i in range(steps):
-        m = train_step(run, bandit, lambda: bandit.prompts(prompts_per_step), seed=seed + i, settings=settings)
+        m = train_step(run, bandit, lambda: bandit.prompts(prompts_per_step), seed=seed * 1_000_000 + i, settings=settings)
         m.update(accuracy=bandit.accuracy(), expected_reward=bandit.expected_reward())
         history.append(m)
         if on_step is not None:
