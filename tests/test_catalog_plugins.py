@@ -1,0 +1,130 @@
+"""Plugin discovery through entry points: duplicates, broken imports, the autoload-off and
+allowlist switches. Throwaway distributions are written into tmp_path (a package plus a
+``.dist-info`` with ``entry_points.txt``) and put on sys.path, as pip would leave them."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from policyzoo import PluginError
+from policyzoo.catalog import load_catalog
+
+DUPLICATE_CLIP = '''
+from policyzoo import Component, Surrogate, hookimpl
+
+class MyClip(Component):
+    """Another PPO clip. Source: a test double."""
+    slot, name = "clip", "{name}"
+
+    @hookimpl
+    def clip(self, ratio, advantages):
+        return Surrogate(-advantages * ratio)
+
+@hookimpl
+def register_components(register):
+    register(MyClip)
+'''
+
+DUPLICATE_BUNDLE = '''
+from policyzoo import hookimpl
+from policyzoo.zoo.grpo import BUNDLE
+
+@hookimpl
+def register_bundles(register):
+    register(BUNDLE)
+'''
+
+
+def make_dist(root, dist: str, module: str, code: str, version: str = "0.3.1"):
+    """Write package ``module`` and the metadata of distribution ``dist`` under ``root``."""
+    pkg = root / module
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(textwrap.dedent(code))
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[policyzoo]\n{module} = {module}\n")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("POLICYZOO_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.delenv("POLICYZOO_PLUGINS", raising=False)
+    return tmp_path
+
+
+def test_duplicate_of_a_builtin_names_both_distributions(site):
+    make_dist(site, "policyzoo-dupe", "pz_dupe", DUPLICATE_CLIP.format(name="ppo_clip"))
+    with pytest.raises(PluginError) as info:
+        load_catalog(allow=["policyzoo-dupe"])
+    text = str(info.value)
+    assert "clip component 'ppo_clip'" in text
+    assert "policyzoo 0.1.0 (policyzoo.plugins)" in text and "policyzoo-dupe 0.3.1 (pz_dupe)" in text
+    assert "rename" in text
+
+
+def test_duplicate_of_another_plugin_names_both_distributions(site):
+    # policyzoo-sapo (installed from contrib/) already registers the clip 'sapo'
+    make_dist(site, "policyzoo-sapo-fork", "pz_sapo_fork", DUPLICATE_CLIP.format(name="sapo"))
+    with pytest.raises(PluginError) as info:
+        load_catalog(allow=["policyzoo-sapo", "policyzoo-sapo-fork"])
+    text = str(info.value)
+    assert "policyzoo-sapo 0.1.0" in text and "policyzoo-sapo-fork 0.3.1" in text
+
+
+def test_duplicate_bundle_names_both_distributions(site):
+    make_dist(site, "policyzoo-regrpo", "pz_regrpo", DUPLICATE_BUNDLE)
+    with pytest.raises(PluginError) as info:
+        load_catalog(allow=["policyzoo-regrpo"])
+    text = str(info.value)
+    assert "algorithm 'grpo'" in text and "policyzoo 0.1.0" in text and "policyzoo-regrpo 0.3.1" in text
+
+
+def test_import_error_is_reported_by_distribution_with_the_reason(site):
+    make_dist(site, "policyzoo-broken", "pz_broken", "raise ImportError('needs the flash-attn package')\n")
+    with pytest.raises(PluginError) as info:
+        load_catalog(allow=["policyzoo-broken"])
+    text = str(info.value)
+    assert "plugin distribution 'policyzoo-broken'" in text
+    assert "ImportError: needs the flash-attn package" in text
+    assert "POLICYZOO_PLUGINS" in text and "POLICYZOO_DISABLE_PLUGIN_AUTOLOAD" in text
+
+
+def test_autoload_off_loads_no_entry_point(site, monkeypatch):
+    make_dist(site, "policyzoo-broken", "pz_broken", "raise RuntimeError('must not be imported')\n")
+    monkeypatch.setenv("POLICYZOO_DISABLE_PLUGIN_AUTOLOAD", "1")
+    catalog = load_catalog()  # the broken distribution is not even imported
+    assert [p.dist for p in catalog.plugins] == ["policyzoo", "policyzoo"]
+    assert "sapo" not in catalog.components["clip"] and "tis" not in catalog.components["ratio"]
+    assert "sapo" not in catalog.bundles
+    assert "pz_broken" not in sys.modules
+
+
+def test_allowlist_loads_only_the_named_distributions(site, monkeypatch):
+    make_dist(site, "policyzoo-broken", "pz_broken", "raise RuntimeError('must not be imported')\n")
+    monkeypatch.setenv("POLICYZOO_PLUGINS", "policyzoo-tis")
+    catalog = load_catalog()
+    assert "tis" in catalog.components["ratio"]
+    assert "sapo" not in catalog.components["clip"] and "sapo" not in catalog.bundles
+    assert {p.dist for p in catalog.plugins} == {"policyzoo", "policyzoo-tis"}
+
+
+def test_with_everything_installed_both_contrib_distributions_load(site):
+    catalog = load_catalog()
+    by_dist = {p.dist: p for p in catalog.plugins}
+    assert by_dist["policyzoo-sapo"].components == ["clip:sapo"] and by_dist["policyzoo-sapo"].bundles == ["sapo"]
+    assert by_dist["policyzoo-tis"].components == ["ratio:tis"] and by_dist["policyzoo-tis"].version == "0.1.0"
+    assert catalog.components["clip"]["sapo"][1].dist == "policyzoo-sapo"
+
+
+def test_cli_reports_a_broken_plugin_without_a_traceback(site):
+    make_dist(site, "policyzoo-broken", "pz_broken", "raise ImportError('needs the flash-attn package')\n")
+    env = {"PYTHONPATH": str(site), "POLICYZOO_PLUGINS": "policyzoo-broken", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "policyzoo.cli", "plugins"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 2
+    assert "policyzoo-broken" in proc.stderr and "needs the flash-attn package" in proc.stderr
+    assert "Traceback" not in proc.stderr
