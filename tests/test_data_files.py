@@ -151,3 +151,14 @@ def test_unknown_setting_is_a_config_error():
     assert e.value.where == "data.promt_column"
     with pytest.raises(ConfigError, match="eval_size"):
         load_task({"eval_size": -1})
+
+
+def test_prompt_longer_than_the_context_names_the_row():
+    from policyzoo.data import check_prompt_lengths
+
+    rows = [{"prompt": [{"role": "user", "content": "a b c"}]}, {"prompt": [{"role": "user", "content": "a b c d e"}]}]
+    words = lambda messages: sum(len(m["content"].split()) for m in messages)  # noqa: E731
+    assert check_prompt_lengths(rows, words, 5) == [3, 5]  # 3 and 5 words, both fit in 5
+    with pytest.raises(DataError) as e:
+        check_prompt_lengths(rows, words, 4, where="data.path (x.jsonl)")
+    assert e.value.where == "data.path (x.jsonl), row 1" and "5 tokens, longer than the 4" in e.value.why

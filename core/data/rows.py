@@ -101,3 +101,20 @@ def build_prompts(rows: list[dict], prompt_column: str, system_prompt: str | Non
             head = [{"role": "system", "content": system_prompt}]
         out.append({**row, "prompt": head + shots + own})
     return out
+
+
+def check_prompt_lengths(rows: list[dict], count_tokens: Callable[[list[dict]], int], max_prompt_tokens: int,
+                         where: str = "data") -> list[int]:
+    """Token count of every row's ``prompt`` (``count_tokens(messages)``, e.g. the length of
+    ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``); raises
+    :class:`DataError` naming the first row longer than ``max_prompt_tokens`` (the model's
+    context minus the response budget)."""
+    counts = []
+    for i, row in enumerate(rows):
+        n = int(count_tokens(row["prompt"]))
+        if n > max_prompt_tokens:
+            raise DataError(f"{where}, row {i}", f"the prompt is {n} tokens, longer than the {max_prompt_tokens} "
+                            "the context leaves for it (context length minus the response's max tokens)",
+                            "shorten or drop the row, lower data.few_shot, or lower the response's max tokens")
+        counts.append(n)
+    return counts

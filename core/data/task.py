@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Callable, Iterator
 
 import pydantic
@@ -118,7 +119,9 @@ def _load_arithmetic(s: DataSettings) -> Task:
 def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], solved: Callable[[dict], str],
                default_prompt_column: str, default_eval_split: str | None, system: str | None) -> Task:
     pc = s.prompt_column or default_prompt_column
-    rows = check_rows(read(s.split), pc, s.answer_column, s.answer_type, f"{where}, split {s.split!r}")
+    has_splits = s.path is None or Path(s.path).is_dir()
+    rows = check_rows(read(s.split), pc, s.answer_column, s.answer_type,
+                      f"{where}, split {s.split!r}" if has_splits else where)
     eval_split = s.eval_split or default_eval_split
     if eval_split is not None and eval_split != s.split:
         held = check_rows(read(eval_split), pc, s.answer_column, s.answer_type,
