@@ -105,6 +105,9 @@ def test_arithmetic_rejects_column_settings():
 
     with pytest.raises(ConfigError, match="data.path"):
         load_task({"prompt_column": "q"})
+    # 1-2 digit problems: 100 x 100 sums + 5050 differences = 15050 distinct; 20000 cannot be held out
+    with pytest.raises(ConfigError, match="distinct"):
+        load_task({"eval_size": 20000})
 
 
 def test_default_reward_is_answer_match_and_assembles():

@@ -18,6 +18,7 @@ import random
 SYSTEM_PROMPT = ("Solve the arithmetic problem. Reply with the result only, "
                  "in the form 'Answer: <n>' where <n> is an integer.")
 DEFAULT_TRAIN_SIZE = 5000
+DISTINCT = 100 * 100 + 100 * 101 // 2  # sums of a, b in 0..99, and differences a - b with a >= b
 
 
 def draw_problem(rng: random.Random) -> tuple[int, str, int]:
@@ -44,6 +45,8 @@ def generate(seed: int, n_eval: int, n_examples: int, n_train: int) -> tuple[lis
     """``(eval_rows, example_rows, train_rows)`` as raw rows, deterministic in ``seed``.
 
     Raises ValueError if more distinct held-out/example problems are asked than exist."""
+    if n_eval + n_examples > DISTINCT:
+        raise ValueError(f"cannot draw {n_eval + n_examples} distinct arithmetic problems (there are {DISTINCT})")
     rng = random.Random(seed)
     held: dict[tuple, None] = {}
     for n in (n_eval, n_eval + n_examples):

@@ -107,7 +107,10 @@ def _load_arithmetic(s: DataSettings) -> Task:
         raise ConfigError("data (arithmetic)", "prompt_column / answer_column / answer_type apply to data read "
                           "from data.path or a `datasets` name", "remove them, or set data.path")
     k = 2 if s.few_shot is None else s.few_shot
-    held, examples, train = arithmetic.generate(s.seed, s.eval_size, k, s.limit or arithmetic.DEFAULT_TRAIN_SIZE)
+    try:
+        held, examples, train = arithmetic.generate(s.seed, s.eval_size, k, s.limit or arithmetic.DEFAULT_TRAIN_SIZE)
+    except ValueError as e:
+        raise ConfigError("data.eval_size (arithmetic)", str(e), "lower data.eval_size (at most a few thousand)") from None
     system = arithmetic.SYSTEM_PROMPT if s.system_prompt is None else s.system_prompt
 
     def build(raw: list[dict]) -> list[dict]:
