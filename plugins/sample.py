@@ -43,6 +43,10 @@ class Group(Component):
                                    "divides logits by the same value")
         top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass in (0, 1]; 1 = off")
 
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._next_group = 0
+
     @hookimpl
     def sample(self, policy, prompts, seed):
         p = self.params
@@ -65,7 +69,10 @@ class Group(Component):
                             "generate must return len(prompts) x n rows with one group id per row")
         rollout.temperature = p.temperature
         rollout.max_tokens = p.max_tokens
-        rollout.group_ids = torch.as_tensor(rollout.group_ids, dtype=torch.long)
+        ids = torch.as_tensor(rollout.group_ids)
+        first_seen = {g: k for k, g in enumerate(dict.fromkeys(ids.tolist()))}
+        rollout.group_ids = torch.tensor([self._next_group + first_seen[g] for g in ids.tolist()], dtype=torch.long)
+        self._next_group += len(first_seen)
         return rollout
 
 

@@ -183,6 +183,15 @@ def test_group_sampler_calls_generate_and_stamps_rollout():
     ro = Group(n=3, max_tokens=64, temperature=0.7).sample(policy=pol, prompts=[{"prompt": "a"}, {"prompt": "b"}], seed=5)
     assert pol.calls == [(2, 3, 64, 0.7, 5)]
     assert len(ro) == 6 and ro.temperature == 0.7 and ro.max_tokens == 64
+    assert ro.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
+    # the fake engine numbers each call's groups from 0 again; the sampler keeps them unique, so two
+    # rounds of dynamic sampling concatenated never merge different prompts into one group
+    again = Group(n=3).sample  # a fresh component starts at 0
+    sampler = Group(n=2)
+    first = sampler.sample(policy=FakePolicy(), prompts=[{"prompt": "a"}, {"prompt": "b"}], seed=0)
+    second = sampler.sample(policy=FakePolicy(), prompts=[{"prompt": "c"}, {"prompt": "d"}], seed=1)
+    assert first.group_ids.tolist() == [0, 0, 1, 1] and second.group_ids.tolist() == [2, 2, 3, 3]
+    assert again(policy=FakePolicy(), prompts=[{"prompt": "a"}], seed=0).group_ids.tolist() == [0, 0, 0]
     nuc = NucleusPolicy()
     Group(n=2, top_p=0.9).sample(policy=nuc, prompts=[{"prompt": "a"}], seed=0)
     assert nuc.top_p == 0.9
