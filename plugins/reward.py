@@ -75,14 +75,15 @@ class OverlongPenalty(_Reward):
 
 
 # ----------------------------------------------------------------------------- answer match
-_NUMBER = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
+_NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
 _MARKED = re.compile(r"(?:Answer:|####)\s*\**\s*\$?\s*(" + _NUMBER + ")", re.IGNORECASE)
 _ANY = re.compile(_NUMBER)
 
 
 def extract_number(text: str) -> Decimal | None:
     """The number after the last "Answer:"/"####" marker if there is one, else the last number in
-    ``text``. Commas are thousands separators ("1,234" = 1234); a trailing "." is a full stop."""
+    ``text``. Commas only as thousands separators ("1,234" = 1234; "3,4" is two numbers); a
+    trailing "." is a full stop."""
     marked = _MARKED.findall(text)
     candidates = marked if marked else _ANY.findall(text)
     if not candidates:
@@ -190,7 +191,8 @@ class Function(_Reward):
             result = self._call(rollout.prompts, rollout.completions, rows)
         except Exception as e:
             row = self._failing_row(rollout, rows)
-            at = f"row {row} (prompt {rollout.prompts[row][:60]!r})" if row is not None else "the batch"
+            prompt = rollout.prompts[row][:60] if row is not None and row < len(rollout.prompts) else ""
+            at = f"row {row} (prompt {prompt!r})" if row is not None else "the batch"
             raise RewardFunctionError(f"reward: function {name}", f"{name} raised {type(e).__name__}: {e} "
                                       f"on {at}", f"fix {name} or the data row; return None for rows it "
                                       "cannot score") from None

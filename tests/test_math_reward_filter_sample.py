@@ -63,6 +63,8 @@ def test_overlong_penalty_resolves_max_tokens_from_the_run():
     ("3.5", "3", 0.0),
     ("no idea", "3", 0.0),
     ("answer: $18", "18", 1.0),
+    ("the pair is 3,4", "4", 1.0),                 # "3,4" is two numbers, not 34
+    ("total 12,500 apples", "12500", 1.0),
 ])
 def test_answer_match(text, gold, expect):
     r = AnswerMatch().reward(rollout=make_rollout([1], completions=[text], rows=[{"answer": gold}]))
