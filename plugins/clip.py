@@ -31,7 +31,7 @@ class PPOClip(Component):
 
     Shapes ``[B, T]``. Errors: ``ConfigError`` for eps_low outside [0, 1), eps_high < 0, c <= 1.
     Sources: Schulman et al. 2017 (arXiv:1707.06347) eq. 7; clip-higher: DAPO (arXiv:2503.14476)
-    eq. 10; dual clip: Ye et al. 2020 (arXiv:1912.09729) eq. 4. GSPO (arXiv:2507.18071 eq. 5) is this
+    eq. 10; dual clip: Ye et al. 2020 (arXiv:1912.09729, "dual-clip PPO"). GSPO (arXiv:2507.18071 eq. 5) is this
     clip applied to the sequence ratio with eps 3e-4 / 4e-4."""
 
     slot, name = "clip", "ppo_clip"

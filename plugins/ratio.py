@@ -40,8 +40,9 @@ class Sequence(Component):
     The mean is over row i's masked tokens (|y_i| of them): s_i is the geometric mean of the token
     ratios, i.e. (pi(y_i)/pi_old(y_i))^(1/|y_i|). Clamped before exp (default +-10, exp(10) ~ 2.2e4)
     so log-ratios of +-50 give a finite loss and gradient. Rows with no masked token get s = 1.
-    Gradient flows to every token of the row through the mean (GSPO eq. 10: each token receives
-    s_i x A_i / |y_i| x grad log pi). Pair it with a reduce that averages per sequence
+    Gradient flows to every token of the row through the mean (each token receives
+    s_i x A_i / |y_i| x grad log pi, as in GSPO's gradient analysis); where the clamp is active
+    the row gets no gradient. Pair it with a reduce that averages per sequence
     (``seq_mean_token_mean``); token-sum reduces are rejected by their ``check``.
     Source: Zheng et al. 2025, GSPO (arXiv:2507.18071) eq. 7."""
 

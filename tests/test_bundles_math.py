@@ -273,3 +273,14 @@ def test_bundles_assemble_without_warnings_and_give_finite_grads(name):
     grad, *_ = run_bundle(name, lp, old, ref, values)
     assert torch.isfinite(grad).all()
     assert torch.equal(grad[:, -1], torch.zeros(B))  # the padding column gets no gradient
+
+
+def test_every_component_documents_its_parameters_and_source():
+    from policyzoo.plugins import MODULES
+
+    for module in MODULES:
+        for cls in module.COMPONENTS:
+            doc = cls.__doc__ or ""
+            assert "Source" in doc or "Sources" in doc, cls.__qualname__
+            for key, field in cls.Params.model_fields.items():
+                assert field.description, f"{cls.name}.{key} has no description"
