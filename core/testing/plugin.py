@@ -7,7 +7,8 @@ conftest:
 ``pz_toy_batch``      the deterministic ragged toy batch (:func:`policyzoo.testing.toy_batch`).
 ``pz_register``       ``pz_register(MyClip, my_bundle, plugin_module, ...) -> Catalog``: a fresh
                       catalog with these added, installed as the process catalog for the test.
-``pz_hook_recorder``  ``rec = pz_hook_recorder(run)``: records every hook call of a run.
+``pz_hook_recorder``  ``rec = pz_hook_recorder(run)``: records every hook call of a run
+                      (``.names()``, ``.of(hook)``).
 ``pz_tiny_run``       ``pz_tiny_run("grpo", steps=2) -> TinyRun`` (``.history``, ``.run``): trains the tabular
                       bandit policy (CPU, seconds) through the real training step.
 
@@ -58,13 +59,14 @@ def pz_register():
 
 @pytest.fixture
 def pz_hook_recorder():
-    """``pz_hook_recorder(run) -> HookRecorder``; detached when the test ends."""
+    """``pz_hook_recorder(run) -> HookRecorder`` attached to ``run``; ``pz_hook_recorder()`` an
+    unattached one (pass it as ``pz_tiny_run(..., recorder=rec)``). Detached when the test ends."""
     from policyzoo.testing.helpers import HookRecorder
 
     recorders = []
 
-    def attach(run):
-        rec = HookRecorder().attach(run)
+    def attach(run=None):
+        rec = HookRecorder() if run is None else HookRecorder().attach(run)
         recorders.append(rec)
         return rec
 

@@ -36,18 +36,24 @@ class TinyRun:
 
 def tiny_run(algorithm="grpo", steps: int = 2, seed: int = 0, *, plugins=(), catalog: Catalog | None = None,
              prompts_per_step: int = 4, questions: int = 4, candidates: int = 4, right: int = 1,
-             lr: float = 0.1, **settings) -> TinyRun:
+             lr: float = 0.1, recorder=None, **settings) -> TinyRun:
     """Train ``steps`` steps of ``algorithm`` on a random bandit (``questions`` x ``candidates``,
     ``right`` right answers each, lengths 2..6 tokens, seeded by ``seed``).
 
     ``catalog`` defaults to a fresh one that follows the environment switches (installed plugin
-    distributions included) plus ``plugins`` (in-process plugin modules) and the bandit's reward.
+    distributions included) plus ``plugins`` (plugin modules, Component classes or Bundles, as for
+    :func:`~policyzoo.testing.make_plugin`) and the bandit's reward.
     ``settings`` override :class:`~policyzoo.step.StepSettings` (``micro_batches=2`` ...).
+    ``recorder``: a :class:`~policyzoo.testing.HookRecorder` attached to the run before training.
     Errors: whatever assembly raises for an invalid algorithm (a ``ConfigError``)."""
     from .. import bandit as bandit_mod
 
-    catalog = catalog or load_catalog(extra=[sys.modules[bandit_mod.__name__], *plugins])
+    from .helpers import _as_plugin
+
+    catalog = catalog or load_catalog(extra=[sys.modules[bandit_mod.__name__], *map(_as_plugin, plugins)])
     run = assemble(algorithm, rewards=(use("bandit_correct"),), catalog=catalog)
+    if recorder is not None:
+        recorder.attach(run)
     torch.manual_seed(seed)
     policy = bandit_mod.Bandit.random(questions, candidates, right, min_len=2, max_len=6, seed=seed, lr=lr)
     initial = policy.theta.detach().clone()
