@@ -129,8 +129,9 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     sums: Counter = Counter()
     counts: Counter = Counter()
     fault = _bad_rows("rewards", torch.isinf(rewards), rollout)
+    n_micro = min(settings.micro_batches, len(batch))
     for _ in range(settings.updates_per_batch):
-        for mb in batch.split(min(settings.micro_batches, len(batch))) if fault is None else []:
+        for mb in batch.split(n_micro) if fault is None else []:
             logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True)
             fault = _bad_rows("logprobs", (~torch.isfinite(logprobs.detach()) & mb.response_mask).any(-1), mb.rollout)
             if fault is not None:
@@ -141,11 +142,11 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
                 value_loss = run.baseline.value_loss(values=policy.values(mb.rollout, grad=True),
                                                      old_values=mb.values, returns=mb.returns,
                                                      response_mask=mb.response_mask, totals=totals)
-                mb_sums["value_loss"] = (float(value_loss.detach()), 1.0)
+                mb_sums["value_loss"] = (float(value_loss.detach()), 1.0 / n_micro)
             if not all(math.isfinite(float(x.detach())) for x in (loss, value_loss) if x is not None):
                 fault = _bad_rows("loss", torch.ones(len(mb), dtype=torch.bool), mb.rollout)
                 break
-            mb_sums["loss"] = (float(loss.detach()), 1.0 / settings.updates_per_batch)
+            mb_sums["loss"] = (float(loss.detach()), 1.0 / n_micro)  # sum over micro-batches, mean over updates
             for k, (v, c) in mb_sums.items():
                 sums[k] += v
                 counts[k] += c
