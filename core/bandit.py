@@ -201,13 +201,14 @@ class Bandit:
         if total.requires_grad:
             total.backward()
 
-    def optimizer_step(self) -> dict:
-        """Adam/SGD step on the logits and the critic; ``{"skipped": 1}`` and no write when any
-        gradient is non-finite. Returns ``grad_norm`` (policy logits, L2)."""
+    def optimizer_step(self, skip: bool = False) -> dict:
+        """Adam/SGD step on the logits and the critic, then zero the gradients. With ``skip``, or
+        when any gradient is non-finite, the gradients are discarded and weights and optimizer
+        state stay as they were: returns ``{"skipped": 1}``. Otherwise ``{"skipped": 0,
+        "grad_norm": L2 norm of the logits' gradient}``."""
         grads = [p.grad for p in (self.theta, self.critic) if p.grad is not None]
-        finite = all(bool(torch.isfinite(g).all()) for g in grads)
         out: dict = {"skipped": 0}
-        if not finite:
+        if skip or not all(bool(torch.isfinite(g).all()) for g in grads):
             out["skipped"] = 1
         else:
             out["grad_norm"] = float(self.theta.grad.norm()) if self.theta.grad is not None else 0.0

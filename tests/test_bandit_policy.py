@@ -149,3 +149,12 @@ def test_malformed_tables_raise_config_errors(kwargs, fragment):
     with pytest.raises(ConfigError) as e:
         Bandit(**kwargs)
     assert fragment in str(e.value) and "fix:" in str(e.value)
+
+
+def test_skip_discards_gradients_and_keeps_optimizer_state():
+    b = small(optimizer="adam", lr=0.1)
+    r = b.generate(b.prompts(1), n=4, max_tokens=32, temperature=1.0, seed=0)
+    b.backward(-b.logprobs(r, grad=True)[0].sum())
+    assert b.optimizer_step(skip=True) == {"skipped": 1}
+    assert torch.equal(b.theta.detach(), torch.zeros(1, 3)) and b.theta.grad is None
+    assert len(b.opt.state) == 0  # Adam never stepped: no moments were written
