@@ -71,9 +71,11 @@ class GroupNorm(_GroupBaseline):
     """GRPO advantage A_i = (s_i - mean_g) / (std_g + eps) over the valid rows of i's group g.
 
     ``std``: "sample" (divide by G-1, as TRL's ``torch.std`` and verl) or "population" (divide by
-    G, as the GRPO paper's formula is sometimes read). Groups with std <= ``zero_std_tol`` get
-    exactly 0 (a constant group carries no signal; a float residue such as 0.1+0.2 vs 0.3 must not
-    become a huge advantage). |A| is then bounded by (G-1)/sqrt(G) (population) for any group.
+    G, as the GRPO paper's formula is sometimes read). ``eps`` 1e-6 is added to the std (verl's
+    value; TRL adds 1e-4, which shrinks advantages of low-variance groups slightly more).
+    Groups with std <= ``zero_std_tol`` get exactly 0 (a constant group carries no signal; a
+    float residue such as 0.1+0.2 vs 0.3 must not become a huge advantage). Any other group has
+    |A| <= sqrt(G-1) (population) or (G-1)/sqrt(G) (sample), the largest possible z-score.
     Example, rewards [1,0,0,1,1,0,0,0]: mean 3/8, population std sqrt(15)/8 -> +1.291/-0.775;
     sample std sqrt(15/56) -> +1.208/-0.725.
     Returns ``Advantages([B, T])``. Source: Shao et al. 2024, DeepSeekMath (arXiv:2402.03300) Sec. 4.1.2.
