@@ -225,3 +225,20 @@ def test_gae_needs_values_flag_and_params():
         GAE(value_clip=0.0)
     with pytest.raises(ConfigError):
         GAE(lam=1.5)
+
+
+def test_advantage_bound_over_random_groups_of_every_scale():
+    # the largest sample z-score in a group of G is reached by one outlier: (G-1)/sqrt(G);
+    # for G = 8 that is 7 / 2.828427 = 2.474874, whatever the reward scale (1e-9 .. 1e3)
+    g = torch.Generator().manual_seed(0)
+    for scale in (1e-9, 1e-7, 1e-5, 1.0, 1e3):
+        rewards = 0.3 + scale * torch.randn(64, generator=g, dtype=torch.float64)
+        rewards[:8] = 0.3
+        rewards[8:16] = torch.tensor([0.3] * 7 + [0.3 + scale], dtype=torch.float64)
+        out = GroupNorm(eps=0.0, zero_std_tol=0.0).baseline(
+            rewards=rewards, group_ids=torch.arange(64) // 8, response_mask=full_mask(64),
+            token_rewards=torch.zeros(64, 3)).advantages
+        assert out.abs().max() <= 7 / math.sqrt(8) + 1e-6
+        assert out[8, 0].item() != 0 and torch.equal(out[:8], torch.zeros(8, 3, dtype=torch.float64))
+    # the outlier row reaches the bound exactly (last scale, 1e3): others -1/sqrt(8), it +7/sqrt(8)
+    assert out[15, 0].item() == pytest.approx(7 / math.sqrt(8), rel=1e-9)
