@@ -154,7 +154,9 @@ class Spec:
     def ratio(self, logprobs, old_logprobs, rollout_logprobs, response_mask):
         """single. Importance ratio ``[B, T]`` between the current and the sampling policy
         (per token, or a sequence-level ratio broadcast over T). Must be exactly 1 where
-        ``logprobs == old_logprobs``. Gradient flows through ``logprobs``."""
+        ``logprobs == old_logprobs == rollout_logprobs`` (a component that also corrects the
+        sampler/trainer mismatch, e.g. truncated IS, weighs by pi_old / pi_rollout, so it is 1
+        only where all three agree). Gradient flows through ``logprobs``."""
 
     @hookspec(firstresult=True)
     def clip(self, ratio, advantages, logprobs, old_logprobs, response_mask):
