@@ -20,17 +20,18 @@ def step_totals(batch: StepBatch) -> StepTotals:
     return StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()))
 
 
-def zero_std_fraction(rewards: Tensor, group_ids: Tensor, mask: Tensor, tol: float = 0.0) -> float:
-    """Fraction of groups whose valid rewards are all equal (within ``tol``): they carry no
-    signal for any group baseline. Rows with NaN rewards or no trainable token are ignored."""
+def zero_std_fraction(rewards: Tensor, group_ids: Tensor, mask: Tensor, tol: float = 1e-6) -> float:
+    """Fraction of groups whose valid rewards have a (population) std <= ``tol``: they carry no
+    signal for any group baseline (``group_norm`` zeroes them with the same tolerance). Rows with
+    NaN rewards or no trainable token are ignored."""
     valid = ~torch.isnan(rewards) & (mask.sum(-1) > 0)
     groups = group_ids[valid].unique()
     if len(groups) == 0:
         return 0.0
     flat = 0
     for g in groups:
-        r = rewards[valid & (group_ids == g)]
-        flat += int((r.max() - r.min()).abs() <= tol)
+        r = rewards[valid & (group_ids == g)].double()
+        flat += int(r.std(unbiased=False) <= tol) if len(r) > 1 else 1
     return flat / len(groups)
 
 
@@ -51,7 +52,8 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None) -> tuple[StepBa
     out = run.hook.baseline(rewards=batch.rewards, group_ids=batch.rollout.group_ids, response_mask=mask,
                             token_rewards=token_rewards, values=batch.values)
     batch.token_rewards, batch.advantages, batch.returns = token_rewards, out.advantages, out.returns
-    metrics["zero_std_frac"] = zero_std_fraction(batch.rewards, batch.rollout.group_ids, mask)
+    tol = getattr(run.baseline.params, "zero_std_tol", 1e-6)
+    metrics["zero_std_frac"] = zero_std_fraction(batch.rewards, batch.rollout.group_ids, mask, tol)
     metrics["advantage_mean"] = masked_mean(out.advantages, mask)
     return batch, metrics
 
