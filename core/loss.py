@@ -23,16 +23,16 @@ def step_totals(batch: StepBatch) -> StepTotals:
 def zero_std_fraction(rewards: Tensor, group_ids: Tensor, mask: Tensor, tol: float = 1e-6) -> float:
     """Fraction of groups whose valid rewards have a (population) std <= ``tol``: they carry no
     signal for any group baseline (``group_norm`` zeroes them with the same tolerance). Rows with
-    NaN rewards or no trainable token are ignored."""
+    NaN rewards or no trainable token are ignored; groups with fewer than two such rows are not
+    counted (0.0 when no group has two)."""
     valid = ~torch.isnan(rewards) & (mask.sum(-1) > 0)
-    groups = group_ids[valid].unique()
-    if len(groups) == 0:
-        return 0.0
-    flat = 0
-    for g in groups:
+    flat = total = 0
+    for g in group_ids[valid].unique():
         r = rewards[valid & (group_ids == g)].double()
-        flat += int(r.std(unbiased=False) <= tol) if len(r) > 1 else 1
-    return flat / len(groups)
+        if len(r) > 1:  # groups of one (G = 1 algorithms) have no spread to measure
+            total += 1
+            flat += int(r.std(unbiased=False) <= tol)
+    return flat / total if total else 0.0
 
 
 def prepare(run, batch: StepBatch, scored: Tensor | None = None) -> tuple[StepBatch, dict]:
