@@ -55,7 +55,8 @@ def test_hybrids_with_contrib_parts_name_their_sources():
     assert run.sources["ratio"].startswith("tis from policyzoo-tis 0.1.0")
     assert run.sources["baseline"].startswith("group_norm from policyzoo 0.1.0")
     b = DAPO.replace(ratio=use("tis"))
-    assert assemble(b, catalog=CATALOG).ratio.params.cap == 2.0  # the component's default
+    with pytest.warns(UserWarning, match="acts on r x w"):  # cap 2 (the default) > 1 + DAPO's 0.28
+        assert assemble(b, catalog=CATALOG).ratio.params.cap == 2.0
 
 
 def test_a_misspelled_or_misplaced_part_is_a_config_error():
@@ -76,7 +77,8 @@ def test_a_hybrid_the_components_reject_fails_before_training():
 @pytest.mark.parametrize("algorithm", [
     {"base": "grpo", "clip": {"use": "cispo", "eps_high": 5.0}},
     {"base": "grpo", "clip": {"use": "sapo"}},
-    {"base": "dapo", "ratio": {"use": "tis"}},
+    {"base": "dapo", "ratio": {"use": "tis", "cap": 1.28}},
+    {"base": "rloo", "ratio": {"use": "tis"}},
     {"base": "sapo", "ratio": {"use": "tis", "level": "token"}},
     "sapo",
 ], ids=str)

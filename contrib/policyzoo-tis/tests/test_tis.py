@@ -85,5 +85,35 @@ def test_hybrid_with_a_zoo_bundle():
 
     catalog = load_catalog(autoload=False, extra=[policyzoo_tis])
     bundle = resolve_algorithm({"base": "dapo", "ratio": {"use": "tis", "cap": 3.0}}, catalog)
-    run = assemble(bundle, catalog=catalog)
+    with pytest.warns(UserWarning, match="acts on r x w"):  # DAPO's clip range is below the cap
+        run = assemble(bundle, catalog=catalog)
     assert run.ratio.name == "tis" and run.ratio.params.cap == 3.0 and run.clip.name == "ppo_clip"
+
+
+def test_where_the_weight_meets_the_clip():
+    # On-policy (old = logprobs.detach()) with w = e^0.6 = 1.822119 on every token of one row, A = +1.
+    # clip none: loss -A r w, d loss / d logprob = -w = -1.822119 per token (Yao et al.'s TIS gradient).
+    # ppo_clip eps 0.2: r w = 1.822 > 1.2 with A > 0 -> clipped, gradient 0 (our stated convention).
+    import warnings
+
+    from policyzoo.plugins.clip import NoClip, PPOClip
+
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    ratio = TruncatedIS().ratio(logprobs=lp, old_logprobs=lp.detach(), rollout_logprobs=lp.detach() - 0.2,
+                                response_mask=mask)
+    adv = torch.ones(1, 3)
+    (g_none,) = torch.autograd.grad(NoClip().clip(ratio=ratio, advantages=adv).loss.sum(), lp, retain_graph=True)
+    (g_ppo,) = torch.autograd.grad(PPOClip().clip(ratio=ratio, advantages=adv, response_mask=mask).loss.sum(), lp)
+    assert g_none[0].tolist() == pytest.approx([-1.822119] * 3, abs=1e-5)
+    assert g_ppo[0].tolist() == [0.0, 0.0, 0.0]
+    # assembling tis with a PPO clip whose range is below the cap warns, with clip none it does not
+    import policyzoo_tis
+
+    catalog = load_catalog(autoload=False, extra=[policyzoo_tis])
+    with pytest.warns(UserWarning, match="acts on r x w"):
+        assemble({"base": "grpo", "ratio": {"use": "tis"}}, catalog=catalog)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assemble({"base": "grpo", "ratio": {"use": "tis", "cap": 1.2}}, catalog=catalog)
+        assemble({"base": "rloo", "ratio": {"use": "tis"}}, catalog=catalog)

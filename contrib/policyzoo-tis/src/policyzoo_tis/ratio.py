@@ -13,11 +13,21 @@ rollout_t), C) per token (Yao et al.'s TIS). The weight is a constant (no gradie
 which distribution the samples came from, it is not optimised. It is computed in log space and
 capped before ``exp``, so it is never inf; there is no lower bound (a response the sampler
 over-sampled gets a small weight).
+
+Where the weight meets the clip (a stated convention): as a ``ratio`` component, TIS hands the
+clip the product r_t x w, so a clipped surrogate measures its trust region from the *sampler's*
+policy (as when the sampler's log-probs are used as old log-probs), with the mismatch part
+truncated at C. Yao et al. and TRL (``vllm_importance_sampling_correction``) instead multiply the
+already clipped surrogate by w, so their clip sees r_t alone. The two agree for unclipped
+surrogates (``clip: none``, REINFORCE/RLOO) and for CISPO below its cap; with PPO's clip they
+differ where w leaves [1 - eps_low, 1 + eps_high]: on-policy, a row with w > 1 + eps_high and a
+positive advantage gets no gradient here. ``check`` warns when the cap allows that.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Literal
 
 import torch
@@ -53,6 +63,18 @@ class TruncatedIS(Component):
             "sequence", description="'sequence': one weight per response (sum of token log-ratios); "
                                     "'token': one weight per token")
         max_log_ratio: float = Field(20.0, gt=0, description="|log r_t| clamp of the token ratio before exp")
+
+    def check(self, run) -> None:
+        """Warn when the run's clip bounds the ratio tighter than the cap (see the module doc)."""
+        p = getattr(getattr(run, "clip", None), "params", None)
+        eps_high = getattr(p, "eps_high", None)
+        if eps_high is not None and getattr(p, "eps_low", None) is not None and self.params.cap > 1 + eps_high:
+            warnings.warn(
+                f"ratio: tis (cap {self.params.cap}) with clip: {run.clip.name} (eps_high {eps_high}): the clip "
+                f"acts on r x w, so on-policy a response whose sampler/trainer weight w exceeds {1 + eps_high:g} "
+                "gets no gradient on a positive advantage. Use clip: none or cispo for Yao et al.'s TIS "
+                f"gradient, or cap <= {1 + eps_high:g} to keep every weight inside the clip range.",
+                stacklevel=2)
 
     @hookimpl
     def ratio(self, logprobs, old_logprobs, rollout_logprobs, response_mask):
