@@ -58,7 +58,7 @@ def _table(x, name: str, dtype) -> Tensor:
     t = torch.as_tensor(x, dtype=dtype)
     if t.dim() != 2 or t.shape[0] < 1 or t.shape[1] < 1:
         raise ConfigError(f"Bandit({name}=...)", f"{name} must be a non-empty [M, K] table, got shape "
-                          f"{tuple(t.shape)}", f"pass one row of K values per question")
+                          f"{tuple(t.shape)}", "pass one row of K values per question")
     return t
 
 
@@ -271,17 +271,27 @@ def step_settings(run, **overrides):
 
 
 def train(run, bandit: Bandit, steps: int, prompts_per_step: int = 8, seed: int = 0, settings=None,
-          on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
-    """Run ``steps`` calls of :func:`policyzoo.step.train_step`; returns each step's metrics plus
-    ``accuracy`` and ``expected_reward`` after the step."""
+          on_step: Callable[[int, dict], None] | None = None, threads: int | None = 1) -> list[dict]:
+    """Run ``steps`` calls of :func:`policyzoo.step.train_step` (step i uses seed
+    ``seed * 1_000_000 + i``); returns each step's metrics plus ``accuracy`` and
+    ``expected_reward`` after the step. ``threads``: torch intra-op threads for the run, restored
+    after (default 1: the tensors are tiny and extra threads only add overhead, ~8x slower on
+    2 busy cores); None leaves the setting alone."""
     from .step import train_step
 
     settings = settings or step_settings(run)
+    saved = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     history = []
-    for i in range(steps):
-        m = train_step(run, bandit, lambda: bandit.prompts(prompts_per_step), seed=seed * 1_000_000 + i, settings=settings)
-        m.update(accuracy=bandit.accuracy(), expected_reward=bandit.expected_reward())
-        history.append(m)
-        if on_step is not None:
-            on_step(i, m)
+    try:
+        for i in range(steps):
+            m = train_step(run, bandit, lambda: bandit.prompts(prompts_per_step), seed=seed * 1_000_000 + i,
+                           settings=settings)
+            m.update(accuracy=bandit.accuracy(), expected_reward=bandit.expected_reward())
+            history.append(m)
+            if on_step is not None:
+                on_step(i, m)
+    finally:
+        torch.set_num_threads(saved)
     return history

@@ -15,6 +15,16 @@ from policyzoo.bandit import Bandit, bandit_catalog, bandit_run, step_settings
 from policyzoo.errors import UserError
 from policyzoo.step import ShortfallError, train_step
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 ALWAYS, MIXED = 0, 1
 # DAPO with its soft overlong penalty kept but out of reach: L_max 32, L_cache 8, so responses up
 # to 32 - 8 = 24 tokens (all of them here, <= 20) get penalty 0 and rewards stay exactly 0/1.

@@ -23,6 +23,16 @@ import torch
 
 from policyzoo.bandit import Bandit, bandit_catalog, bandit_run, train
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 RIGHT, SHORT, LONG = 0, 1, 2
 
 

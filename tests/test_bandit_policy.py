@@ -14,6 +14,15 @@ from policyzoo.errors import ConfigError
 from policyzoo.policy import Policy
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 def small(**kw):
     # one question, three candidates: right (4 tokens), wrong (18 tokens), wrong (2 tokens)
     return Bandit([[4, 18, 2]], [[True, False, False]], **kw)

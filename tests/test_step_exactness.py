@@ -11,6 +11,16 @@ import torch
 from policyzoo.bandit import Bandit, bandit_catalog, bandit_run, step_settings
 from policyzoo.step import train_step
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo"]
 
 

@@ -13,6 +13,16 @@ import torch
 from policyzoo.bandit import Bandit, bandit_catalog, bandit_run, step_settings
 from policyzoo.step import train_step
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 RIGHT, WRONG, UNSCORABLE = 0, 1, 2
 NAN = float("nan")
 
@@ -79,3 +89,14 @@ def test_all_unscorable_trains_nothing_and_reports_nan_reward(catalog):
     assert m["skipped"] == 0 and m["grad_norm"] == 0.0 and m["loss"] == 0.0
     assert math.isnan(m["reward_mean"]) and m["reward_unscorable"] == 16
     assert torch.equal(bandit.theta.detach(), torch.zeros(1, 2))
+
+
+def test_infinite_reward_skips_the_whole_update(catalog):
+    # +inf is not "unscorable" but a broken reward: the step skips the update, names the group,
+    # leaves weights, optimizer state and the sampler as they were
+    bandit = Bandit([[1, 1]], scores=[[float("inf"), 0.0]], optimizer="adam", lr=1.0)
+    run = bandit_run({"base": "grpo", "kl": None}, catalog)
+    m = train_step(run, bandit, lambda: bandit.prompts(2), seed=0, settings=step_settings(run))
+    assert m["skipped"] == 1 and m["skip_reason"] == "non-finite rewards"
+    assert torch.equal(bandit.theta.detach(), torch.zeros(1, 2)) and len(bandit.opt.state) == 0
+    assert "sync_max_change" not in m
