@@ -135,11 +135,10 @@ class Bandit:
 
     def prompts(self, n: int) -> list[dict]:
         """``n`` prompt rows, questions drawn uniformly with replacement from the seeded stream.
-        Row keys: ``prompt`` (text), ``question`` (int), ``scores`` (K floats), ``answer``
-        (ids of the right candidates)."""
+        Row keys: ``prompt`` (text), ``question`` (int), ``scores`` (K floats, read by
+        ``bandit_correct``)."""
         qs = torch.randint(0, self.M, (n,), generator=self._prompt_gen).tolist()
-        return [{"prompt": f"question {q}", "question": q, "scores": self.scores[q].tolist(),
-                 "answer": [k for k in range(self.K) if self.scores[q, k] == 1.0]} for q in qs]
+        return [{"prompt": f"question {q}", "question": q, "scores": self.scores[q].tolist()} for q in qs]
 
     # ------------------------------------------------------------------ Policy protocol
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int) -> Rollout:
@@ -163,7 +162,7 @@ class Bandit:
             prompt_ids=[[int(x)] for x in q], response_ids=ids, response_mask=mask,
             rollout_logprobs=rollout_lp, group_ids=groups, truncated=full > max_tokens,
             prompts=[p["prompt"] for p in prompts for _ in range(n)],
-            completions=[f"answer {int(c)} ({int(L)} tokens)" for c, L in zip(k, length)],
+            completions=[f"answer {int(c)}" + (" [truncated]" if int(L) > max_tokens else "") for c, L in zip(k, full)],
             rows=[dict(p) for p in prompts for _ in range(n)], temperature=temperature, max_tokens=max_tokens)
 
     def _token_logprobs(self, theta: Tensor, rollout: Rollout, entropy: bool) -> tuple[Tensor, Tensor | None]:

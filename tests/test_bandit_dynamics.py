@@ -120,3 +120,16 @@ def test_hybrid_runs_on_the_bandit(catalog):
     assert run.clip.name == "cispo" and run.clip.params.eps_high == 5.0
     history = train(run, bandit, 40, prompts_per_step=8, seed=3)
     assert history[-1]["expected_reward"] > 0.6
+
+
+def test_runs_are_reproducible(catalog):
+    def run_once():
+        bandit = Bandit.random(8, 5, right=2, seed=4, lr=0.05)
+        history = train(bandit_run("dapo", catalog), bandit, 15, prompts_per_step=4, seed=4)
+        return bandit, [{k: v for k, v in m.items() if not k.startswith("time_")} for m in history]
+
+    (b1, h1), (b2, h2) = run_once(), run_once()
+    assert torch.equal(b1.theta.detach(), b2.theta.detach()) and h1 == h2
+    b3 = Bandit.random(8, 5, right=2, seed=4, lr=0.05)
+    train(bandit_run("dapo", catalog), b3, 15, prompts_per_step=4, seed=5)
+    assert not torch.equal(b1.theta.detach(), b3.theta.detach())
