@@ -1,0 +1,160 @@
+"""The docs cannot drift: the hook reference against core/hookspecs.py, the glossary against the
+names the code uses, one bundle page per bundle with its real slot table and metrics, and the
+plugin of "writing a plugin" runs."""
+
+import inspect
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from policyzoo import hookspecs
+from policyzoo.catalog import load_catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+CATALOG = load_catalog(autoload=True, allow=["policyzoo-sapo", "policyzoo-tis"])
+CALL_TYPE = {"single": "single", "collect": "collect", "optional": "optional single"}
+
+
+def _sections(text: str, level: str = "## ") -> dict[str, str]:
+    """``{heading: body}`` for headings of the given level."""
+    parts = re.split(rf"^{level}(.+)$", text, flags=re.M)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def _spec_hooks() -> dict[str, list[str]]:
+    out = {}
+    for name, fn in inspect.getmembers(hookspecs.Spec, inspect.isfunction):
+        if hasattr(fn, f"{hookspecs.PROJECT}_spec"):
+            out[name] = [p for p in inspect.signature(fn).parameters if p != "self"]
+    return out
+
+
+# ----------------------------------------------------------------------------- hooks.md
+HOOKS = _sections((DOCS / "hooks.md").read_text())
+HOOK_SECTIONS = {k.strip("`"): v for k, v in HOOKS.items() if k.startswith("`")}
+
+
+def test_every_hook_is_documented_and_nothing_else():
+    assert set(HOOK_SECTIONS) == set(_spec_hooks())
+    assert set(hookspecs.SLOTS) <= set(HOOK_SECTIONS)
+
+
+@pytest.mark.parametrize("hook", sorted(_spec_hooks()))
+def test_hook_section_states_call_type_and_every_argument(hook):
+    body = HOOK_SECTIONS[hook]
+    stated = re.search(r"\*\*call type:\*\* (.+)", body).group(1).strip()
+    expected = CALL_TYPE[hookspecs.SLOTS[hook]] if hook in hookspecs.SLOTS else "register"
+    assert stated == expected
+    args_line = re.search(r"\*\*arguments:\*\*(.+?)(?:\n\n|\Z)", body, flags=re.S).group(1)
+    for arg in _spec_hooks()[hook]:
+        assert f"`{arg}" in args_line, f"{hook}: argument {arg!r} not documented"
+
+
+def test_firstresult_matches_the_call_type():
+    for hook, kind in hookspecs.SLOTS.items():
+        opts = getattr(getattr(hookspecs.Spec, hook), f"{hookspecs.PROJECT}_spec")
+        assert bool(opts.get("firstresult")) == (kind in ("single", "optional")), hook
+
+
+def test_environment_switches_match_the_catalog():
+    import policyzoo.catalog
+
+    documented = set(re.findall(r"`(POLICYZOO_[A-Z_]+)", HOOKS["Environment switches"]))
+    assert documented == set(re.findall(r"(POLICYZOO_[A-Z_]+)", policyzoo.catalog.__doc__))
+
+
+# ----------------------------------------------------------------------------- glossary.md
+def _source_words() -> set[str]:
+    text = ""
+    for folder in ("core", "plugins", "zoo", "contrib"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text += path.read_text()
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+
+
+def test_glossary_names_are_the_names_the_code_uses():
+    text = (DOCS / "glossary.md").read_text()
+    ours = [line.split("|")[1] for line in text.splitlines()
+            if line.startswith("| `")]
+    words = {w for cell in ours for token in re.findall(r"`([^`]+)`", cell)
+             for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", token)}
+    for required in ("logprobs", "old_logprobs", "rollout_logprobs", "ref_logprobs", "response_mask",
+                     "advantages", "group_ids", "eps_low", "eps_high", "beta", "rewards", "returns", "values"):
+        assert required in words, f"glossary lacks {required}"
+    missing = sorted(words - _source_words())
+    assert not missing, f"glossary names that the code does not use: {missing}"
+
+
+# ----------------------------------------------------------------------------- bundles/*.md
+BUNDLE_SECTIONS = ("Paper", "Slots", "Implementation details", "Metrics", "Differences from TRL and verl")
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG.bundles))
+def test_bundle_page_has_every_section(name):
+    path = DOCS / "bundles" / f"{name}.md"
+    assert path.exists(), f"write docs/bundles/{name}.md"
+    sections = _sections(path.read_text())
+    for s in BUNDLE_SECTIONS:
+        assert s in sections and len(sections[s].strip()) > 40, f"{name}: section {s!r} missing or empty"
+    bundle = CATALOG.bundles[name][0]
+    arxiv = re.search(r"arXiv:\d{4}\.\d{4,5}", bundle.paper)
+    if arxiv:
+        assert arxiv.group(0) in sections["Paper"]
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG.bundles))
+def test_bundle_page_slot_table_is_the_bundle(name):
+    bundle = CATALOG.bundles[name][0]
+    table = _sections((DOCS / "bundles" / f"{name}.md").read_text())["Slots"]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells
+    assert set(rows) == set(hookspecs.SLOTS), f"{name}: slot rows {sorted(rows)}"
+    for slot, value in bundle.slots().items():
+        uses = value if isinstance(value, tuple) else (() if value is None else (value,))
+        cells = rows[slot]
+        if not uses:
+            assert cells[1] == "—", f"{name}.{slot}: the bundle has none, the page says {cells[1]}"
+        for u in uses:
+            assert f"`{u.name}`" in cells[1], f"{name}.{slot}: page says {cells[1]}, bundle uses {u.name}"
+            for k, v in u.params.items():
+                assert f"{k}={v}" in cells[2], f"{name}.{slot}: {k}={v} not on the page ({cells[2]})"
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG.bundles))
+def test_bundle_page_metrics_are_reported_by_the_step(name):
+    import policyzoo.bandit
+    from policyzoo.testing.training import tiny_run
+
+    body = _sections((DOCS / "bundles" / f"{name}.md").read_text())["Metrics"]
+    named = set(re.findall(r"`([a-z_/<>]+)`", body))
+    cat = load_catalog(autoload=True, allow=["policyzoo-sapo", "policyzoo-tis"], extra=[policyzoo.bandit])
+    produced = set(tiny_run(name, steps=1, catalog=cat).history[0])
+    assert named, f"{name}: the Metrics section names no metric"
+    unknown = {m for m in named if m not in produced and not m.endswith("/<reason>")}
+    assert not unknown, f"{name}: metrics the step does not report: {sorted(unknown)}"
+
+
+# ----------------------------------------------------------------------------- writing-a-plugin.md
+def test_the_first_plugin_is_complete_short_and_works():
+    from policyzoo import assemble
+    from policyzoo.testing import check_component
+
+    text = (DOCS / "writing-a-plugin.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, flags=re.S).group(1)
+    assert text.index("```python") < text.index("\n## "), "the page must start with the plugin"
+    assert len(code.strip().splitlines()) < 15
+    module = types.ModuleType("capped_pg")
+    exec(compile(code, "capped_pg.py", "exec"), module.__dict__)
+    catalog = load_catalog(autoload=False, extra=[module])
+    check_component(module.CappedPG, catalog)
+    run = assemble({"base": "grpo", "clip": {"use": "capped_pg"}}, catalog=catalog)
+    assert run.sources["clip"].startswith("capped_pg from (in-process)")
+    assert "[project.entry-points.policyzoo]" in text
+    sys.modules.pop("capped_pg", None)
