@@ -90,8 +90,8 @@ def test_every_bundle_improves_expected_reward(name, catalog):
     history = train(run, bandit, 60, prompts_per_step=64 // g, seed=1)
     assert all(m["skipped"] == 0 and math.isfinite(m["loss"]) for m in history)
     assert all(m["rows"] == 64 for m in history)
-    # from 0.4 (2 of 5 right, uniform) to clearly better in 60 steps
-    assert history[-1]["expected_reward"] > 0.6
+    # from 0.4 (2 of 5 right, uniform) to 0.8 in 60 steps of 64 rows
+    assert history[0]["expected_reward"] < 0.5 and history[-1]["expected_reward"] > 0.8
     if run.kl is not None and run.kl.params.placement == "reward":  # rloo, ppo, reinforce_pp
         assert all(math.isfinite(m["kl_ref"]) for m in history)
         assert any(m["kl_ref"] != 0.0 for m in history[1:])
