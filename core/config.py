@@ -55,6 +55,10 @@ class EngineSettings(Section):
     sync_tolerance: float = Field(1e-4, gt=0, description="max |logprob difference| the sync check accepts")
     sync_timeout_s: float = Field(300.0, gt=0)
     threads: int | None = Field(None, ge=1, description="torch/OpenMP threads (null: all cores)")
+    kv_cache_gb: float = Field(1.0, gt=0, description="vLLM KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only)")
+    critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr)")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in the run directory")
 
 
 class Config(Section):

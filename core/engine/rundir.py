@@ -1,0 +1,126 @@
+"""The run directory: what a training run leaves behind, and how it is resumed.
+
+Layout::
+
+    RUN_DIR/config.yaml          the config as given (reloaded by --resume)
+    RUN_DIR/resolved.yaml        resolved config (every slot's component, parameters, source)
+    RUN_DIR/metrics.jsonl        one JSON object per optimizer step (and eval records)
+    RUN_DIR/checkpoints/step-000010/   DeepSpeed checkpoint (policy, critic) + state.json
+    RUN_DIR/checkpoints/latest.json    {"step": 10, "path": "step-000010"}: the last complete one
+    RUN_DIR/final/               save_pretrained export (safetensors + tokenizer)
+    RUN_DIR/summary.json         held-out accuracy before/after, steps, timings
+
+Checkpoints are written under a temporary name (``.tmp-step-000010``), renamed when complete,
+and only then recorded in ``latest.json`` (itself replaced atomically). A run killed while
+writing leaves the previous checkpoint as the latest one; leftover temporary folders are removed
+on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from ..errors import UserError
+
+
+class ResumeError(UserError):
+    """A run directory cannot be resumed (no complete checkpoint, or a different config)."""
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
+    return v
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.ckpt = self.path / "checkpoints"
+
+    def create(self, config: dict, resolved: dict) -> None:
+        """Write ``config.yaml`` (the config as given, reloadable) and ``resolved.yaml`` (every
+        slot's component with all parameters and the distribution it came from)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.ckpt.mkdir(exist_ok=True)
+        _atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+        _atomic_write(self.path / "resolved.yaml", yaml.safe_dump(resolved, sort_keys=False))
+
+    # ------------------------------------------------------------------ metrics
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    def log(self, record: dict) -> None:
+        with open(self.metrics_file, "a") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_metrics(self) -> list[dict]:
+        if not self.metrics_file.is_file():
+            return []
+        out = []
+        for line in self.metrics_file.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a kill
+                break
+        return out
+
+    def truncate_metrics(self, step: int) -> None:
+        """Keep the records of steps <= ``step`` (a killed run may have logged later steps)."""
+        keep = [r for r in self.read_metrics() if r.get("step", 0) <= step]
+        _atomic_write(self.metrics_file, "".join(json.dumps(r) + "\n" for r in keep))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, trainer, step: int, state: dict, keep: int) -> Path:
+        name = f"step-{step:06d}"
+        tmp = self.ckpt / f".tmp-{name}"
+        final = self.ckpt / name
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        trainer.save(str(tmp), client_state={"policyzoo": state})
+        _atomic_write(tmp / "state.json", json.dumps(state))
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _atomic_write(self.ckpt / "latest.json", json.dumps({"step": step, "path": name}))
+        done = sorted(p for p in self.ckpt.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        for old in done[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def latest(self) -> tuple[Path, dict] | None:
+        rec = self.ckpt / "latest.json"
+        if not rec.is_file():
+            return None
+        info = json.loads(rec.read_text())
+        folder = self.ckpt / info["path"]
+        state_file = folder / "state.json"
+        if not state_file.is_file():
+            raise ResumeError(str(rec), f"it names {folder.name}, which is incomplete or missing",
+                              "delete latest.json to start over, or restore the checkpoint folder")
+        return folder, json.loads(state_file.read_text())
+
+    def remove_partial(self) -> None:
+        for p in self.ckpt.glob(".tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+    def write_summary(self, summary: dict) -> None:
+        _atomic_write(self.path / "summary.json", json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2))

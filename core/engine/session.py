@@ -1,0 +1,182 @@
+"""One training run from checks to export (used by :func:`policyzoo.engine.train.main`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+
+from ..errors import ConfigError
+from .rundir import ResumeError, RunDir
+
+SEED_STRIDE = 1_000_003
+
+
+class Session:
+    """Holds the checked pieces of a run: ``config``, ``task``, ``run`` (components), ``model``
+    (a checked folder), ``rundir``; after :meth:`start` also ``trainer``, ``rollout``, ``policy``."""
+
+    @classmethod
+    def prepare(cls, config, resume: str | None) -> "Session":
+        from ..assembly import Run, resolve_algorithm
+        from ..cli import resolved_view
+        from ..config import reward_uses, step_settings
+        from ..data import check_prompt_lengths, load_task
+        from .models import encode_prompt, resolve_model
+
+        self = cls()
+        self.console = Console(stderr=True)
+        self.config = config
+        self.task = load_task(config.data)
+        bundle = resolve_algorithm(config.algorithm)
+        self.task_rewards_n = len(reward_uses(config, self.task.default_rewards))
+        self.run = Run(bundle, rewards=reward_uses(config, self.task.default_rewards))
+        self.settings = step_settings(config, bundle)
+        sp = self.run.sample.params
+        self.max_tokens, self.n = sp.max_tokens, sp.n
+        self.model = resolve_model(config.model.path, config.model.trust_remote_code)
+        budget = self.model.max_context - self.max_tokens
+        if budget < 1:
+            raise ConfigError("algorithm.sample.max_tokens", f"{self.max_tokens} response tokens leave no room for a "
+                              f"prompt in the model's {self.model.max_context}-token context",
+                              "lower sample.max_tokens")
+        count = lambda msgs: len(encode_prompt(self.model.tokenizer, msgs))  # noqa: E731
+        lengths = check_prompt_lengths(self.task.train_rows, count, budget, "data (training rows)")
+        lengths += check_prompt_lengths(self.task.eval_rows, count, budget, "data (held-out rows)")
+        self.max_model_len = min(self.model.max_context, max(lengths) + self.max_tokens + 8)
+        row = (self.task.eval_rows or self.task.train_rows)[0]
+        answer = self.model.tokenizer(str(row.get("answer", "")), add_special_tokens=False).input_ids[:self.max_tokens]
+        self.check_ids = (encode_prompt(self.model.tokenizer, row["prompt"]) + list(answer)
+                          + [self.model.eos_token_ids[0]])[:self.max_model_len]
+        self.resolved = resolved_view(config, self.run)
+        self.fingerprint = {k: self.resolved[k] for k in ("algorithm", "rewards", "model", "data")}
+        self.fingerprint["algorithm"] = self.fingerprint["algorithm"]["slots"]
+        if resume:
+            self.rundir = RunDir(resume)
+            found = self.rundir.latest()
+            if found is None:
+                raise ResumeError(str(resume), "no complete checkpoint in this run directory",
+                                  "start a new run (drop --resume), or set train.save_every to save checkpoints")
+            self.resume_from, self.state = found
+            if json.dumps(self.state.get("fingerprint"), sort_keys=True) != json.dumps(self.fingerprint, sort_keys=True):
+                raise ResumeError(str(self.resume_from), "the checkpoint was written with another algorithm, "
+                                  "reward, model or data config than the one given",
+                                  "resume with the run's own config (`--resume RUN_DIR` alone), or start a new run")
+        else:
+            out = config.output_dir or f"runs/{bundle.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+            self.rundir = RunDir(out)
+            if self.rundir.latest() is not None:
+                raise ResumeError(out, "this run directory already holds a run",
+                                  "pass --resume to continue it, or choose another --output-dir")
+            self.resume_from, self.state = None, {"step": 0, "batches": 0}
+        return self
+
+    def start(self) -> None:
+        """Load the models: DeepSpeed first, then the rollout engine in the same process."""
+        from .policy import LMPolicy
+        from .rollout import HFRollout, VLLMRollout
+        from .trainer import Trainer
+
+        c = self.config
+        t0 = time.perf_counter()
+        self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
+                               weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
+                               need_ref=self.run.kl is not None,
+                               need_critic=bool(getattr(self.run.baseline, "needs_values", False)),
+                               critic_lr=c.engine.critic_lr or 10 * c.train.lr,
+                               trust_remote_code=c.model.trust_remote_code)
+        if c.engine.rollout == "vllm":
+            self.rollout = VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
+                                       c.engine.gpu_memory_utilization)
+        else:
+            self.rollout = HFRollout(self.model, c.model.dtype, c.model.trust_remote_code)
+        self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check, tolerance=c.engine.sync_tolerance,
+                               timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids)
+        if self.resume_from is not None:
+            self.rundir.remove_partial()
+            self.trainer.load(str(self.resume_from))
+            self.policy.sync()
+            self.rundir.truncate_metrics(self.state["step"])
+            self.console.print(f"resumed from {self.resume_from} (step {self.state['step']})")
+        else:
+            self.rundir.create(c.model_dump(), self.resolved)
+        self.startup_s = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ the loop
+    def _evaluate(self, step: int) -> dict:
+        from .evaluate import evaluate
+
+        t0 = time.perf_counter()
+        rec = evaluate(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows, self.max_tokens)
+        if rec:
+            rec.update(step=step, kind="eval", time_eval=time.perf_counter() - t0)
+            self.rundir.log(rec)
+        return rec
+
+    def train(self) -> dict:
+        from ..data import batch_at
+        from ..step import train_step
+        from .progress import progress_bar
+
+        c = self.config
+        steps, start = c.train.steps, self.state["step"]
+        P = c.train.prompts_per_step
+        batches = self.state["batches"]
+
+        def next_prompts():
+            nonlocal batches
+            rows = batch_at(self.task.train_rows, P, self.task.seed, batches)
+            batches += 1
+            return rows
+
+        before = self._evaluate(0) if start == 0 else {}
+        skips, last_saved = 0, start
+        with progress_bar(self.console, steps, start) as bar:
+            for step in range(start + 1, steps + 1):
+                t0 = time.perf_counter()
+                tok0, sec0 = self.policy.stats["tokens"], self.policy.stats["seconds"]
+                m = train_step(self.run, self.policy, next_prompts, seed=c.train.seed * SEED_STRIDE + step,
+                               settings=self.settings)
+                toks, secs = self.policy.stats["tokens"] - tok0, self.policy.stats["seconds"] - sec0
+                m.update(step=step, kind="train", time_step=time.perf_counter() - t0, rollout_tokens=toks,
+                         rollout_tokens_per_s=toks / secs if secs > 0 else 0.0)
+                self.rundir.log(m)
+                skips = skips + 1 if m.get("skipped") else 0
+                if skips >= c.train.max_consecutive_skips:
+                    from .train import TrainingError
+                    raise TrainingError(f"step {step}", f"{skips} optimizer steps in a row had a non-finite loss or "
+                                        "gradient; no weights were written by them",
+                                        "lower train.lr, check the reward components for NaN/inf, or raise "
+                                        "train.max_consecutive_skips")
+                bar.advance(m)
+                if c.train.save_every and step % c.train.save_every == 0 and step < steps:
+                    self._save(step, batches)
+                    last_saved = step
+                if c.train.eval_every and step % c.train.eval_every == 0 and step < steps:
+                    self._evaluate(step)
+        if last_saved != steps:
+            self._save(steps, batches)
+        after = self._evaluate(steps)
+        self.trainer.export(str(self.rundir.path / "final"))
+        summary = {"steps": steps, "algorithm": self.run.bundle.name, "model": str(self.model.path),
+                   "eval_accuracy_before": before.get("eval_accuracy", self._first_eval()),
+                   "eval_accuracy_after": after.get("eval_accuracy"), "startup_seconds": self.startup_s,
+                   "run_dir": str(self.rundir.path)}
+        self.rundir.write_summary(summary)
+        self.console.print(f"done: held-out accuracy {summary['eval_accuracy_before']} -> "
+                           f"{summary['eval_accuracy_after']}; export in {self.rundir.path / 'final'}")
+        return summary
+
+    def _first_eval(self):
+        for r in self.rundir.read_metrics():
+            if r.get("kind") == "eval" and r.get("step") == 0:
+                return r.get("eval_accuracy")
+        return math.nan
+
+    def _save(self, step: int, batches: int) -> None:
+        state = {"step": step, "batches": batches, "fingerprint": self.fingerprint}
+        self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints)

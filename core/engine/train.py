@@ -1,0 +1,57 @@
+"""``policyzoo train``: the main job. Rollout with vLLM, training with DeepSpeed, in one process.
+
+``main(config, resume)`` runs, in order: load and check the task, assemble the algorithm, check
+the model folder and every prompt's length (all before any model is loaded), start DeepSpeed
+(policy, reference only with a ``kl`` component, critic only for baselines that need values)
+and then the rollout engine, restore the last checkpoint when resuming, and loop
+``train_step`` (``policyzoo.step``) with a weight sync after every optimizer step.
+Per-step seeds derive from ``train.seed`` and the step number only, and the prompt stream from the
+number of batches drawn, so a resumed run repeats the uninterrupted run exactly (CPU, fp32).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from ..errors import UserError
+from .rundir import ResumeError, RunDir
+
+FINGERPRINT_KEYS = ("algorithm", "rewards", "model", "data")
+
+
+class TrainingError(UserError):
+    """The run cannot go on (e.g. too many non-finite updates in a row)."""
+
+
+def config_from_run_dir(run_dir: str, overrides: list[str] = ()):
+    """The config a run was started with (``RUN_DIR/config.yaml``), plus ``key=value`` overrides
+    (e.g. ``train.steps=40`` to extend a finished run)."""
+    from ..config import load_config
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ResumeError(str(run_dir), "not a run directory (no config.yaml)",
+                          "pass the folder a previous `policyzoo train` wrote (its --output-dir)")
+    return load_config(str(path), None, list(overrides))
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+
+
+def main(config, resume: str | None = None) -> dict:
+    from .env import setup_process
+
+    threads = setup_process(config.engine.threads, config.engine.kv_cache_gb)
+    _quiet_libraries()
+    from .session import Session
+
+    session = Session.prepare(config, resume)  # every check; no model loaded yet
+    session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
+                          f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
+    session.start()
+    return session.train()

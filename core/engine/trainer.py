@@ -1,0 +1,240 @@
+"""The trainer: DeepSpeed engines for the policy (and the critic), a frozen reference model.
+
+* One DeepSpeed engine per trained model, ZeRO stage 0-3, fp32 (bf16 only with ZeRO >= 1),
+  torch's AdamW (``torch_adam``: no fused-op build), gradient clipping as configured (DeepSpeed
+  would otherwise default to 1.0). Gradient accumulation is left to the caller
+  (``managed_gradient_accumulation: false``): every ``backward`` accumulates, ``step`` reduces and
+  updates once, so the number of micro-batches per optimizer step may vary from step to step.
+  Losses arrive already normalised over the whole step (``StepTotals``) and are not divided by
+  DeepSpeed's accumulation count (``scale_wrt_gas=False``).
+* Log-probs: response token t is scored from the logits at position t-1 (the last prompt token
+  for t = 0), divided by the sampling temperature, as the sampler drew it. Prompts are left-padded
+  and responses right-padded, so every row's response starts in the same column; position ids
+  count real tokens only, so padding changes no logit.
+* The reference model (only when a ``kl`` component is active) is a frozen copy of the initial
+  weights; the critic (only for baselines that ``need_values``) is the same transformer with a
+  scalar value head (zero-initialised, so every first value is 0) trained by its own engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch import nn
+
+from ..batch import Rollout
+from ..errors import ConfigError
+
+
+def ds_config(stage: int, lr: float, weight_decay: float, grad_clip: float, dtype: str) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": float(grad_clip),
+        "zero_optimization": {"stage": int(stage)},
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay, "betas": [0.9, 0.999],
+                                                  "eps": 1e-8, "torch_adam": True}},
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "steps_per_print": 2**31,
+        "wall_clock_breakdown": False,
+    }
+
+
+def pack(rollout: Rollout, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """``input_ids, attention_mask, position_ids [B, Pmax + T]`` and ``T``: prompts left-padded,
+    responses right-padded (padding after a response is attended but, being later, changes nothing)."""
+    b = len(rollout)
+    t = rollout.response_ids.shape[1]
+    pmax = max(len(p) for p in rollout.prompt_ids)
+    ids = torch.full((b, pmax + t), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, pmax + t), dtype=torch.long)
+    for i, p in enumerate(rollout.prompt_ids):
+        ids[i, pmax - len(p):pmax] = torch.tensor(p, dtype=torch.long)
+        attn[i, pmax - len(p):] = 1
+    ids[:, pmax:] = rollout.response_ids
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), attn.to(device), pos.to(device), t
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logits [B, T, V]`` at the positions before ``targets [B, T]`` -> log-probs ``[B, T]`` of
+    the targets under softmax(logits / temperature), and the entropy ``[B, T]`` (nats, no grad)."""
+    z = logits.float() / temperature
+    logz = torch.logsumexp(z, -1)
+    lp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            zd = z.detach()
+            ent = logz.detach() - (torch.softmax(zd, -1) * zd).sum(-1)
+    return lp, ent
+
+
+class ValueModel(nn.Module):
+    """A causal LM's transformer body with a scalar head: ``values [B, keep]`` at the last ``keep``
+    positions (the head is zero-initialised)."""
+
+    def __init__(self, path: str, dtype, trust_remote_code: bool):
+        super().__init__()
+        from transformers import AutoModel
+
+        self.body = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        self.head = nn.Linear(self.body.config.hidden_size, 1, dtype=dtype)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids, keep: int):
+        h = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        return self.head(h[:, -keep:]).squeeze(-1).float()
+
+
+class Trainer:
+    """DeepSpeed engine(s) for one run. ``need_ref`` / ``need_critic`` load those models."""
+
+    def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
+                 need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
+                 score_rows: int = 16):
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        if dtype == "bfloat16" and zero_stage == 0:
+            raise ConfigError("model.dtype", "bfloat16 at engine.zero_stage 0 trains differently from fp32 on this "
+                              "DeepSpeed version", "use engine.zero_stage >= 1 with bfloat16, or model.dtype: float32")
+        self.info, self.stage, self.pad_id = info, zero_stage, info.pad_token_id
+        self.score_rows = score_rows
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        tdtype = getattr(torch, dtype)
+        path = str(info.path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
+        model.eval()  # no dropout: the trainer must score exactly what the sampler sampled
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               config=ds_config(zero_stage, lr, weight_decay, grad_clip, dtype))
+        self.ref = None
+        if need_ref:
+            self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
+            self.ref.eval().requires_grad_(False).to(self.device)
+        self.critic = None
+        if need_critic:
+            vm = ValueModel(path, tdtype, trust_remote_code)
+            self.critic, *_ = deepspeed.initialize(model=vm, model_parameters=vm.parameters(),
+                                                   config=ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype))
+        self._nonfinite = 0
+
+    # ---------------------------------------------------------------------------- scoring
+    def _logprobs(self, model, rollout: Rollout, entropy: bool):
+        ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
+        lp, ent = token_logprobs(logits, ids[:, -t:], rollout.temperature, entropy)
+        return lp.cpu(), (ent.cpu() if ent is not None else None)
+
+    def _chunked(self, fn, rollout: Rollout):
+        outs = [fn(rollout.select(torch.arange(len(rollout)) // self.score_rows == k))
+                for k in range(math.ceil(len(rollout) / self.score_rows))]
+        if isinstance(outs[0], tuple):
+            return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
+        return torch.cat(outs)
+
+    def logprobs(self, rollout: Rollout, grad: bool, entropy: bool = False):
+        if grad:
+            return self._logprobs(self.engine, rollout, entropy)
+        with torch.no_grad():
+            return self._chunked(lambda r: self._logprobs(self.engine, r, entropy), rollout)
+
+    @torch.no_grad()
+    def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        if self.ref is None:
+            raise RuntimeError("ref_logprobs called but no kl component is active (no reference model loaded)")
+        return self._chunked(lambda r: self._logprobs(self.ref, r, False)[0], rollout)
+
+    def values(self, rollout: Rollout, grad: bool) -> torch.Tensor:
+        if self.critic is None:
+            raise RuntimeError("values called but the baseline needs no critic (no value model loaded)")
+
+        def run(r):
+            ids, attn, pos, t = pack(r, self.pad_id, self.device)
+            return self.critic(ids, attn, pos, t).cpu()
+        if grad:
+            return run(rollout)
+        with torch.no_grad():
+            return self._chunked(run, rollout)
+
+    @torch.no_grad()
+    def score_sequence(self, ids: list[int]) -> torch.Tensor:
+        """Log-probs ``[len(ids) - 1]`` of tokens 1.. at temperature 1 (for the sync check)."""
+        x = torch.tensor([ids], device=self.device)
+        logits = self.engine(input_ids=x).logits[0, :-1]
+        return token_logprobs(logits[None], x[:, 1:], 1.0, False)[0][0].cpu()
+
+    # ---------------------------------------------------------------------------- updates
+    def backward(self, loss: torch.Tensor, value_loss: torch.Tensor | None = None) -> None:
+        """Accumulate one micro-batch. A non-finite loss is not back-propagated and marks the
+        whole optimizer step as skipped."""
+        for eng, l in ((self.engine, loss), (self.critic, value_loss)):
+            if eng is None or l is None:
+                continue
+            if not torch.isfinite(l.detach()).all():
+                self._nonfinite += 1
+                continue
+            eng.backward(l.to(self.device), scale_wrt_gas=False)
+
+    def _grads_finite(self, eng) -> bool:
+        grads = [p.grad for p in eng.module.parameters() if p.grad is not None]
+        return all(torch.isfinite(g).all() for g in grads)
+
+    def step(self) -> dict:
+        """Apply the accumulated gradients once. Returns ``grad_norm`` (before clipping) or
+        ``{"skipped": 1}`` (weights untouched) when a loss or gradient was not finite."""
+        engines = [e for e in (self.engine, self.critic) if e is not None]
+        if self._nonfinite or not all(self._grads_finite(e) for e in engines):
+            for e in engines:
+                e.zero_grad()
+                if hasattr(e.optimizer, "zero_grad"):
+                    e.optimizer.zero_grad(set_to_none=True)
+            self._nonfinite = 0
+            return {"skipped": 1}
+        pre = self._grad_norm(self.engine) if self.stage == 0 else None
+        for e in engines:
+            e.step()
+        out = {"skipped": 0}
+        norm = pre if pre is not None else self.engine.get_global_grad_norm()
+        if norm is not None:
+            out["grad_norm"] = float(norm)
+        return out
+
+    @staticmethod
+    def _grad_norm(eng) -> float:
+        sq = [p.grad.detach().float().pow(2).sum() for p in eng.module.parameters() if p.grad is not None]
+        return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
+
+    # ---------------------------------------------------------------------------- weights
+    @contextlib.contextmanager
+    def full_weights(self):
+        """``[(hf_name, tensor)]`` of the policy's full weights (gathered under ZeRO-3)."""
+        import deepspeed
+
+        params = list(self.engine.module.named_parameters())
+        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None, enabled=self.stage == 3):
+            yield [(n, p.data) for n, p in params]
+
+    def save(self, folder: str, client_state: dict) -> None:
+        self.engine.save_checkpoint(folder, tag="policy", client_state=client_state, save_latest=False)
+        if self.critic is not None:
+            self.critic.save_checkpoint(folder, tag="critic", save_latest=False)
+
+    def load(self, folder: str) -> dict:
+        _, client = self.engine.load_checkpoint(folder, tag="policy", load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
+        if self.critic is not None:
+            self.critic.load_checkpoint(folder, tag="critic", load_optimizer_states=True)
+        return client or {}
+
+    def export(self, folder: str) -> None:
+        """``save_pretrained`` (safetensors) of the trained policy and its tokenizer."""
+        with self.full_weights() as weights:
+            state = {n: t.detach().cpu().clone() for n, t in weights}
+        self.engine.module.save_pretrained(folder, state_dict=state, safe_serialization=True)
+        self.info.tokenizer.save_pretrained(folder)
