@@ -48,7 +48,7 @@ from torch import Tensor
 
 from .batch import Rollout
 from .components import Component, use
-from .errors import ConfigError
+from .errors import ConfigError, DataError
 from .hookspecs import hookimpl
 
 __all__ = ["Bandit", "BanditCorrect", "bandit_catalog", "bandit_run", "step_settings", "train"]
@@ -142,7 +142,12 @@ class Bandit:
 
     # ------------------------------------------------------------------ Policy protocol
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int) -> Rollout:
-        """B = len(prompts) x n rows (prompt-major); ``group_ids`` unique across calls."""
+        """B = len(prompts) x n rows (prompt-major); ``group_ids`` unique across calls.
+        Raises :class:`~policyzoo.errors.DataError` for a prompt row without a valid ``question``."""
+        bad = [p for p in prompts if not (isinstance(p.get("question"), int) and 0 <= p["question"] < self.M)]
+        if bad:
+            raise DataError("Bandit.generate(prompts=...)", f"prompt row {bad[0]!r} has no question id in "
+                            f"0..{self.M - 1}", "feed the bandit rows from Bandit.prompts(n)")
         q = torch.tensor([int(p["question"]) for p in prompts for _ in range(n)], dtype=torch.long)
         logp = torch.log_softmax(self.sampler_theta[q] / temperature, -1)
         gen = torch.Generator().manual_seed(int(seed))

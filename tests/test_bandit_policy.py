@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from policyzoo.bandit import Bandit, BanditCorrect
-from policyzoo.errors import ConfigError
+from policyzoo.errors import ConfigError, DataError
 from policyzoo.policy import Policy
 
 
@@ -167,3 +167,10 @@ def test_skip_discards_gradients_and_keeps_optimizer_state():
     assert b.optimizer_step(skip=True) == {"skipped": 1}
     assert torch.equal(b.theta.detach(), torch.zeros(1, 3)) and b.theta.grad is None
     assert len(b.opt.state) == 0  # Adam never stepped: no moments were written
+
+
+@pytest.mark.parametrize("row", [{"prompt": "What is 2 + 2?"}, {"prompt": "q", "question": 3}])
+def test_rows_without_a_question_id_raise_data_errors(row):
+    with pytest.raises(DataError) as e:
+        small().generate([row], n=2, max_tokens=8, temperature=1.0, seed=0)
+    assert "no question id in 0..0" in str(e.value) and "Bandit.prompts" in str(e.value)
