@@ -8,7 +8,9 @@ One catalog plugin manager per process loads, in order: the built-in components
 Environment switches
 --------------------
 ``POLICYZOO_DISABLE_PLUGIN_AUTOLOAD=1``  load only built-ins and the zoo (no entry points).
-``POLICYZOO_PLUGINS=dist-a,dist-b``       load entry points only from these distributions.
+``POLICYZOO_PLUGINS=dist-a,dist-b``       load entry points only from these distributions (names
+                                          compared as pip does: ``_``/``.``/``-`` and case alike;
+                                          a name that matches no installed plugin is an error).
 ``POLICYZOO_TRACE=1``                     print every hook call of a run (name and arguments).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import os
+import re
 from dataclasses import dataclass, field
 
 import pluggy
@@ -87,6 +90,11 @@ def _version(dist: str) -> str:
         return "0+local"
 
 
+def _normalise(dist: str) -> str:
+    """PEP 503 name: ``policyzoo_tis`` and ``PolicyZoo.TIS`` both mean ``policyzoo-tis``."""
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
+
 def _entry_points():
     for ep in md.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else ep.module
@@ -112,8 +120,11 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
     for module in (policyzoo.plugins, policyzoo.zoo):
         loaded.append((module, PluginInfo("policyzoo", own, module.__name__)))
     if autoload:
+        wanted = None if allow is None else {_normalise(a) for a in allow}
+        seen: set[str] = set()
         for dist, ep in _entry_points():
-            if allow is not None and dist not in allow:
+            seen.add(_normalise(dist))
+            if wanted is not None and _normalise(dist) not in wanted:
                 continue
             try:
                 obj = ep.load()
@@ -124,6 +135,11 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
                                   "to the distributions you need (POLICYZOO_DISABLE_PLUGIN_AUTOLOAD=1 "
                                   "loads none)") from None
             loaded.append((obj, PluginInfo(dist, _version(dist), getattr(obj, "__name__", ep.value))))
+        if wanted is not None and wanted - seen:
+            raise PluginError("POLICYZOO_PLUGINS (plugin allowlist)",
+                              f"no installed distribution with a {ENTRY_POINT_GROUP!r} entry point is called "
+                              f"{', '.join(sorted(wanted - seen))}",
+                              f"installed plugin distributions: {', '.join(sorted(seen)) or 'none'} (`policyzoo plugins`)")
     for obj in extra:
         loaded.append((obj, PluginInfo("(in-process)", "", getattr(obj, "__name__", repr(obj)))))
 
