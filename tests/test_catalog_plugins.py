@@ -128,3 +128,18 @@ def test_cli_reports_a_broken_plugin_without_a_traceback(site):
     assert proc.returncode == 2
     assert "policyzoo-broken" in proc.stderr and "needs the flash-attn package" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_allowlist_names_compare_as_pip_does(site, monkeypatch):
+    # policyzoo_tis / PolicyZoo.TIS mean the distribution policyzoo-tis (PEP 503 normalisation)
+    monkeypatch.setenv("POLICYZOO_PLUGINS", "PolicyZoo_TIS")
+    assert "tis" in load_catalog().components["ratio"]
+
+
+def test_allowlist_name_that_matches_nothing_is_an_error(site, monkeypatch):
+    monkeypatch.setenv("POLICYZOO_PLUGINS", "policyzoo-tis,policyzoo-sapoo")
+    with pytest.raises(PluginError) as info:
+        load_catalog()
+    text = str(info.value)
+    assert "POLICYZOO_PLUGINS" in text and "policyzoo-sapoo" in text
+    assert "policyzoo-sapo" in text.split("installed plugin distributions:")[1]
