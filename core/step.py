@@ -27,7 +27,9 @@ class StepSettings:
     then old_logprobs are the current log-probs detached (no extra forward, ratio exactly 1).
     ``micro_batches``: gradient-accumulation splits of the batch (the loss is exact for any split).
     ``max_sample_rounds``: dynamic sampling budget (rounds of P prompts) when a filter resamples.
-    ``on_shortfall``: ``train_on_fewer`` or ``error`` when that budget cannot fill the batch.
+    ``on_shortfall``: ``train_on_fewer`` or ``error`` when that budget cannot fill the batch;
+    ``train_on_fewer`` with no row kept at all skips the update (``skipped`` = 1 in the metrics,
+    counted by the engine's ``train.max_consecutive_skips``).
     """
 
     updates_per_batch: int = 1
@@ -96,7 +98,7 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     metrics["sample_rounds"] = len(kept_parts)
     if len(rollout) < target_rows and resample:
         metrics["shortfall_rows"] = target_rows - len(rollout)
-        if settings.on_shortfall == "error" or len(rollout) == 0:
+        if settings.on_shortfall == "error":
             raise ShortfallError("dynamic sampling", f"only {len(rollout)} of {target_rows} rows kept after "
                                  f"{len(kept_parts)} rounds", "raise train.max_sample_rounds, loosen the filter, "
                                  "or set train.on_shortfall: train_on_fewer")
@@ -107,6 +109,8 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
                settings: StepSettings = StepSettings()) -> dict:
     """One optimizer step (or ``updates_per_batch`` of them) on a freshly sampled batch."""
     rollout, rewards, metrics = collect(run, policy, next_prompts, seed, settings)
+    if len(rollout) == 0:  # train_on_fewer with nothing kept: no update, the run goes on
+        return {**metrics, "skipped": 1, "skip_reason": "no rows kept by the filters", "rows": 0}
 
     # Score the batch with frozen models (only what the chosen components need).
     t0 = time.perf_counter()

@@ -101,13 +101,18 @@ def test_shortfall_error(catalog):
     assert torch.equal(bandit.theta.detach(), torch.zeros(2, 2))  # no update happened
 
 
-def test_nothing_kept_is_an_error_even_with_train_on_fewer(catalog):
-    # documented in step.collect: an empty batch cannot be trained on, whatever the policy
+def test_nothing_kept_skips_the_update_with_train_on_fewer(catalog):
+    # documented in step.StepSettings: an empty batch cannot be trained on; train_on_fewer skips
+    # the update (the engine stops after train.max_consecutive_skips such steps), error raises
     run = bandit_run(DAPO, catalog)
     bandit = two_questions()
+    m = train_step(run, bandit, stream(bandit, [ALWAYS] * 4), seed=0,
+                   settings=step_settings(run, on_shortfall="train_on_fewer"))
+    assert m["skipped"] == 1 and m["rows"] == 0 and m["skip_reason"] == "no rows kept by the filters"
+    assert torch.equal(bandit.theta.detach(), torch.zeros(2, 2))  # no update happened
     with pytest.raises(ShortfallError, match="only 0 of 32 rows"):
         train_step(run, bandit, stream(bandit, [ALWAYS] * 4), seed=0,
-                   settings=step_settings(run, on_shortfall="train_on_fewer"))
+                   settings=step_settings(run, on_shortfall="error"))
 
 
 def test_without_resample_one_round_only(catalog):
@@ -127,7 +132,7 @@ def test_more_samples_per_kept_batch_as_accuracy_rises(catalog):
     # a = 0.9: k = 1 - 0.4305 - 1e-8 = 0.5695, P1 = 0.011, P2 = 0.79 -> E[rounds] = 2.2.
     # Sampled rows per kept row equal the rounds (or more, when a short batch trains on fewer).
     # Stop 20 steps after accuracy passes 0.9: near a = 1 every group is constant and DAPO's
-    # 3-round budget runs dry (an empty batch raises ShortfallError, see the test above).
+    # 3-round budget runs dry (an empty batch skips the update, see the test above).
     bandit = Bandit.random(8, 5, right=2, seed=0, lr=0.05)
     run = bandit_run(DAPO, catalog)
     settings = step_settings(run)

@@ -42,8 +42,8 @@ def test_overlong_penalty_resolves_max_tokens_from_the_run():
     run = policyzoo.assemble({"base": "dapo", "sample": {"max_tokens": 600}})
     pen = run.reward[0]
     assert pen.max_tokens == 600
-    # L_max 600, L_cache 512: ramp from 88; |y| = 344 -> (88 - 344)/512 = -0.5
-    assert pen.reward(rollout=make_rollout([344, 88])).tolist() == [-0.5, 0.0]
+    # L_max 600, L_cache default 20% of 600 = 120: ramp from 480; |y| = 540 -> (480 - 540)/120 = -0.5
+    assert pen.reward(rollout=make_rollout([540, 480, 601])).tolist() == [-0.5, 0.0, -1.0]
     # unchecked component: falls back to the rollout's max_tokens, else a ConfigError
     assert OverlongPenalty(cache=4).reward(rollout=make_rollout([10], max_tokens=12)).item() == pytest.approx(-0.5)
     with pytest.raises(ConfigError):
