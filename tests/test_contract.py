@@ -149,3 +149,31 @@ def test_failure_message_names_the_component_and_the_reason():
         check_component(Leaky, _catalog_with(Leaky))
     text = str(info.value)
     assert "ratio component 'leaky'" in text and "masked" in text and "gradient reaches masked" in text
+
+
+class NeedsPath(Component):
+    """A reward read from a file named by a required parameter. Source: a test double."""
+
+    slot, name = "reward", "needs_path"
+
+    class Params(Component.Params):
+        path: str = Field(..., description="a text file holding one number")
+        weight: float = 1.0
+
+    @staticmethod
+    def contract_params(workdir):
+        (workdir / "value.txt").write_text("0.5")
+        return {"path": str(workdir / "value.txt")}
+
+    @hookimpl
+    def reward(self, rollout):
+        with open(self.params.path) as f:
+            return torch.full((len(rollout),), float(f.read()))
+
+
+def test_contract_params_build_components_without_defaults():
+    # without an example the suite cannot build it and says so; with contract_params it passes
+    bare = type("NoExample", (NeedsPath,), {"contract_params": None, "__doc__": NeedsPath.__doc__,
+                                             "name": "no_example"})
+    assert "cannot build the component" in run_checks(bare, _catalog_with(bare))["shapes"]
+    check_component(NeedsPath, _catalog_with(NeedsPath))
