@@ -62,3 +62,12 @@ def test_dry_run_shows_where_each_slot_of_a_hybrid_came_from(capsys):
     assert view["sources"]["clip"].startswith("sapo from policyzoo-sapo 0.1.0")
     assert view["sources"]["ratio"].startswith("tis from policyzoo-tis 0.1.0")
     assert view["sources"]["kl"].startswith("k3 from policyzoo 0.1.0")
+
+
+def test_dry_run_of_a_yaml_hybrid_file(capsys, tmp_path):
+    config = tmp_path / "hybrid.yaml"
+    config.write_text("algorithm:\n  base: grpo\n  clip: {use: cispo, eps_high: 5.0}\n")
+    view = yaml.safe_load(_run(capsys, "train", "--dry-run", "--config", str(config)))["algorithm"]
+    assert view["name"] == "grpo+clip=cispo" and view["slots"]["clip"]["from"] == "override"
+    assert view["slots"]["clip"]["components"] == [{"use": "cispo", "eps_high": 5.0, "eps_low": None}]
+    assert view["slots"]["kl"]["from"] == "grpo default"
