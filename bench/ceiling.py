@@ -1,0 +1,199 @@
+"""The ceiling: this machine's matmul rate and memory bandwidth, and the FLOPs of one GRPO step.
+
+Measured here (same script, same process): dense matmul rate in fp32 and bf16 (square and the
+model's own [tokens x 576] x [576 x 1536] shape) and copy bandwidth. Counted: the FLOPs of one
+GRPO step on SmolLM2-135M (Llama: hidden 576, MLP 1536, 30 layers, 9 heads / 3 KV heads of 64,
+vocabulary 49152, tied embeddings; 134.5M parameters):
+
+* matmul FLOPs: 2 x N per token forward, backward 2x forward (the 6 N per token of training);
+  the LM head (576 x 49152 = 28.3M MACs per token) only where logits are needed;
+* attention: QK^T and AV, 2 x 2 x layers x hidden x context per token (causal: context = position);
+* decode: one forward per generated token with a KV cache (2 N + attention over the context), and
+  it is memory-bound: every decode step reads all weights once (134.5M x 4 bytes in fp32);
+* prefill: the prompt once per prompt (prefix caching shares it across the G samples).
+
+The ceiling time of each part is FLOPs / matmul rate (and, for decode, also steps x weight bytes /
+bandwidth; the larger bound counts). ``--metrics run/metrics.jsonl`` compares the engine's
+measured time split (median ``time_rollout`` / ``time_train`` / ...) with it.
+
+Run: ``python bench/ceiling.py [--P 4 --G 8 --prompt-len 96 --response-len 64] [--threads 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Arch:
+    hidden: int = 576
+    mlp: int = 1536
+    layers: int = 30
+    heads: int = 9
+    kv_heads: int = 3
+    head_dim: int = 64
+    vocab: int = 49152
+
+    @property
+    def body_params(self) -> int:  # matmul weights of the layers (norms are not matmuls)
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        return self.layers * (2 * h * h + 2 * h * kv + 3 * h * self.mlp)
+
+    @property
+    def head_params(self) -> int:  # LM head = tied embedding matrix
+        return self.hidden * self.vocab
+
+    @property
+    def params(self) -> int:  # + embeddings (tied with the head) + 2 norms per layer + final norm
+        return self.body_params + self.head_params + (2 * self.layers + 1) * self.hidden
+
+
+SMOLLM2_135M = Arch()
+
+
+def arch_from_config(path: str) -> Arch:
+    """An :class:`Arch` from a Hugging Face ``config.json`` (Llama-style keys)."""
+    c = json.load(open(path))
+    heads = c["num_attention_heads"]
+    return Arch(hidden=c["hidden_size"], mlp=c["intermediate_size"], layers=c["num_hidden_layers"], heads=heads,
+                kv_heads=c.get("num_key_value_heads", heads), head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+                vocab=c["vocab_size"])
+
+
+def attention_flops(a: Arch, query_tokens: int, context_start: int) -> float:
+    """QK^T + AV FLOPs of ``query_tokens`` consecutive causal positions after ``context_start``."""
+    q = a.heads * a.head_dim
+    ctx = sum(context_start + i + 1 for i in range(query_tokens))
+    return 4.0 * a.layers * q * ctx
+
+
+def step_flops(a: Arch, P: int, G: int, prompt_len: int, response_len: int, kl: bool = True,
+               logits_everywhere: bool = False) -> dict[str, float]:
+    """FLOPs of one on-policy GRPO step (one optimizer step, one update per batch)."""
+    B, S = P * G, prompt_len + response_len
+    head_tokens = S if logits_everywhere else response_len
+    fwd_row = 2.0 * a.body_params * S + 2.0 * a.head_params * head_tokens + attention_flops(a, S, 0)
+    prefill = P * (2.0 * (a.body_params + a.head_params) * prompt_len + attention_flops(a, prompt_len, 0))
+    decode = B * (2.0 * (a.body_params + a.head_params) * response_len + attention_flops(a, response_len, prompt_len))
+    out = {"rollout: prefill": prefill, "rollout: decode": decode,
+           "train: forward+backward": 3.0 * B * fwd_row}
+    if kl:
+        out["reference forward"] = B * fwd_row
+    return out
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def matmul_rate(m: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> float:
+    """FLOP/s of an [m, k] x [k, n] matmul."""
+    x, w = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    return 2.0 * m * k * n / _median_time(lambda: torch.mm(x, w), repeats)
+
+
+def copy_bandwidth(nbytes: int, repeats: int) -> float:
+    """Bytes/s read + written by a large tensor copy."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    return 2.0 * nbytes / _median_time(lambda: dst.copy_(src), repeats)
+
+
+def measure(threads: int, repeats: int, size: int) -> dict[str, float]:
+    torch.set_num_threads(threads)
+    a = SMOLLM2_135M
+    r = {}
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        r[f"{name} square {size}"] = matmul_rate(size, size, size, dt, repeats)
+        r[f"{name} model [2048x{a.hidden}]x[{a.hidden}x{a.mlp}]"] = matmul_rate(2048, a.hidden, a.mlp, dt, repeats)
+    r["copy bandwidth"] = copy_bandwidth(512 << 20, repeats)
+    return r
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--P", type=int, default=4, help="prompts per step")
+    ap.add_argument("--G", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--prompt-len", type=int, default=96, help="prompt tokens (few-shot chat prompt)")
+    ap.add_argument("--response-len", type=int, default=64, help="response tokens")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--size", type=int, default=1024, help="square matmul size")
+    ap.add_argument("--no-kl", action="store_true", help="no reference forward (beta = 0)")
+    ap.add_argument("--model-config", default=None, help="a config.json for another Llama-style model")
+    ap.add_argument("--metrics", default=None, help="a run's metrics.jsonl: compare its measured time split")
+    a = ap.parse_args(argv)
+    if min(a.P, a.G, a.prompt_len, a.response_len, a.repeats, a.size, *a.threads) < 1:
+        ap.error("every count must be >= 1")
+    return a
+
+
+def measured_split(path: str) -> dict[str, float]:
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    keys = sorted({k for r in rows for k in r if k.startswith("time_")})
+    return {k: statistics.median(float(r[k]) for r in rows if k in r) for k in keys}
+
+
+def main(argv=None) -> dict:
+    a = parse(argv)
+    arch = arch_from_config(a.model_config) if a.model_config else SMOLLM2_135M
+    print(f"torch {torch.__version__}; model {arch.params / 1e6:.1f}M parameters "
+          f"(layers {arch.body_params / 1e6:.1f}M + head {arch.head_params / 1e6:.1f}M)\n")
+    rates = {t: measure(t, a.repeats, a.size) for t in a.threads}
+    print("| measured | " + " | ".join(f"{t} thread(s)" for t in a.threads) + " |")
+    print("|---|" + "---|" * len(a.threads))
+    for k in rates[a.threads[0]]:
+        unit, scale = ("GB/s", 1e9) if "bandwidth" in k else ("GFLOP/s", 1e9)
+        print(f"| {k} ({unit}) | " + " | ".join(f"{rates[t][k] / scale:.1f}" for t in a.threads) + " |")
+    t = max(a.threads)
+    fp32 = rates[t][f"fp32 model [2048x{SMOLLM2_135M.hidden}]x[{SMOLLM2_135M.hidden}x{SMOLLM2_135M.mlp}]"]
+    bf16 = rates[t][f"bf16 model [2048x{SMOLLM2_135M.hidden}]x[{SMOLLM2_135M.hidden}x{SMOLLM2_135M.mlp}]"]
+    bw = rates[t]["copy bandwidth"]
+    flops = step_flops(arch, a.P, a.G, a.prompt_len, a.response_len, kl=not a.no_kl)
+    wasted = step_flops(arch, a.P, a.G, a.prompt_len, a.response_len, kl=not a.no_kl, logits_everywhere=True)
+    print(f"\nOne GRPO step: P={a.P} x G={a.G}, prompt {a.prompt_len} + response {a.response_len} tokens, "
+          f"{'with' if not a.no_kl else 'no'} reference forward; ceiling at {t} thread(s), model-shape matmul rate")
+    print("| part | GFLOP | ceiling s, fp32 | ceiling s, bf16 | note |")
+    print("|---|---|---|---|---|")
+    res = {"rates": {str(k): v for k, v in rates.items()}, "flops": flops, "ceiling_fp32": {}, "ceiling_bf16": {}}
+    for part, f in flops.items():
+        c32, c16 = f / fp32, f / bf16
+        note = ""
+        if part == "rollout: decode":
+            mem = a.response_len * arch.params * 4 / bw
+            note = f"memory bound: {a.response_len} steps x {arch.params * 4 / 1e6:.0f} MB weights = {mem:.2f} s fp32"
+            c32, c16 = max(c32, mem), max(c16, mem / 2)
+        elif part.startswith("train") or part.startswith("reference"):
+            extra = wasted[part] - f
+            note = f"logits on prompt positions too would add {extra / 1e9:.0f} GFLOP"
+        res["ceiling_fp32"][part], res["ceiling_bf16"][part] = c32, c16
+        print(f"| {part} | {f / 1e9:.1f} | {c32:.2f} | {c16:.2f} | {note} |")
+    tot32, tot16 = sum(res["ceiling_fp32"].values()), sum(res["ceiling_bf16"].values())
+    print(f"| total | {sum(flops.values()) / 1e9:.1f} | {tot32:.2f} | {tot16:.2f} | |")
+    if a.metrics:
+        split = measured_split(a.metrics)
+        print("\n| measured (median over the run) | s | x the fp32 ceiling |")
+        print("|---|---|---|")
+        ceil = {"time_rollout": res["ceiling_fp32"]["rollout: prefill"] + res["ceiling_fp32"]["rollout: decode"],
+                "time_train": res["ceiling_fp32"]["train: forward+backward"]
+                + res["ceiling_fp32"].get("reference forward", 0.0)}
+        for k, v in split.items():
+            print(f"| {k} | {v:.2f} | {v / ceil[k]:.1f} |" if k in ceil else f"| {k} | {v:.2f} | |")
+        res["measured"] = split
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Step speed, memory and learning curve: TRL's GRPOTrainer vs policyzoo, interleaved in one run.
+
+Two worker processes (bench/workers.py) load their framework once -- policyzoo as ``policyzoo
+train`` does (vLLM rollout + DeepSpeed trainer), TRL's ``GRPOTrainer`` (transformers generate +
+its own training loop) -- then this script asks them for one optimizer step at a time, alternating
+which goes first (ABBA), so both see the same machine load. While one steps, the other waits on a
+pipe (no CPU). Same model (the embedded default unless ``--override model.path=...``), same
+prompts in the same order, same reward code, G, response limit, learning rate (constant), clip,
+KL (k3 in the loss, beta 0.04, TRL's KL-times-ratio off) and steps.
+
+Reports per step: wall time, rollout tokens/s, the time split, peak RSS of each process; medians
+over the steps after ``--warmup``; the ratio policyzoo / TRL of the median step time; reward per
+step for both (the learning curves) to JSON and, with matplotlib, a PNG.
+
+Run: ``python bench/step_vs_trl.py --steps 6 --P 2 --G 4 --max-tokens 32 --threads 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from workers import TAG, add_common, check_common  # noqa: E402
+
+
+class Worker:
+    def __init__(self, framework: str, a, run_dir: str, log):
+        cmd = [sys.executable, str(HERE / "workers.py"), framework, "--run-dir", run_dir] + common_argv(a)
+        self.name = framework
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                     bufsize=1)
+
+    def read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(TAG):
+                return json.loads(line[len(TAG):])
+        raise RuntimeError(f"the {self.name} worker exited (rc {self.proc.wait()}); see its log")
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+
+def common_argv(a) -> list[str]:
+    out = ["--algo", a.algo, "--steps", str(a.steps), "--P", str(a.P), "--G", str(a.G), "--max-tokens",
+           str(a.max_tokens), "--lr", str(a.lr), "--seed", str(a.seed), "--threads", str(a.threads),
+           "--dtype", a.dtype, "--rollout", a.rollout]
+    for o in a.override or []:
+        out += ["--override", o]
+    return out
+
+
+def median(records: list[dict], key: str) -> float:
+    vals = [r[key] for r in records if r.get(key) is not None]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def summarize(results: dict, warmup: int) -> str:
+    keys = [("time_step", "step wall time, s"), ("time_rollout", "rollout, s"), ("time_reward", "reward, s"),
+            ("time_train", "train (scoring, loss, backward, optimizer), s"), ("time_sync", "weight sync, s"),
+            ("rollout_tokens_per_s", "rollout tokens/s"), ("peak_rss_gib", "peak RSS, GiB")]
+    lines = [f"medians over steps {warmup + 1}..{len(results['policyzoo'])}", "",
+             "| per step | policyzoo | TRL | policyzoo / TRL |", "|---|---|---|---|"]
+    for k, label in keys:
+        p = median(results["policyzoo"][warmup:], k)
+        t = median(results["trl"][warmup:], k)
+        ratio = f"{p / t:.2f}" if t and t == t and t > 0 else ""
+        lines.append(f"| {label} | {p:.2f} | {t:.2f} | {ratio} |")
+    lines.append(f"| startup (load models), s | {results['ready']['policyzoo']['startup_s']:.1f} | "
+                 f"{results['ready']['trl']['startup_s']:.1f} | |")
+    lines += ["", "| step | reward policyzoo | reward TRL | step s policyzoo | step s TRL |", "|---|---|---|---|---|"]
+    for p, t in zip(results["policyzoo"], results["trl"]):
+        lines.append(f"| {p['step']} | {p['reward_mean']:.3f} | {t['reward_mean']:.3f} | {p['time_step']:.1f} | "
+                     f"{t['time_step']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+    for name, style in (("policyzoo", "o-"), ("trl", "s--")):
+        steps = [r["step"] for r in results[name]]
+        ax[0].plot(steps, [r["reward_mean"] for r in results[name]], style, label=name)
+        ax[1].plot(steps, [r["time_step"] for r in results[name]], style, label=name)
+    ax[0].set(xlabel="step", ylabel="mean reward", title="learning curve")
+    ax[1].set(xlabel="step", ylabel="seconds", title="step wall time")
+    ax[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common(ap)
+    ap.add_argument("--warmup", type=int, default=1, help="steps left out of the medians")
+    ap.add_argument("--out", default=str(HERE / "results" / "step_vs_trl"), help="folder for JSON, log, PNG")
+    a = ap.parse_args(argv)
+    check_common(ap, a)
+    if not 0 <= a.warmup < a.steps:
+        ap.error("need 0 <= warmup < steps")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="policyzoo-bench-")
+    results = {"args": vars(a), "policyzoo": [], "trl": [], "ready": {}}
+    with open(out / "workers.log", "w") as log:
+        workers = {}
+        for name in ("policyzoo", "trl"):  # load one at a time (each loads with all threads)
+            workers[name] = Worker(name, a, f"{scratch}/{name}", log)
+            results["ready"][name] = workers[name].read()
+            print(f"{name} ready: {results['ready'][name]}", flush=True)
+        t0 = time.perf_counter()
+        for step in range(a.steps):
+            order = ("policyzoo", "trl") if step % 2 == 0 else ("trl", "policyzoo")
+            for name in order:
+                rec = workers[name].ask("step")
+                results[name].append(rec)
+                print(f"step {step + 1} {name}: {rec['time_step']:.1f} s, reward {rec['reward_mean']:.3f}", flush=True)
+        for name, w in workers.items():
+            results["ready"][name]["end"] = w.ask("stop")
+            w.proc.wait(timeout=120)
+        results["wall_s"] = time.perf_counter() - t0
+    table = summarize(results, a.warmup)
+    print(table)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "table.md").write_text(table + "\n")
+    plot(results, out / "curves.png")
+    return results
+
+
+if __name__ == "__main__":
+    main()
