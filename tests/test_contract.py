@@ -177,3 +177,20 @@ def test_contract_params_build_components_without_defaults():
                                              "name": "no_example"})
     assert "cannot build the component" in run_checks(bare, _catalog_with(bare))["shapes"]
     check_component(NeedsPath, _catalog_with(NeedsPath))
+
+
+class NanLeak(Component):
+    """Group mean baseline that forgets NaN rewards. Source: a test double."""
+
+    slot, name = "baseline", "nan_leak"
+
+    @hookimpl
+    def baseline(self, rewards, group_ids, response_mask):
+        r = torch.nan_to_num(rewards, nan=0.0)
+        mean = torch.stack([r[group_ids == g].mean() for g in group_ids])
+        return Advantages(torch.where(response_mask, (r - mean)[:, None].expand(response_mask.shape), 0.0))
+
+
+def test_nan_reward_rows_must_get_advantage_zero():
+    result = run_checks(NanLeak, _catalog_with(NanLeak))
+    assert "NaN reward" in result["masked"]

@@ -148,6 +148,9 @@ def _mutated(tb: ToyBatch, snap) -> list[str]:
 def _masked(comp, slot: str, tb: ToyBatch, ctx) -> list[str]:
     m = tb.response_mask
     bad = []
+    if slot == "baseline":  # row 1 becomes unscorable (its group keeps two valid rows)
+        tb.rewards = tb.rewards.clone()
+        tb.rewards[1] = float("nan")
     out = slots.call(comp, tb, *ctx)
     if slot == "baseline":
         a = out.advantages
