@@ -88,37 +88,51 @@ def step_flops(a: Arch, P: int, G: int, prompt_len: int, response_len: int, kl: 
     return out
 
 
-def _median_time(fn, repeats: int) -> float:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _median_time(fn, repeats: int, device: str = "cpu", inner: int = 1) -> float:
+    """Median seconds of one call of ``fn`` (``inner`` calls per timing, for short GPU kernels)."""
     fn()
+    _sync(device)
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
+        for _ in range(inner):
+            fn()
+        _sync(device)
+        ts.append((time.perf_counter() - t0) / inner)
     return statistics.median(ts)
 
 
-def matmul_rate(m: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> float:
-    """FLOP/s of an [m, k] x [k, n] matmul."""
-    x, w = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-    return 2.0 * m * k * n / _median_time(lambda: torch.mm(x, w), repeats)
+def matmul_rate(m: int, k: int, n: int, dtype: torch.dtype, repeats: int, device: str = "cpu") -> float:
+    """FLOP/s of an [m, k] x [k, n] matmul on ``device``."""
+    x, w = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+    inner = 20 if device.startswith("cuda") else 1
+    return 2.0 * m * k * n / _median_time(lambda: torch.mm(x, w), repeats, device, inner)
 
 
-def copy_bandwidth(nbytes: int, repeats: int) -> float:
-    """Bytes/s read + written by a large tensor copy."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32).uniform_()
+def copy_bandwidth(nbytes: int, repeats: int, device: str = "cpu") -> float:
+    """Bytes/s read + written by a large tensor copy on ``device``."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    return 2.0 * nbytes / _median_time(lambda: dst.copy_(src), repeats)
+    return 2.0 * nbytes / _median_time(lambda: dst.copy_(src), repeats, device)
 
 
-def measure(threads: int, repeats: int, size: int) -> dict[str, float]:
+MODEL_SHAPE = f"model [2048x{SMOLLM2_135M.hidden}]x[{SMOLLM2_135M.hidden}x{SMOLLM2_135M.mlp}]"
+
+
+def measure(threads: int, repeats: int, size: int, device: str = "cpu") -> dict[str, float]:
+    """Matmul rates (FLOP/s) and copy bandwidth (B/s); ``threads`` applies on CPU only."""
     torch.set_num_threads(threads)
     a = SMOLLM2_135M
     r = {}
     for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        r[f"{name} square {size}"] = matmul_rate(size, size, size, dt, repeats)
-        r[f"{name} model [2048x{a.hidden}]x[{a.hidden}x{a.mlp}]"] = matmul_rate(2048, a.hidden, a.mlp, dt, repeats)
-    r["copy bandwidth"] = copy_bandwidth(512 << 20, repeats)
+        r[f"{name} square {size}"] = matmul_rate(size, size, size, dt, repeats, device)
+        r[f"{name} {MODEL_SHAPE}"] = matmul_rate(2048, a.hidden, a.mlp, dt, repeats, device)
+    r["copy bandwidth"] = copy_bandwidth(512 << 20, repeats, device)
     return r
 
 
@@ -134,7 +148,12 @@ def parse(argv=None):
     ap.add_argument("--no-kl", action="store_true", help="no reference forward (beta = 0)")
     ap.add_argument("--model-config", default=None, help="a config.json for another Llama-style model")
     ap.add_argument("--metrics", default=None, help="a run's metrics.jsonl: compare its measured time split")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     a = ap.parse_args(argv)
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: torch sees no GPU on this machine")
+    if not (a.device == "cpu" or a.device.startswith("cuda")):
+        ap.error("--device must be cpu or cuda[:N]")
     if min(a.P, a.G, a.prompt_len, a.response_len, a.repeats, a.size, *a.threads) < 1:
         ap.error("every count must be >= 1")
     return a
@@ -151,15 +170,16 @@ def main(argv=None) -> dict:
     arch = arch_from_config(a.model_config) if a.model_config else SMOLLM2_135M
     print(f"torch {torch.__version__}; model {arch.params / 1e6:.1f}M parameters "
           f"(layers {arch.body_params / 1e6:.1f}M + head {arch.head_params / 1e6:.1f}M)\n")
-    rates = {t: measure(t, a.repeats, a.size) for t in a.threads}
+    if a.device != "cpu":
+        a.threads = a.threads[-1:]
+    rates = {t: measure(t, a.repeats, a.size, a.device) for t in a.threads}
     print("| measured | " + " | ".join(f"{t} thread(s)" for t in a.threads) + " |")
     print("|---|" + "---|" * len(a.threads))
     for k in rates[a.threads[0]]:
         unit, scale = ("GB/s", 1e9) if "bandwidth" in k else ("GFLOP/s", 1e9)
         print(f"| {k} ({unit}) | " + " | ".join(f"{rates[t][k] / scale:.1f}" for t in a.threads) + " |")
     t = max(a.threads)
-    fp32 = rates[t][f"fp32 model [2048x{SMOLLM2_135M.hidden}]x[{SMOLLM2_135M.hidden}x{SMOLLM2_135M.mlp}]"]
-    bf16 = rates[t][f"bf16 model [2048x{SMOLLM2_135M.hidden}]x[{SMOLLM2_135M.hidden}x{SMOLLM2_135M.mlp}]"]
+    fp32, bf16 = rates[t][f"fp32 {MODEL_SHAPE}"], rates[t][f"bf16 {MODEL_SHAPE}"]
     bw = rates[t]["copy bandwidth"]
     flops = step_flops(arch, a.P, a.G, a.prompt_len, a.response_len, kl=not a.no_kl)
     wasted = step_flops(arch, a.P, a.G, a.prompt_len, a.response_len, kl=not a.no_kl, logits_everywhere=True)

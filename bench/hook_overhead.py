@@ -35,7 +35,8 @@ def make_batch(b: int, t: int, g: int, seed: int = 0):
     rollout = Rollout(prompt_ids=[[1]] * b, response_ids=torch.ones(b, t, dtype=torch.long), response_mask=mask,
                       rollout_logprobs=old.clone(), group_ids=torch.arange(b) // g,
                       truncated=torch.zeros(b, dtype=torch.bool))
-    return StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref), lp
+    batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref)
+    return batch, lp
 
 
 def direct_grpo(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
@@ -49,13 +50,16 @@ def direct_grpo(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
     return (per_token.sum(-1) / n.clamp(min=1)).sum() / (n > 0).sum()
 
 
-def timeit(fn, repeats: int) -> list[float]:
+def timeit(fn, repeats: int, device: str = "cpu") -> list[float]:
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for _ in range(max(3, repeats // 20)):
         fn()
     out = []
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         out.append(time.perf_counter() - t0)
     return out
 
@@ -93,16 +97,28 @@ def main(argv=None) -> dict:
     ap.add_argument("--G", type=int, default=8, help="samples per prompt")
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the loss tensors' device)")
     ap.add_argument("--step-seconds", type=float, default=None,
                     help="one measured training step (s) to express the overhead as a fraction of")
     a = ap.parse_args(argv)
     if a.B < 1 or a.T < 1 or a.G < 1 or a.B % a.G or a.repeats < 1:
         ap.error("need B, T, G, repeats >= 1 and B a multiple of G")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: torch sees no GPU on this machine")
+    if not (a.device == "cpu" or a.device.startswith("cuda")):
+        ap.error("--device must be cpu or cuda[:N]")
     torch.set_num_threads(a.threads)
     run = policyzoo.assemble({"base": a.algo, "sample": {"n": a.G}})
     batch, lp0 = make_batch(a.B, a.T, a.G)
     batch, _ = prepare(run, batch)
     totals = step_totals(batch)
+    if a.device != "cpu":  # the loss runs where the trainer's log-probs live
+        dev = a.device
+        r = batch.rollout
+        r.response_mask, r.rollout_logprobs = r.response_mask.to(dev), r.rollout_logprobs.to(dev)
+        batch.old_logprobs, batch.ref_logprobs = batch.old_logprobs.to(dev), batch.ref_logprobs.to(dev)
+        batch.advantages = batch.advantages.to(dev)
+        lp0 = lp0.to(dev)
     mask, old, ref, adv = batch.response_mask, batch.old_logprobs, batch.ref_logprobs, batch.advantages
 
     def hooked():
@@ -134,15 +150,15 @@ def main(argv=None) -> dict:
     assert torch.allclose(gh, gd, rtol=1e-5, atol=1e-9), float((gh - gd).abs().max())
     th, td, tm = [], [], []
     for _ in range(5):  # interleave to share any drift in machine load
-        th += timeit(hooked, a.repeats // 5)
-        td += timeit(direct, a.repeats // 5)
-        tm += timeit(direct_metrics, a.repeats // 5)
+        th += timeit(hooked, a.repeats // 5, a.device)
+        td += timeit(direct, a.repeats // 5, a.device)
+        tm += timeit(direct_metrics, a.repeats // 5, a.device)
     mh, md, mm = statistics.median(th), statistics.median(td), statistics.median(tm)
     disp = dispatch_cost(a.repeats)
     res = dict(B=a.B, T=a.T, hooked_ms=mh * 1e3, direct_ms=md * 1e3, direct_metrics_ms=mm * 1e3,
                overhead_ms=(mh - md) * 1e3,
                overhead_frac_of_loss=(mh - md) / md, dispatch_us=disp * 1e6, dispatch_calls=4)
-    print(f"algo {a.algo}, B={a.B}, T={a.T}, threads {a.threads}, torch {torch.__version__}, "
+    print(f"algo {a.algo}, B={a.B}, T={a.T}, {a.device}, threads {a.threads}, torch {torch.__version__}, "
           f"median of {len(th)} forward+backward runs")
     print("| loss forward+backward | median ms |")
     print("|---|---|")

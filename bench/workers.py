@@ -157,15 +157,18 @@ def trl_worker(a) -> None:
             total = total + comp.params.weight * torch.as_tensor(v, dtype=torch.float32)
         return total.tolist()
 
+    # --trl-vllm: TRL's own vLLM integration, colocated like ours (the closest TRL gets to our engine)
+    trl_vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
+                    vllm_importance_sampling_correction=False) if a.trl_vllm else {}
     args = GRPOConfig(
-        output_dir=a.run_dir + "-trl", use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
+        output_dir=a.run_dir + "-trl", use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no", disable_tqdm=True,
         per_device_train_batch_size=P * G, num_generations=G, gradient_accumulation_steps=1,
         max_completion_length=run.sample.params.max_tokens, temperature=run.sample.params.temperature,
         learning_rate=cfg.train.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=cfg.train.weight_decay,
         max_grad_norm=cfg.train.grad_clip, max_steps=cfg.train.steps, logging_steps=1, seed=cfg.train.seed,
-        shuffle_dataset=False, bf16=False, model_init_kwargs={"dtype": torch.float32 if a.dtype == "float32"
-                                                              else torch.bfloat16},
-        **trl_settings(run, run.sample.params.max_tokens))
+        shuffle_dataset=False, bf16=a.dtype == "bfloat16" and torch.cuda.is_available(),
+        model_init_kwargs={"dtype": torch.float32 if a.dtype == "float32" else torch.bfloat16},
+        **trl_settings(run, run.sample.params.max_tokens), **trl_vllm)
     timing = {"gen": 0.0, "reward": 0.0, "tokens": 0}
 
     class Drive(TrainerCallback):
@@ -224,6 +227,8 @@ def add_common(ap) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--rollout", default="vllm", choices=["vllm", "transformers"], help="policyzoo's rollout engine")
     ap.add_argument("--override", action="append", help="extra policyzoo key=value (repeatable)")
+    ap.add_argument("--trl-vllm", action="store_true", help="TRL generates with its colocated vLLM "
+                    "(use_vllm=True, vllm_mode='colocate'; its IS correction off: ours has none in grpo)")
 
 
 def check_common(ap, a) -> None:
