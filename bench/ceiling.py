@@ -136,6 +136,40 @@ def measure(threads: int, repeats: int, size: int, device: str = "cpu") -> dict[
     return r
 
 
+def model_step(rows: int, prompt_len: int, response_len: int, repeats: int, device: str = "cpu") -> list[dict]:
+    """Measured forward(+backward) of the real model (the embedded default) on ``rows`` sequences of
+    ``prompt_len + response_len`` tokens: what one training step's scoring costs, in four variants
+    (fp32 / bf16 autocast; logits on the response positions only / on every position)."""
+    from transformers import AutoModelForCausalLM
+
+    from policyzoo.engine.models import resolve_model
+
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model(None).path), dtype=torch.float32).to(device)
+    model.eval()
+    S = prompt_len + response_len
+    ids = torch.randint(0, SMOLLM2_135M.vocab, (rows, S), generator=torch.Generator().manual_seed(0)).to(device)
+    out = []
+    for dtype in ("fp32", "bf16"):
+        for keep in (response_len + 1, 0):  # 0 = logits at every position
+            for backward in (False, True):
+                def run():
+                    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                        logits = model(input_ids=ids, logits_to_keep=keep).logits
+                        lp = torch.log_softmax(logits.float(), -1)[..., 0].sum()
+                    if backward:
+                        lp.backward()
+                        model.zero_grad(set_to_none=True)
+                if not backward:
+                    run = torch.no_grad()(run)
+                secs = _median_time(run, repeats, device)
+                a = SMOLLM2_135M
+                fwd = rows * (2.0 * a.body_params * S + 2.0 * a.head_params * (keep or S) + attention_flops(a, S, 0))
+                f = fwd * (3 if backward else 1)
+                out.append({"dtype": dtype, "logits": "response" if keep else "all", "backward": backward,
+                            "seconds": secs, "gflop": f / 1e9, "gflops": f / secs / 1e9})
+    return out
+
+
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--P", type=int, default=4, help="prompts per step")
@@ -149,6 +183,8 @@ def parse(argv=None):
     ap.add_argument("--model-config", default=None, help="a config.json for another Llama-style model")
     ap.add_argument("--metrics", default=None, help="a run's metrics.jsonl: compare its measured time split")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--model-step", action="store_true", help="also time the real model's forward/backward "
+                    "on P x G rows (needs the embedded default model)")
     a = ap.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {a.device}: torch sees no GPU on this machine")
@@ -202,6 +238,16 @@ def main(argv=None) -> dict:
         print(f"| {part} | {f / 1e9:.1f} | {c32:.2f} | {c16:.2f} | {note} |")
     tot32, tot16 = sum(res["ceiling_fp32"].values()), sum(res["ceiling_bf16"].values())
     print(f"| total | {sum(flops.values()) / 1e9:.1f} | {tot32:.2f} | {tot16:.2f} | |")
+    if a.model_step:
+        torch.set_num_threads(max(a.threads))
+        print(f"\nThe model itself: forward (+ backward) on {a.P * a.G} rows x {a.prompt_len + a.response_len} tokens, "
+              f"{max(a.threads)} thread(s), median of {a.repeats}")
+        print("| dtype | logits on | pass | s | GFLOP | achieved GFLOP/s | of the fp32 matmul rate |")
+        print("|---|---|---|---|---|---|---|")
+        res["model_step"] = model_step(a.P * a.G, a.prompt_len, a.response_len, a.repeats, a.device)
+        for r in res["model_step"]:
+            print(f"| {r['dtype']} | {r['logits']} | {'fwd+bwd' if r['backward'] else 'fwd'} | {r['seconds']:.2f} | "
+                  f"{r['gflop']:.0f} | {r['gflops']:.1f} | {r['gflops'] * 1e9 / fp32:.2f} |")
     if a.metrics:
         split = measured_split(a.metrics)
         print("\n| measured (median over the run) | s | x the fp32 ceiling |")
