@@ -36,6 +36,20 @@ G, T = 4, 6
 LENGTHS = (6, 3, 1, 5, 2, 6, 4, 3)  # ragged, two prompts x G = 4
 REWARDS = (1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0)
 EMPTY_ROW = (6, 3, 1, 5, 2, 6, 4, 0)  # the last row has no trainable token
+UNEVEN = (6, 6, 6, 6, 1, 1, 2, 1)  # two micro-batches of 4 rows: 24 and 5 tokens
+#: (label, our spec, TRL kwargs, convention) under 2 micro-batches (gradient accumulation), same advantages
+MICRO_CASES = [
+    ("grpo, 2 micro-batches of 4 rows (24 / 5 tokens)", {"base": "grpo", "baseline": {"eps": 1e-4}},
+     dict(loss_type="grpo", beta=0.04, use_bias_correction_kl=False),
+     "exact in both: TRL divides each micro-batch's row mean by the accumulation steps (equal row counts here)"),
+    ("dapo, 2 micro-batches (24 / 5 tokens)", {"base": "dapo", "baseline": {"eps": 1e-4}, "reward": [], "filter": []},
+     dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0),
+     "exact in both: TRL divides by the step's num_items_in_batch, ours by StepTotals.tokens"),
+    ("TRL 'bnpo' vs ours token_mean, 2 micro-batches (24 / 5 tokens)",
+     {"base": "dapo", "baseline": {"eps": 1e-4}, "reward": [], "filter": []},
+     dict(loss_type="bnpo", epsilon=0.2, epsilon_high=0.28, beta=0.0),
+     "TRL 'bnpo' averages each micro-batch's token mean (1/2 (S1/24 + S2/5)); ours (S1 + S2)/29 for any split"),
+]
 
 
 @dataclass
@@ -181,6 +195,53 @@ def trl(config_kw: dict, case: Case, scale_rewards: str | None = None,
     return float(loss.detach()), lp.grad.detach(), adv
 
 
+def trl_accumulated(config_kw: dict, case: Case, advantages: torch.Tensor, micro: int = 2) -> tuple[float, torch.Tensor]:
+    """TRL's loss and gradient accumulated over ``micro`` contiguous micro-batches of rows, as its
+    training loop does with ``gradient_accumulation_steps=micro`` (``num_items_in_batch`` = the
+    whole step's tokens, as TRL computes it over the generation batch)."""
+    from trl import GRPOTrainer
+
+    args = trl_config(gradient_accumulation_steps=micro, **config_kw)
+    b = len(case.rewards)
+    lp = case.logprobs.clone().requires_grad_(True)
+    total = 0.0
+    for rows in torch.arange(b).chunk(micro):
+        m = case.mask[rows]
+        inputs = {
+            "prompt_ids": torch.ones(len(rows), 1, dtype=torch.long), "prompt_mask": torch.ones(len(rows), 1,
+                                                                                             dtype=torch.long),
+            "completion_ids": torch.ones(len(rows), T, dtype=torch.long), "completion_mask": m.to(torch.long),
+            "advantages": advantages[rows], "old_per_token_logps": case.old[rows].clone(),
+            "ref_per_token_logps": case.ref[rows].clone(), "num_items_in_batch": case.mask.sum().to(torch.float64),
+        }
+        loss = GRPOTrainer._compute_loss(TRLStandIn(args, lp[rows]), None, inputs)
+        loss.backward()
+        total += float(loss.detach())
+    return total, lp.grad.detach()
+
+
+def ours_accumulated(spec, case: Case, micro: int = 2, parts: list | None = None) -> tuple[float, torch.Tensor]:
+    """Ours over ``micro`` contiguous micro-batches (``StepBatch.split``), normalised by the step's
+    totals; each micro-batch's loss is appended to ``parts`` when given."""
+    run = policyzoo.assemble(spec)
+    b = len(case.rewards)
+    rollout = Rollout(prompt_ids=[[1]] * b, response_ids=torch.ones(b, T, dtype=torch.long),
+                      response_mask=case.mask.clone(), rollout_logprobs=case.old.clone(),
+                      group_ids=case.group_ids.clone(), truncated=torch.zeros(b, dtype=torch.bool))
+    batch, _ = prepare(run, StepBatch(rollout, case.rewards.clone(), old_logprobs=case.old.clone(),
+                                      ref_logprobs=case.ref.clone() if run.kl is not None else None))
+    totals = step_totals(batch)
+    lp = case.logprobs.clone().requires_grad_(True)
+    total = 0.0
+    for rows, mb in zip(torch.arange(b).chunk(micro), batch.split(micro)):
+        loss, _ = micro_loss(run, mb, lp[rows], totals)
+        loss.backward()
+        total += float(loss.detach())
+        if parts is not None:
+            parts.append(float(loss.detach()))
+    return total, lp.grad.detach()
+
+
 # ----------------------------------------------------------------------------- the cases
 #: (label, our spec, TRL GRPOConfig kwargs, scale_rewards, expected, the convention)
 #: expected: "equal", or a short formula the test checks.
@@ -254,6 +315,14 @@ def extra_cases():
                 "mask_truncated_completions); ours by the N rows with a token: ours = TRL x 8/7 (loss and grad)"))
     out.append(("grpo, a row with no token, own advantages", compare(CASES[0][1], CASES[0][2], None, empty),
                 "the empty row's reward enters TRL's group mean/std; ours excludes it (and gives it A = 0)"))
+    c = make_case(lengths=UNEVEN)
+    adv = ours(CASES[0][1], c)[2]
+    for label, spec, kw, why in MICRO_CASES:
+        lo, go = ours_accumulated(spec, c)
+        lt, gt = trl_accumulated(kw, c, adv)
+        r = dict(loss_ours=lo, loss_trl=lt, grad_diff=float((go - gt).abs().max()), grad_scale=float(gt.abs().max()),
+                 adv_diff=0.0)
+        out.append((label, r, why))
     far = make_case()
     far.old[4] = far.logprobs[4] - 50.0  # row 4 (A < 0): mean log r = 50
     r = compare(CASES[5][1], CASES[5][2], None, far)

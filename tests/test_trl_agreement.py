@@ -116,3 +116,30 @@ def test_gspo_extreme_log_ratio_by_hand():
     assert math.isclose(lt, a4 * math.exp(50) / 8, rel_tol=1e-6)
     # the other 7 rows add |loss| < 1 (|A| <= 1.5, r within 1 +- 4e-4 after the clip, divided by 8)
     assert abs(lo - a4 * math.exp(10) / 8) < 1.0
+
+
+@pytest.mark.parametrize("label", [c[0] for c in ta.MICRO_CASES[:2]])
+def test_exact_under_micro_batching(label):
+    # grpo and dapo over 2 micro-batches of 4 rows with 24 and 5 tokens (gradient accumulation):
+    # both frameworks give the full-batch loss and gradient (same advantages on both sides).
+    _, spec, kw, _ = {c[0]: c for c in ta.MICRO_CASES}[label]
+    c = ta.make_case(lengths=ta.UNEVEN)
+    full, gfull, adv = ta.ours(spec, c)
+    lo, go = ta.ours_accumulated(spec, c)
+    lt, gt = ta.trl_accumulated(kw, c, adv)
+    assert math.isclose(lo, full, rel_tol=1e-12) and math.isclose(lt, full, rel_tol=1e-12)
+    assert float((go - gfull).abs().max()) < 1e-15 and float((gt - gfull).abs().max()) < 1e-15
+
+
+def test_trl_bnpo_is_a_mean_of_micro_batch_means_by_hand():
+    # Micro-batch k has token-loss sum S_k and n_k tokens (n = 24, 5). Ours (token_mean) gives
+    # L_k = S_k / 29 per micro-batch; TRL's 'bnpo' with 2 accumulation steps gives
+    # 1/2 (S_1/24 + S_2/5) = 29/2 (L_1/24 + L_2/5), and scales row gradients by 29/(2 n_k).
+    _, spec, kw, _ = ta.MICRO_CASES[2]
+    c = ta.make_case(lengths=ta.UNEVEN)
+    parts: list = []
+    _, go = ta.ours_accumulated(spec, c, parts=parts)
+    lt, gt = ta.trl_accumulated(kw, c, ta.ours(spec, c)[2])
+    assert math.isclose(lt, 29 / 2 * (parts[0] / 24 + parts[1] / 5), rel_tol=1e-12)
+    assert float((gt[:4] - go[:4] * 29 / 48).abs().max()) < 1e-15
+    assert float((gt[4:] - go[4:] * 29 / 10).abs().max()) < 1e-15
