@@ -2,7 +2,8 @@
 
 One process loads the engine once (as ``policyzoo train`` does: DeepSpeed trainer + vLLM rollout,
 sized for the longest response asked for), then for each point sets the sampler's ``n`` and
-``max_tokens`` and the prompts per step, takes ``--warmup`` + ``--repeats`` optimizer steps with
+``max_tokens`` and the prompts per step, takes ``--point-warmup`` + ``--repeats`` optimizer steps
+(plus ``--warmup`` unmeasured ones before the first point) with
 ``policyzoo.step.train_step`` and records the medians of the time split (rollout / reward / train /
 sync) and rollout tokens/s. The weights keep training across points (lr small), as in a run.
 Points: G in ``--Gs`` (at ``--base-len``, ``--base-P``), length in ``--lens`` (at ``--base-G``), P in
@@ -49,7 +50,8 @@ def parse(argv=None):
     ap.add_argument("--base-len", type=int, default=64)
     ap.add_argument("--base-P", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="measured steps per point")
-    ap.add_argument("--warmup", type=int, default=1, help="unmeasured steps per point")
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured steps before the first point")
+    ap.add_argument("--point-warmup", type=int, default=0, help="unmeasured steps at the start of each point")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-7)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -58,8 +60,8 @@ def parse(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="print the points and exit")
     a = ap.parse_args(argv)
     nums = a.Gs + a.lens + a.Ps + [a.base_G, a.base_len, a.base_P, a.repeats, a.threads]
-    if min(nums) < 1 or a.warmup < 0 or min(a.Gs + [a.base_G]) < 2:
-        ap.error("every size must be >= 1 (G >= 2), warmup >= 0")
+    if min(nums) < 1 or min(a.warmup, a.point_warmup) < 0 or min(a.Gs + [a.base_G]) < 2:
+        ap.error("every size must be >= 1 (G >= 2), warmups >= 0")
     return a
 
 
@@ -91,13 +93,14 @@ def run_points(a) -> dict:
             return batch_at(s.task.train_rows, P, s.task.seed, batches - 1)
 
         recs = []
-        for i in range(a.warmup + a.repeats):
+        warm = a.point_warmup + (a.warmup if not res["points"] else 0)
+        for i in range(warm + a.repeats):
             step += 1
             t1 = time.perf_counter()
             m = train_step(s.run, s.policy, next_prompts, seed=cfg.train.seed * 1_000_003 + step, settings=s.settings)
             m["time_step"] = time.perf_counter() - t1
             m["rollout_tokens"] = m["response_length_mean"] * m["rows"]
-            if i >= a.warmup:
+            if i >= warm:
                 recs.append(m)
         med = {k: statistics.median(r.get(k, 0.0) for r in recs) for k in PARTS + ("time_step", "rollout_tokens")}
         med.update(varied=varied, P=P, G=G, L=L, rows=P * G)
