@@ -162,3 +162,8 @@ def test_prompt_longer_than_the_context_names_the_row():
     with pytest.raises(DataError) as e:
         check_prompt_lengths(rows, words, 4, where="data.path (x.jsonl)")
     assert e.value.where == "data.path (x.jsonl), row 1" and "5 tokens, longer than the 4" in e.value.why
+
+
+def test_eval_split_of_a_single_file_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="has no splits"):
+        load(write_jsonl(tmp_path / "d.jsonl", ROWS), eval_split="test")

@@ -126,6 +126,10 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     rows = check_rows(read(s.split), pc, s.answer_column, s.answer_type,
                       f"{where}, split {s.split!r}" if has_splits else where)
     eval_split = s.eval_split or default_eval_split
+    if s.eval_split is not None and not has_splits:
+        raise ConfigError("data.eval_split", f"{s.path} is a single file, it has no splits",
+                          "remove data.eval_split (eval_size rows are then held out of the file), or use a "
+                          "folder saved by datasets with train/test splits")
     if eval_split is not None and eval_split != s.split:
         held = check_rows(read(eval_split), pc, s.answer_column, s.answer_type,
                           f"{where}, split {eval_split!r}")[:s.eval_size]
