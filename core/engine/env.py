@@ -7,8 +7,11 @@ at import time). Values already set by the user or a launcher (``torchrun`` sets
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
+import sys
+from pathlib import Path
 
 from .models import cache_dir
 
@@ -19,6 +22,14 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def extensions_dir() -> Path:
+    """Where DeepSpeed's compiled op is cached: one folder per Python environment, because torch
+    rebuilds an op whose source paths changed, and two virtual environments sharing one folder
+    would rebuild it in turn (~90 s each time)."""
+    tag = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:10]
+    return cache_dir() / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}-{tag}"
 
 
 def has_gpu() -> bool:
@@ -41,8 +52,8 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
       ``kv_cache_gb`` GiB (``VLLM_CPU_KVCACHE_SPACE``).
     * DeepSpeed: ``DS_ACCELERATOR=cpu`` without a GPU; a single rank on a free local port when no
       launcher set ``RANK``/``WORLD_SIZE``. The one op DeepSpeed compiles on first use (~90 s) is
-      cached in ``TORCH_EXTENSIONS_DIR``, by default under the policyzoo cache (the Makefile
-      points the cache into the project's ``.build/`` folder).
+      cached in ``TORCH_EXTENSIONS_DIR``, by default :func:`extensions_dir` under the policyzoo
+      cache (the Makefile points the cache into the project's ``.build/`` folder).
     * torch threads: ``threads`` or all usable cores. Returns the thread count used.
     """
     import torch
@@ -51,7 +62,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "RANK" not in os.environ:

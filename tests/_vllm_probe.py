@@ -1,0 +1,70 @@
+"""Run by tests/test_engine_vllm.py in its own process (vLLM in-process mode patches globals).
+
+Prints one JSON line with what the test asserts on."""
+
+import json
+import sys
+
+from policyzoo.engine.env import setup_process
+
+setup_process(threads=None)
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from policyzoo.engine.models import resolve_model  # noqa: E402
+from policyzoo.engine.rollout import VLLMRollout  # noqa: E402
+from policyzoo.engine.trainer import pack, token_logprobs  # noqa: E402
+
+info = resolve_model(sys.argv[1])
+engine = VLLMRollout(info, "float32", max_model_len=256, seed=0)
+hf = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=torch.float32).eval()
+rows = [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"},
+        {"prompt": [{"role": "user", "content": "What is 12 plus 30?"}], "answer": "42"}]
+T = 0.7
+r = engine.generate(rows, n=3, max_tokens=10, temperature=T, seed=5)
+again = engine.generate(rows, n=3, max_tokens=10, temperature=T, seed=5)
+other = engine.generate(rows, n=3, max_tokens=10, temperature=T, seed=6)
+
+
+def trainer_logprobs(model, rollout):
+    ids, attn, pos, t = pack(rollout, info.pad_token_id, "cpu")
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
+    return token_logprobs(logits, ids[:, -t:], rollout.temperature, False)[0]
+
+
+lp = trainer_logprobs(hf, r)
+lp_diff = float(((lp - r.rollout_logprobs).abs() * r.response_mask).max())
+lengths = r.response_mask.sum(-1).tolist()
+last = [int(r.response_ids[i, n - 1]) for i, n in enumerate(lengths)]
+
+seq = r.prompt_ids[0] + r.response_ids[0, :lengths[0]].tolist()
+with torch.no_grad():
+    for p in hf.parameters():
+        p.add_(0.05 * torch.randn_like(p))
+
+
+def hf_score(ids):
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        return token_logprobs(hf(x).logits[:, :-1], x[:, 1:], 1.0, False)[0][0]
+
+
+stale = float((engine.score(seq) - hf_score(seq)).abs().max())
+engine.load_weights(list(hf.named_parameters()))
+synced = float((engine.score(seq) - hf_score(seq)).abs().max())
+after = engine.generate(rows, n=3, max_tokens=10, temperature=T, seed=5)
+after_diff = float(((trainer_logprobs(hf, after) - after.rollout_logprobs).abs() * after.response_mask).max())
+greedy = engine.greedy(rows, max_tokens=10)
+
+print("RESULT " + json.dumps({
+    "rows": len(r), "group_ids": r.group_ids.tolist(), "lengths": lengths, "last": last,
+    "truncated": r.truncated.tolist(), "eos": info.eos_token_ids, "pad": info.pad_token_id,
+    "lp_diff": lp_diff, "same_seed_same": torch.equal(r.response_ids, again.response_ids),
+    "other_seed_differs": not torch.equal(r.response_ids, other.response_ids),
+    "samples": [r.response_ids[i].tolist() for i in range(len(r))],
+    "tied": bool(hf.config.tie_word_embeddings), "stale": stale, "synced": synced, "after_diff": after_diff,
+    "greedy_rows": len(greedy), "completions": r.completions, "temperature": r.temperature,
+    "max_tokens": r.max_tokens,
+}))

@@ -1,0 +1,49 @@
+"""A wrong model folder, data file or config stops `policyzoo train` with one clear block (exit
+2, no stack trace) before any model is loaded or any checkpoint written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from _engine_helpers import ROOT, TINY_OVERRIDES, engine_env, tiny_model
+
+
+def _train(tmp_path, *overrides):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--output-dir", str(out),
+           *TINY_OVERRIDES, *overrides]
+    proc = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return proc, out
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing_model", "missing_column", "long_prompt", "non_numeric", "bad_key"])
+def test_bad_input_is_one_clear_error_before_training(tmp_path, case):
+    good = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    model = f"model.path={tiny_model()}"
+    if case == "missing_model":
+        args, expect = ["model.path=/nonexistent/model"], "does not exist"
+    elif case == "missing_column":
+        data = _jsonl(tmp_path / "d.jsonl", [{"question": r["prompt"], "answer": r["answer"]} for r in good])
+        args, expect = [model, f"data.path={data}"], "prompt"
+    elif case == "long_prompt":
+        rows = good + [{"prompt": "x" * 3000, "answer": "1"}]  # byte tokenizer: > 3000 tokens, context 1024
+        args, expect = [model, f"data.path={_jsonl(tmp_path / 'd.jsonl', rows)}", "data.eval_size=2"], "longer than"
+    elif case == "non_numeric":
+        rows = good + [{"prompt": "Name a colour", "answer": "blue"}]
+        args, expect = [model, f"data.path={_jsonl(tmp_path / 'd.jsonl', rows)}"], "blue"
+    else:
+        args, expect = [model, "train.stepz=3"], "stepz"
+    proc, out = _train(tmp_path, *args)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert "error at" in proc.stderr and "fix:" in proc.stderr and expect in proc.stderr, proc.stderr[-2000:]
+    assert not (out / "checkpoints").exists()
