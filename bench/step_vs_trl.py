@@ -56,7 +56,7 @@ def common_argv(a) -> list[str]:
            "--dtype", a.dtype, "--rollout", a.rollout]
     for o in a.override or []:
         out += ["--override", o]
-    return out + (["--trl-vllm"] if a.trl_vllm else [])
+    return out + (["--trl-vllm"] if a.trl_vllm else []) + (["--trl-cb"] if a.trl_cb else [])
 
 
 def median(records: list[dict], key: str) -> float:

@@ -160,6 +160,8 @@ def trl_worker(a) -> None:
     # --trl-vllm: TRL's own vLLM integration, colocated like ours (the closest TRL gets to our engine)
     trl_vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
                     vllm_importance_sampling_correction=False) if a.trl_vllm else {}
+    if a.trl_cb:  # --trl-cb: transformers' continuous batching (paged KV cache), TRL's non-vLLM fast path
+        trl_vllm["use_transformers_continuous_batching"] = True
     args = GRPOConfig(
         output_dir=a.run_dir + "-trl", use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no", disable_tqdm=True,
         per_device_train_batch_size=P * G, num_generations=G, gradient_accumulation_steps=1,
@@ -227,6 +229,8 @@ def add_common(ap) -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--rollout", default="vllm", choices=["vllm", "transformers"], help="policyzoo's rollout engine")
     ap.add_argument("--override", action="append", help="extra policyzoo key=value (repeatable)")
+    ap.add_argument("--trl-cb", action="store_true", help="TRL generates with transformers' continuous "
+                    "batching (use_transformers_continuous_batching=True)")
     ap.add_argument("--trl-vllm", action="store_true", help="TRL generates with its colocated vLLM "
                     "(use_vllm=True, vllm_mode='colocate'; its IS correction off: ours has none in grpo)")
 
