@@ -28,11 +28,11 @@ class Scripted:
 
 
 def test_draw_problem_by_hand():
-    # op '-'; first operand: uniform 0.2 < 0.5 -> 1 digit, randint(0, 9) -> 4;
-    # second: 0.7 >= 0.5 -> 2 digits, randint(10, 99) -> 57. Subtraction puts the larger first: 57 - 4.
-    assert arithmetic.draw_problem(Scripted("-", [0.2, 0.7], [4, 57])) == (57, "-", 4)
-    # op '+': both 2 digits (0.9, 0.5 >= 0.5): 38 + 45, order kept.
-    assert arithmetic.draw_problem(Scripted("+", [0.9, 0.5], [38, 45])) == (38, "+", 45)
+    # op '-'; first operand: uniform 0.2 < 0.7 -> 1 digit, randint(0, 9) -> 4;
+    # second: 0.8 >= 0.7 -> 2 digits, randint(10, 99) -> 57. Subtraction puts the larger first: 57 - 4.
+    assert arithmetic.draw_problem(Scripted("-", [0.2, 0.8], [4, 57])) == (57, "-", 4)
+    # op '+': both 2 digits (0.9, 0.7 >= 0.7): 38 + 45, order kept.
+    assert arithmetic.draw_problem(Scripted("+", [0.9, 0.7], [38, 45])) == (38, "+", 45)
 
 
 def test_problem_row_by_hand():
@@ -91,13 +91,16 @@ def test_deterministic_in_seed_and_held_out_is_disjoint():
     assert len(a.train_rows) == 2000
 
 
-def test_distribution_is_half_plus_and_half_one_digit_operands():
-    rows = load_task(DataSettings(limit=4000, eval_size=0)).train_rows
-    plus = sum(r["op"] == "+" for r in rows) / len(rows)
-    one_digit = sum((r["a"] < 10) + (r["b"] < 10) for r in rows) / (2 * len(rows))
-    # binomial standard deviations: sqrt(.25/4000) = 0.008 and sqrt(.25/8000) = 0.006; 0.03 is > 3.5 sd
-    # (held-out problems are excluded from training, which shifts the mix by well under that).
-    assert abs(plus - 0.5) < 0.03 and abs(one_digit - 0.5) < 0.03
+def test_distribution_is_half_plus_and_seventy_percent_one_digit_operands():
+    import random
+
+    rng = random.Random(0)
+    draws = [arithmetic.draw_problem(rng) for _ in range(20000)]
+    plus = sum(op == "+" for _, op, _ in draws) / len(draws)
+    one_digit = sum((a < 10) + (b < 10) for a, _, b in draws) / (2 * len(draws))
+    # P(+) = 1/2, P(1-digit operand) = 0.7 (subtraction only swaps operands, so the count of 1-digit
+    # operands per problem is unchanged). Binomial sds: sqrt(.25/20000) = 0.0035, sqrt(.21/40000) = 0.0023.
+    assert abs(plus - 0.5) < 0.015 and abs(one_digit - 0.7) < 0.01
 
 
 def test_arithmetic_rejects_column_settings():

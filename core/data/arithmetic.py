@@ -1,14 +1,19 @@
 """The default task: few-shot 1-2 digit addition and subtraction, generated from a seed.
 
 Each problem draws, from ``random.Random(seed)``: the operator (``+`` or ``-``, probability 1/2
-each), then two operands, each with 1 digit (0-9) or 2 digits (10-99) with probability 1/2 each.
+each), then two operands, each with 1 digit (0-9) with probability ``ONE_DIGIT`` = 0.7, else 2
+digits (10-99); so 49% of problems have two 1-digit operands.
 Subtraction puts the larger operand first, so every answer is a non-negative integer.
 Held-out problems are drawn first and are distinct; example and training problems never equal a
 held-out one (training problems may repeat, as draws from the same distribution).
 
-Why this task: SmolLM2-135M-Instruct, prompted with two solved examples in the chat, is right
-on ~0.13 (2-digit) to ~0.82 (1-digit) of such problems at temperature 1, and about half of its
-groups of 8 samples mix right and wrong answers, so group baselines have a signal to learn from.
+Why this task: it gives SmolLM2-135M-Instruct a learning signal. Measured with this prompt
+(transformers sampling, temperature 1, 8 samples per problem, strict ``answer_match``): the first
+48 training problems of seed 0 were answered right 0.35 of the time and 67% of their groups mixed
+right and wrong answers; the first 48 held-out problems 0.15 and 40% (held-out problems are
+distinct, so they hold fewer of the 155 problems with two 1-digit operands: 36% of them, against
+42% of training draws). Problems with two 1-digit operands: 0.31-0.46; the rest: 0.06-0.16.
+With ``ONE_DIGIT`` = 0.5 the held-out numbers were 0.10 and 31%.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ import random
 SYSTEM_PROMPT = ("Solve the arithmetic problem. Reply with the result only, "
                  "in the form 'Answer: <n>' where <n> is an integer.")
 DEFAULT_TRAIN_SIZE = 5000
+ONE_DIGIT = 0.7  # P(an operand has 1 digit); see "Why this task" above for the choice
 DISTINCT = 100 * 100 + 100 * 101 // 2  # sums of a, b in 0..99, and differences a - b with a >= b
 
 
 def draw_problem(rng: random.Random) -> tuple[int, str, int]:
     """One problem ``(a, op, b)``; see the module docstring for the distribution."""
     op = rng.choice("+-")
-    a, b = (rng.randint(0, 9) if rng.random() < 0.5 else rng.randint(10, 99) for _ in range(2))
+    a, b = (rng.randint(0, 9) if rng.random() < ONE_DIGIT else rng.randint(10, 99) for _ in range(2))
     if op == "-" and b > a:
         a, b = b, a
     return a, op, b
