@@ -261,6 +261,9 @@ class MathVerify(_Reward):
         import threading
 
         t = self.params.timeout if threading.current_thread() is threading.main_thread() else None
+        if not (len(rollout.rows) == len(rollout.completions) == len(rollout)):
+            raise DataError("reward: math_verify", f"{len(rollout)} rows but {len(rollout.rows)} data rows and "
+                            f"{len(rollout.completions)} completions", "the sampler must fill rows and completions")
         out = []
         for i, (row, text) in enumerate(zip(rollout.rows, rollout.completions)):
             gold = self.mv.parse(str(row.get("answer", "")), parsing_timeout=t)
