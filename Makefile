@@ -18,11 +18,14 @@ PIP := $(PY) -m pip
 
 export POLICYZOO_CACHE ?= $(BUILD)/cache
 export DS_BUILD_OPS := 0
+# OpenMP threads that sleep instead of spinning while they wait: on a 2-core machine with any other
+# busy process, spinning made vLLM-CPU rollouts 5x slower (measured; docs/engine.md).
+export OMP_WAIT_POLICY ?= PASSIVE
 
 DEMO_DIR ?= runs/demo
-DEMO_STEPS ?= 30
+DEMO_STEPS ?= 20
 DEMO_ARGS ?= --algo grpo --output-dir $(DEMO_DIR) train.steps=$(DEMO_STEPS) train.prompts_per_step=4 \
-	train.lr=5e-6 algorithm.sample.n=8 algorithm.sample.max_tokens=16 data.eval_size=100 \
+	train.lr=1e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=16 data.eval_size=100 \
 	engine.sync_check=true train.save_every=10
 
 .PHONY: setup test demo clean-venv

@@ -36,6 +36,7 @@ def tiny_model() -> Path:
 def engine_env() -> dict:
     env = dict(os.environ)
     env.setdefault("POLICYZOO_CACHE", str(BUILD / "cache"))
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see the Makefile
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
