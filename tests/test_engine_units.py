@@ -198,3 +198,22 @@ def test_sync_guard_times_out_and_checks():
     nan = LMPolicy(Engine(float("nan")), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
     with pytest.raises(SyncError):
         nan.check_now()
+
+
+def test_plot_draws_the_six_curves_to_a_png(tmp_path):
+    from policyzoo.engine.plot import PANELS, main as plot
+    from policyzoo.errors import UserError
+
+    rd = RunDir(tmp_path)
+    rd.create({}, {})
+    rd.log({"step": 0, "kind": "eval", "eval_accuracy": 0.2})
+    for s in (1, 2, 3):
+        rd.log({"step": s, "kind": "train", "reward_mean": 0.1 * s, "kl_ref": 0.01 * s, "response_length_mean": 5.0,
+                "response_length_max": 9.0, "clip_frac_low": 0.0, "clip_frac_high": 0.01, "entropy": 0.7,
+                "zero_std_frac": 0.5})
+    out = plot(str(tmp_path))
+    assert out == tmp_path / "curves.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [title for title, _ in PANELS] == ["reward", "KL to reference", "response length (tokens)",
+                                              "clip fraction", "entropy (nats/token)", "zero-std groups"]
+    with pytest.raises(UserError, match="no training steps"):
+        plot(str(tmp_path / "empty"))
