@@ -52,7 +52,8 @@ class EngineSettings(Section):
                                                      "transformers generate fallback")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
     sync_check: bool = Field(False, description="after each weight sync, compare vLLM and trainer logprobs")
-    sync_tolerance: float = Field(1e-4, gt=0, description="max |logprob difference| the sync check accepts")
+    sync_tolerance: float = Field(1e-3, gt=0, description="max |logprob difference| (nats) the sync check accepts; "
+                                  "fp32 SmolLM2 measured up to 6e-5, one missed sync moves it by >1e-2")
     sync_timeout_s: float = Field(300.0, gt=0)
     threads: int | None = Field(None, ge=1, description="torch/OpenMP threads (null: all cores)")
     kv_cache_gb: float = Field(1.0, gt=0, description="vLLM KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
