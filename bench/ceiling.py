@@ -184,7 +184,10 @@ def parse(argv=None):
     ap.add_argument("--metrics", default=None, help="a run's metrics.jsonl: compare its measured time split")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     ap.add_argument("--model-step", action="store_true", help="also time the real model's forward/backward "
-                    "on P x G rows (needs the embedded default model)")
+                    "(needs the embedded default model)")
+    ap.add_argument("--model-rows", type=int, default=None, help="rows for --model-step (default P x G)")
+    ap.add_argument("--model-repeats", type=int, default=None, help="timed runs per --model-step variant "
+                    "(default --repeats)")
     a = ap.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {a.device}: torch sees no GPU on this machine")
@@ -240,11 +243,12 @@ def main(argv=None) -> dict:
     print(f"| total | {sum(flops.values()) / 1e9:.1f} | {tot32:.2f} | {tot16:.2f} | |")
     if a.model_step:
         torch.set_num_threads(max(a.threads))
-        print(f"\nThe model itself: forward (+ backward) on {a.P * a.G} rows x {a.prompt_len + a.response_len} tokens, "
-              f"{max(a.threads)} thread(s), median of {a.repeats}")
+        rows, reps = a.model_rows or a.P * a.G, a.model_repeats or a.repeats
+        print(f"\nThe model itself: forward (+ backward) on {rows} rows x {a.prompt_len} prompt + {a.response_len} "
+              f"response tokens, {max(a.threads)} thread(s), median of {reps} after one untimed run")
         print("| dtype | logits on | pass | s | GFLOP | achieved GFLOP/s | of the fp32 matmul rate |")
         print("|---|---|---|---|---|---|---|")
-        res["model_step"] = model_step(a.P * a.G, a.prompt_len, a.response_len, a.repeats, a.device)
+        res["model_step"] = model_step(rows, a.prompt_len, a.response_len, reps, a.device)
         for r in res["model_step"]:
             print(f"| {r['dtype']} | {r['logits']} | {'fwd+bwd' if r['backward'] else 'fwd'} | {r['seconds']:.2f} | "
                   f"{r['gflop']:.0f} | {r['gflops']:.1f} | {r['gflops'] * 1e9 / fp32:.2f} |")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -145,6 +146,7 @@ def plot(res: dict, path: Path) -> None:
 
 def main(argv=None) -> dict:
     a = parse(argv)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (as `make` does)
     if a.dry_run:
         for p in points(a):
             print(p)

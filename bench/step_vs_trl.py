@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,8 +36,11 @@ class Worker:
     def __init__(self, framework: str, a, run_dir: str, log):
         cmd = [sys.executable, str(HERE / "workers.py"), framework, "--run-dir", run_dir] + common_argv(a)
         self.name = framework
+        # OpenMP threads that sleep while they wait (as `make` sets for policyzoo): the idle worker's
+        # threads must not spin on the cores the stepping worker needs. Same for both frameworks.
+        env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                     bufsize=1)
+                                     bufsize=1, env=env)
 
     def read(self) -> dict:
         for line in self.proc.stdout:
