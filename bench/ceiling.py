@@ -193,7 +193,8 @@ def parse(argv=None):
         ap.error(f"--device {a.device}: torch sees no GPU on this machine")
     if not (a.device == "cpu" or a.device.startswith("cuda")):
         ap.error("--device must be cpu or cuda[:N]")
-    if min(a.P, a.G, a.prompt_len, a.response_len, a.repeats, a.size, *a.threads) < 1:
+    if min(a.P, a.G, a.prompt_len, a.response_len, a.repeats, a.size, *a.threads,
+           *(v for v in (a.model_rows, a.model_repeats) if v is not None)) < 1:
         ap.error("every count must be >= 1")
     return a
 
