@@ -47,3 +47,23 @@ def test_bad_input_is_one_clear_error_before_training(tmp_path, case):
     assert "Traceback" not in proc.stderr
     assert "error at" in proc.stderr and "fix:" in proc.stderr and expect in proc.stderr, proc.stderr[-2000:]
     assert not (out / "checkpoints").exists()
+
+
+def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path):
+    from policyzoo.engine.rundir import RunDir
+
+    rd = RunDir(tmp_path / "run")
+    rd.create({}, {})
+    base = [sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--resume", str(rd.path),
+            f"model.path={tiny_model()}", *TINY_OVERRIDES]
+    proc = subprocess.run(base, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and "no complete checkpoint" in proc.stderr, proc.stderr[-2000:]
+
+    # a complete checkpoint written by another algorithm (its fingerprint differs)
+    (rd.ckpt / "step-000002").mkdir()
+    (rd.ckpt / "step-000002" / "state.json").write_text(json.dumps(
+        {"step": 2, "batches": 2, "fingerprint": {"algorithm": "something else"}}))
+    (rd.ckpt / "latest.json").write_text(json.dumps({"step": 2, "path": "step-000002"}))
+    proc = subprocess.run(base, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and "another algorithm, reward, model or data" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
