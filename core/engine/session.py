@@ -6,7 +6,6 @@ import json
 import math
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from rich.console import Console
 
@@ -14,6 +13,8 @@ from ..errors import ConfigError
 from .rundir import ResumeError, RunDir
 
 SEED_STRIDE = 1_000_003
+#: what a checkpoint must share with the config it is resumed with (train.* and engine.* may change)
+FINGERPRINT_KEYS = ("algorithm", "rewards", "model", "data")
 
 
 class Session:
@@ -53,7 +54,7 @@ class Session:
         self.check_ids = (encode_prompt(self.model.tokenizer, row["prompt"]) + list(answer)
                           + [self.model.eos_token_ids[0]])[:self.max_model_len]
         self.resolved = resolved_view(config, self.run)
-        self.fingerprint = {k: self.resolved[k] for k in ("algorithm", "rewards", "model", "data")}
+        self.fingerprint = {k: self.resolved[k] for k in FINGERPRINT_KEYS}
         self.fingerprint["algorithm"] = self.fingerprint["algorithm"]["slots"]
         if resume:
             self.rundir = RunDir(resume)

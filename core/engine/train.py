@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 
 from ..errors import UserError
-from .rundir import ResumeError, RunDir
+from .rundir import ResumeError
 
-FINGERPRINT_KEYS = ("algorithm", "rewards", "model", "data")
 
 
 class TrainingError(UserError):
