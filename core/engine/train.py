@@ -19,7 +19,6 @@ from ..errors import UserError
 from .rundir import ResumeError
 
 
-
 class TrainingError(UserError):
     """The run cannot go on (e.g. too many non-finite updates in a row)."""
 
