@@ -79,7 +79,12 @@ class LMPolicy:
     def backward(self, loss: torch.Tensor, value_loss: torch.Tensor | None = None) -> None:
         self.trainer.backward(loss, value_loss)
 
-    def optimizer_step(self) -> dict:
+    def optimizer_step(self, skip: bool = False) -> dict:
+        """``skip``: the step found a non-finite reward, log-prob or loss; the trainer discards
+        the accumulated gradients and leaves weights and optimizer state unchanged."""
+        if skip:
+            self.trainer.discard()
+            return {"skipped": 1}
         return self.trainer.step()
 
     def sync(self) -> dict:

@@ -190,11 +190,7 @@ class Trainer:
         ``{"skipped": 1}`` (weights untouched) when a loss or gradient was not finite."""
         engines = [e for e in (self.engine, self.critic) if e is not None]
         if self._nonfinite or not all(self._grads_finite(e) for e in engines):
-            for e in engines:
-                e.zero_grad()
-                if hasattr(e.optimizer, "zero_grad"):
-                    e.optimizer.zero_grad(set_to_none=True)
-            self._nonfinite = 0
+            self.discard()
             return {"skipped": 1}
         pre = self._grad_norm(self.engine) if self.stage == 0 else None
         for e in engines:
@@ -204,6 +200,16 @@ class Trainer:
         if norm is not None:
             out["grad_norm"] = float(norm)
         return out
+
+    def discard(self) -> None:
+        """Drop the accumulated gradients without touching weights or optimizer state."""
+        for e in (self.engine, self.critic):
+            if e is None:
+                continue
+            e.zero_grad()
+            if hasattr(e.optimizer, "zero_grad"):
+                e.optimizer.zero_grad(set_to_none=True)
+        self._nonfinite = 0
 
     @staticmethod
     def _grad_norm(eng) -> float:
