@@ -67,10 +67,6 @@ class _KL(Component):
             "loss", description="'reward': -beta x KL added to per-token rewards (no grad); "
                                 "'loss': +beta x KL added to the per-token loss")
 
-    @staticmethod
-    def estimate(log_r: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
-        raise NotImplementedError
-
     @hookimpl
     def kl(self, logprobs, ref_logprobs, response_mask):
         log_r = torch.where(response_mask, logprobs - ref_logprobs, torch.zeros_like(logprobs))

@@ -11,18 +11,12 @@ seeds are fixed, and in these seeds no question-1 group happens to be constant (
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_catalog, bandit_run, step_settings
+from policyzoo.bandit import Bandit, bandit_run, step_settings
 from policyzoo.errors import UserError
 from policyzoo.step import ShortfallError, train_step
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 ALWAYS, MIXED = 0, 1
@@ -31,11 +25,6 @@ ALWAYS, MIXED = 0, 1
 # (With the bundle's defaults, L_max 256 and L_cache 512 clipped to 256, the ramp starts at
 # length 0 and every response is penalised -|y|/256, so no group of unequal lengths is constant.)
 DAPO = {"base": "dapo", "sample": {"max_tokens": 32}, "reward": [{"use": "overlong_penalty", "cache": 8}]}
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return bandit_catalog()
 
 
 def two_questions():

@@ -9,24 +9,13 @@ import math
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_catalog, bandit_run, train
+from policyzoo.bandit import Bandit, bandit_run, train
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo"]
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return bandit_catalog()
 
 
 @pytest.fixture(scope="module")

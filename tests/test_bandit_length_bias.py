@@ -21,24 +21,13 @@ questions after 40 steps (each question's noise has sd ~0.15 here, so the mean h
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_catalog, bandit_run, train
+from policyzoo.bandit import Bandit, bandit_run, train
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 RIGHT, SHORT, LONG = 0, 1, 2
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return bandit_catalog()
 
 
 def log_ratio_after(spec, lr, catalog, seed=0):

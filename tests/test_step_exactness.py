@@ -8,25 +8,14 @@ updates mean equal gradients.
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_catalog, bandit_run, step_settings
+from policyzoo.bandit import Bandit, bandit_run, step_settings
 from policyzoo.step import train_step
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo"]
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return bandit_catalog()
 
 
 def one_step(name, catalog, **settings):

@@ -10,26 +10,15 @@ import math
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_catalog, bandit_run, step_settings
+from policyzoo.bandit import Bandit, bandit_run, step_settings
 from policyzoo.step import train_step
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 RIGHT, WRONG, UNSCORABLE = 0, 1, 2
 NAN = float("nan")
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return bandit_catalog()
 
 
 def recorded(bandit):
