@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import importlib
 import math
-import re
-from decimal import Decimal, InvalidOperation
 
 import torch
 from pydantic import Field
 
 from policyzoo.components import Component
+from policyzoo.data.answers import extract_number
 from policyzoo.errors import ConfigError, DataError, UserError
 from policyzoo.hookspecs import hookimpl
 
@@ -78,25 +77,6 @@ class OverlongPenalty(_Reward):
 
 
 # ----------------------------------------------------------------------------- answer match
-_NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
-_MARKED = re.compile(r"(?:Answer:|####)\s*\**\s*\$?\s*(" + _NUMBER + ")", re.IGNORECASE)
-_ANY = re.compile(_NUMBER)
-
-
-def extract_number(text: str) -> Decimal | None:
-    """The number after the last "Answer:"/"####" marker if there is one, else the last number in
-    ``text``. Commas only as thousands separators ("1,234" = 1234; "3,4" is two numbers); a
-    trailing "." is a full stop."""
-    marked = _MARKED.findall(text)
-    candidates = marked if marked else _ANY.findall(text)
-    if not candidates:
-        return None
-    try:
-        return Decimal(candidates[-1].replace(",", "").rstrip("."))
-    except InvalidOperation:
-        return None
-
-
 class AnswerMatch(_Reward):
     """Strict numeric answer check, ``[B]`` float in {0.0, 1.0}.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal, InvalidOperation
 
 _NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")
 _CALC = re.compile(r"<<[^<>]*>>")
@@ -49,3 +50,23 @@ def gsm8k_worked_solution(solution: str, answer: str) -> str:
     the ``#### 72`` line replaced by ``The answer is \\boxed{72}.`` (the form math-verify reads)."""
     body = _CALC.sub("", solution.rsplit("####", 1)[0]).strip()
     return f"{body}\nThe answer is \\boxed{{{answer}}}."
+
+
+# The number a completion gives as its answer (used by the answer_match reward).
+_IN_TEXT = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
+_MARKED = re.compile(r"(?:Answer:|####)\s*\**\s*\$?\s*(" + _IN_TEXT + ")", re.IGNORECASE)
+_ANY = re.compile(_IN_TEXT)
+
+
+def extract_number(text: str) -> Decimal | None:
+    """The number after the last "Answer:"/"####" marker if there is one, else the last number in
+    ``text``. Commas only as thousands separators ("1,234" = 1234; "3,4" is two numbers); a
+    trailing "." is a full stop."""
+    marked = _MARKED.findall(text)
+    candidates = marked if marked else _ANY.findall(text)
+    if not candidates:
+        return None
+    try:
+        return Decimal(candidates[-1].replace(",", "").rstrip("."))
+    except InvalidOperation:
+        return None
