@@ -141,7 +141,7 @@ def cmd_train(args, out: Console) -> None:
         return
     from .engine.train import main as train_main
 
-    train_main(config, resume=args.resume)
+    train_main(config, resume=args.resume, force_resume=args.force_resume)
 
 
 def cmd_plot(args, out: Console) -> None:
@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output-dir", help="the run directory (default runs/<algo>-<time>)")
     t.add_argument("--max-steps", type=int)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
+    t.add_argument("--force-resume", action="store_true",
+                   help="with --resume: load the checkpoint even if its algorithm, reward, model or data config differs")
     t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     t.add_argument("overrides", nargs="*", metavar="key=value")
     t.set_defaults(fn=cmd_train)
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         args.fn(args, out)
     except UserError as e:
         Console(stderr=True).print(str(e), markup=False, highlight=False)
-        return 2
+        return 130 if type(e).__name__ == "Interrupted" else 2  # Ctrl-C after a saved checkpoint
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted", markup=False)
         return 130

@@ -126,6 +126,8 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     batch, adv_metrics = prepare(run, batch, scored)
     metrics.update(adv_metrics)
     totals = step_totals(batch)
+    if hasattr(policy, "reduce_totals"):  # data parallel: normalisers of the whole step over all ranks
+        totals = policy.reduce_totals(totals)
 
     # Update: each pass over the batch is one optimizer step; micro-batches accumulate exactly.
     # A non-finite reward, log-prob or loss skips the whole update: gradients are discarded and

@@ -54,7 +54,8 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
       launcher set ``RANK``/``WORLD_SIZE``. The one op DeepSpeed compiles on first use (~90 s) is
       cached in ``TORCH_EXTENSIONS_DIR``, by default :func:`extensions_dir` under the policyzoo
       cache (the Makefile points the cache into the project's ``.build/`` folder).
-    * torch threads: ``threads`` or all usable cores. Returns the thread count used.
+    * torch threads: ``threads`` or the usable cores shared out among the ranks of this node
+      (``LOCAL_WORLD_SIZE``, set by torchrun and the deepspeed launcher). Returns the count used.
     """
     import torch
 
@@ -69,7 +70,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    n = threads or cpu_count()
+    n = threads or max(1, cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(n)
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
     return n

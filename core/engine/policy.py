@@ -57,12 +57,15 @@ class LMPolicy:
         self.check, self.tolerance, self.timeout_s = check, tolerance, timeout_s
         self.check_ids = check_ids
         self.stats = {"tokens": 0, "seconds": 0.0}
+        #: global index of this rank's first prompt in the step (data parallel; 0 on one rank)
+        self.first_index = 0
 
     # --------------------------------------------------------------------- Policy protocol
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                  top_p: float = 1.0) -> Rollout:
         t0 = time.perf_counter()
-        out = self.rollout.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p)
+        out = self.rollout.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p,
+                                    first_index=self.first_index)
         self.stats["seconds"] += time.perf_counter() - t0
         self.stats["tokens"] += int(out.response_mask.sum())
         return out
@@ -81,11 +84,17 @@ class LMPolicy:
 
     def optimizer_step(self, skip: bool = False) -> dict:
         """``skip``: the step found a non-finite reward, log-prob or loss; the trainer discards
-        the accumulated gradients and leaves weights and optimizer state unchanged."""
-        if skip:
-            self.trainer.discard()
-            return {"skipped": 1}
-        return self.trainer.step()
+        the accumulated gradients and leaves weights and optimizer state unchanged (on every
+        rank: the flag is agreed over ranks inside ``Trainer.step``)."""
+        return self.trainer.step(skip=skip)
+
+    def reduce_totals(self, totals):
+        """The step's normalisers summed over data-parallel ranks (``policyzoo.engine.dist``)."""
+        from ..hookspecs import StepTotals
+        from .dist import sum_ints
+
+        tokens, sequences = sum_ints([totals.tokens, totals.sequences])
+        return StepTotals(tokens=tokens, sequences=sequences)
 
     def sync(self) -> dict:
         """Push the trainer's weights into the rollout engine; with the check on, compare

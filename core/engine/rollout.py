@@ -20,7 +20,8 @@ Conventions (both engines):
   trainer's at any other temperature.
 * ``group_ids [B]``: row ``i * n + j`` is sample ``j`` of prompt ``i`` and has group id ``i``.
 * Seeds: prompt ``i`` of a call with ``seed`` samples with its own seed
-  ``(seed * 1_000_003 + i) * n`` (vLLM gives sample ``j`` seed + ``j``), so no two samples of a
+  ``(seed * 1_000_003 + first_index + i) * n`` (``first_index``: the global index of the call's
+  first prompt, so a prompt samples the same on any number of data-parallel ranks) (vLLM gives sample ``j`` seed + ``j``), so no two samples of a
   run share a random stream and a resumed run draws exactly the same samples.
 """
 
@@ -40,8 +41,9 @@ def request_seed(seed: int, i: int, n: int) -> int:
 
 def build_rollout(prompt_ids: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
                   truncated: list[bool], rows: list[dict], texts: list[str], completions: list[str],
-                  n: int, pad_id: int, temperature: float, max_tokens: int) -> Rollout:
-    """Pack per-row lists (B = P x n, prompt-major) into right-padded ``[B, T]`` tensors."""
+                  n: int, pad_id: int, temperature: float, max_tokens: int, first_index: int = 0) -> Rollout:
+    """Pack per-row lists (B = P x n, prompt-major) into right-padded ``[B, T]`` tensors; group ids
+    count from ``first_index`` (the global index of the first prompt, see ``policyzoo.engine.dist``)."""
     b = len(responses)
     t = max([len(r) for r in responses] + [1])
     ids = torch.full((b, t), pad_id, dtype=torch.long)
@@ -53,7 +55,7 @@ def build_rollout(prompt_ids: list[list[int]], responses: list[list[int]], logpr
         lps[k, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
     return Rollout(prompt_ids=[list(p) for p in prompt_ids for _ in range(n)], response_ids=ids,
                    response_mask=mask, rollout_logprobs=lps,
-                   group_ids=torch.arange(len(prompt_ids)).repeat_interleave(n),
+                   group_ids=torch.arange(first_index, first_index + len(prompt_ids)).repeat_interleave(n),
                    truncated=torch.tensor(truncated, dtype=torch.bool),
                    prompts=[x for x in texts for _ in range(n)], completions=completions,
                    rows=[r for r in rows for _ in range(n)], temperature=temperature, max_tokens=max_tokens)
@@ -87,12 +89,12 @@ class VLLMRollout(_Base):
         self.llm = LLM(str(model_info.path), **kwargs)
 
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0) -> Rollout:
+                 top_p: float = 1.0, first_index: int = 0) -> Rollout:
         from vllm import SamplingParams
 
         prompt_ids, texts = self.encode(rows)
         params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
-                                 seed=request_seed(seed, i, n)) for i in range(len(rows))]
+                                 seed=request_seed(seed, first_index + i, n)) for i in range(len(rows))]
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
         responses, lps, trunc, comps = [], [], [], []
         for out in outs:
@@ -103,7 +105,7 @@ class VLLMRollout(_Base):
                 trunc.append(c.finish_reason == "length")
                 comps.append(c.text)
         return build_rollout(prompt_ids, responses, lps, trunc, rows, texts, comps, n, self.info.pad_token_id,
-                             temperature, max_tokens)
+                             temperature, max_tokens, first_index)
 
     def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
         """One greedy (temperature 0) response per prompt, for held-out evaluation."""
@@ -168,13 +170,13 @@ class HFRollout(_Base):
 
     @torch.no_grad()
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0, greedy: bool = False) -> Rollout:
+                 top_p: float = 1.0, greedy: bool = False, first_index: int = 0) -> Rollout:
         prompt_ids, texts = self.encode(rows)
         dev = self.model.device
         responses, lps, trunc, comps = [], [], [], []
         eos = set(self.info.eos_token_ids)
         for i, ids in enumerate(prompt_ids):
-            torch.manual_seed(request_seed(seed, i, n))
+            torch.manual_seed(request_seed(seed, first_index + i, n))
             x = torch.tensor([ids], device=dev)
             out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
                                       temperature=None if greedy else temperature, top_p=None if greedy else top_p,
@@ -193,7 +195,7 @@ class HFRollout(_Base):
                 trunc.append(stop is None and length >= max_tokens)
                 comps.append(self.tokenizer.decode(toks, skip_special_tokens=True))
         return build_rollout(prompt_ids, responses, lps, trunc, rows, texts, comps, n, self.info.pad_token_id,
-                             temperature, max_tokens)
+                             temperature, max_tokens, first_index)
 
     def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
         return self.generate(rows, 1, max_tokens, 1.0, 0, greedy=True)

@@ -14,6 +14,10 @@ Checkpoints are written under a temporary name (``.tmp-step-000010``), renamed w
 and only then recorded in ``latest.json`` (itself replaced atomically). A run killed while
 writing leaves the previous checkpoint as the latest one; leftover temporary folders are removed
 on resume.
+
+Data parallel: only rank 0 writes files here (config, metrics, summary, ``latest.json``); every
+rank writes its own DeepSpeed shards into the checkpoint folder, so on several nodes the run
+directory must be on a filesystem all nodes share.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import UserError
+from . import dist
 
 
 class ResumeError(UserError):
@@ -56,10 +61,19 @@ class RunDir:
     def create(self, config: dict, resolved: dict) -> None:
         """Write ``config.yaml`` (the config as given, reloadable) and ``resolved.yaml`` (every
         slot's component with all parameters and the distribution it came from)."""
+        if dist.rank() != 0:
+            dist.barrier()
+            return
         self.path.mkdir(parents=True, exist_ok=True)
         self.ckpt.mkdir(exist_ok=True)
         _atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
         _atomic_write(self.path / "resolved.yaml", yaml.safe_dump(resolved, sort_keys=False))
+        dist.barrier()
+
+    def write_plugins(self, plugins: list[dict]) -> None:
+        """``plugins.json``: every plugin distribution active in the run (name, version, module)."""
+        if dist.rank() == 0:
+            _atomic_write(self.path / "plugins.json", json.dumps(plugins, indent=2))
 
     # ------------------------------------------------------------------ metrics
     @property
@@ -67,6 +81,8 @@ class RunDir:
         return self.path / "metrics.jsonl"
 
     def log(self, record: dict) -> None:
+        if dist.rank() != 0:
+            return
         with open(self.metrics_file, "a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
             f.flush()
@@ -86,16 +102,23 @@ class RunDir:
     def truncate_metrics(self, step: int) -> None:
         """Keep the records of steps <= ``step`` (a killed run may have logged later steps)."""
         keep = [r for r in self.read_metrics() if r.get("step", 0) <= step]
-        _atomic_write(self.metrics_file, "".join(json.dumps(r) + "\n" for r in keep))
+        if dist.rank() == 0:
+            _atomic_write(self.metrics_file, "".join(json.dumps(r) + "\n" for r in keep))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, trainer, step: int, state: dict, keep: int) -> Path:
         name = f"step-{step:06d}"
         tmp = self.ckpt / f".tmp-{name}"
         final = self.ckpt / name
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        trainer.save(str(tmp), client_state={"policyzoo": state})
+        if dist.rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        trainer.save(str(tmp), client_state={"policyzoo": state})  # every rank writes its shards
+        dist.barrier()
+        if dist.rank() != 0:
+            dist.barrier()
+            return final
         _atomic_write(tmp / "state.json", json.dumps(state))
         if final.exists():
             shutil.rmtree(final)
@@ -104,6 +127,7 @@ class RunDir:
         done = sorted(p for p in self.ckpt.iterdir() if p.is_dir() and p.name.startswith("step-"))
         for old in done[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
         return final
 
     def latest(self) -> tuple[Path, dict] | None:
@@ -119,8 +143,11 @@ class RunDir:
         return folder, json.loads(state_file.read_text())
 
     def remove_partial(self) -> None:
-        for p in self.ckpt.glob(".tmp-*"):
-            shutil.rmtree(p, ignore_errors=True)
+        if dist.rank() == 0:
+            for p in self.ckpt.glob(".tmp-*"):
+                shutil.rmtree(p, ignore_errors=True)
+        dist.barrier()
 
     def write_summary(self, summary: dict) -> None:
-        _atomic_write(self.path / "summary.json", json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2))
+        if dist.rank() == 0:
+            _atomic_write(self.path / "summary.json", json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2))

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
+import threading
 import time
 from datetime import datetime, timezone
 
 from rich.console import Console
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UserError
+from . import dist
 from .rundir import ResumeError, RunDir
+
+
+class Interrupted(UserError):
+    """The run was stopped by Ctrl-C (SIGINT) after saving a checkpoint."""
 
 SEED_STRIDE = 1_000_003
 #: what a checkpoint must share with the config it is resumed with (train.* and engine.* may change)
@@ -22,7 +30,7 @@ class Session:
     (a checked folder), ``rundir``; after :meth:`start` also ``trainer``, ``rollout``, ``policy``."""
 
     @classmethod
-    def prepare(cls, config, resume: str | None) -> "Session":
+    def prepare(cls, config, resume: str | None, force_resume: bool = False) -> "Session":
         from ..assembly import Run, resolve_algorithm
         from ..cli import resolved_view
         from ..config import reward_uses, step_settings
@@ -30,8 +38,16 @@ class Session:
         from .models import encode_prompt, resolve_model
 
         self = cls()
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, quiet=dist.rank() != 0)
         self.config = config
+        dist.init()  # join the launcher's process group (no-op for one rank)
+        if config.train.prompts_per_step % dist.world_size():
+            raise ConfigError("train.prompts_per_step", f"{config.train.prompts_per_step} prompts cannot be shared "
+                              f"out in whole groups among {dist.world_size()} data-parallel ranks",
+                              f"use a multiple of {dist.world_size()}, or launch another number of ranks")
+        from ..catalog import get_catalog
+
+        dist.check_same_catalog(get_catalog())
         self.task = load_task(config.data)
         bundle = resolve_algorithm(config.algorithm)
         self.task_rewards_n = len(reward_uses(config, self.task.default_rewards))
@@ -63,12 +79,17 @@ class Session:
                 raise ResumeError(str(resume), "no complete checkpoint in this run directory",
                                   "start a new run (drop --resume), or set train.save_every to save checkpoints")
             self.resume_from, self.state = found
-            if json.dumps(self.state.get("fingerprint"), sort_keys=True) != json.dumps(self.fingerprint, sort_keys=True):
+            same = json.dumps(self.state.get("fingerprint"), sort_keys=True) == json.dumps(self.fingerprint, sort_keys=True)
+            if not same and force_resume:
+                self.console.print(f"--force-resume: loading {self.resume_from} although it was written with another "
+                                   "algorithm, reward, model or data config")
+            elif not same:
                 raise ResumeError(str(self.resume_from), "the checkpoint was written with another algorithm, "
                                   "reward, model or data config than the one given",
-                                  "resume with the run's own config (`--resume RUN_DIR` alone), or start a new run")
+                                  "resume with the run's own config (`--resume RUN_DIR` alone), start a new run, "
+                                  "or pass --force-resume to load its weights anyway")
         else:
-            out = config.output_dir or f"runs/{bundle.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+            out = dist.broadcast(config.output_dir or f"runs/{bundle.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
             self.rundir = RunDir(out)
             if self.rundir.latest() is not None:
                 raise ResumeError(out, "this run directory already holds a run",
@@ -97,6 +118,8 @@ class Session:
             self.rollout = HFRollout(self.model, c.model.dtype, c.model.trust_remote_code)
         self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check, tolerance=c.engine.sync_tolerance,
                                timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids)
+        self.share = c.train.prompts_per_step // dist.world_size()
+        self.policy.first_index = dist.rank() * self.share
         if self.resume_from is not None:
             self.rundir.remove_partial()
             self.trainer.load(str(self.resume_from))
@@ -105,12 +128,18 @@ class Session:
             self.console.print(f"resumed from {self.resume_from} (step {self.state['step']})")
         else:
             self.rundir.create(c.model_dump(), self.resolved)
+        from ..catalog import get_catalog
+
+        self.rundir.write_plugins([{"distribution": p.dist, "version": p.version, "module": p.module}
+                                   for p in get_catalog().plugins])
         self.startup_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ the loop
     def _evaluate(self, step: int) -> dict:
         from .evaluate import evaluate
 
+        if dist.rank() != 0:  # held-out accuracy is measured once, by rank 0's rollout engine
+            return {}
         t0 = time.perf_counter()
         rec = evaluate(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows, self.max_tokens)
         if rec:
@@ -128,15 +157,16 @@ class Session:
         P = c.train.prompts_per_step
         batches = self.state["batches"]
 
-        def next_prompts():
+        def next_prompts():  # this rank's share: P / N whole prompts, the same slice every round
             nonlocal batches
             rows = batch_at(self.task.train_rows, P, self.task.seed, batches)
             batches += 1
-            return rows
+            return rows[dist.rank() * self.share:(dist.rank() + 1) * self.share]
 
         before = self._evaluate(0) if start == 0 else {}
         skips, last_saved = 0, start
-        with progress_bar(self.console, steps, start) as bar:
+        self.stop_requested = False
+        with progress_bar(self.console, steps, start) as bar, self._deferred_sigint():
             for step in range(start + 1, steps + 1):
                 t0 = time.perf_counter()
                 tok0, sec0 = self.policy.stats["tokens"], self.policy.stats["seconds"]
@@ -144,16 +174,25 @@ class Session:
                                settings=self.settings)
                 toks, secs = self.policy.stats["tokens"] - tok0, self.policy.stats["seconds"] - sec0
                 m.update(step=step, kind="train", time_step=time.perf_counter() - t0, rollout_tokens=toks,
-                         rollout_tokens_per_s=toks / secs if secs > 0 else 0.0)
+                         rollout_tokens_per_s=toks / secs if secs > 0 else 0.0,
+                         stop_requested=int(self.stop_requested))
+                m = dist.merge_metrics(dist.gather(m))  # every rank holds the merged record
+                stop = bool(m.pop("stop_requested"))
                 self.rundir.log(m)
                 skips = skips + 1 if m.get("skipped") else 0
                 if skips >= c.train.max_consecutive_skips:
                     from .train import TrainingError
-                    raise TrainingError(f"step {step}", f"{skips} optimizer steps in a row had a non-finite loss or "
-                                        "gradient; no weights were written by them",
+                    raise TrainingError(f"step {step}", f"{skips} optimizer steps in a row were skipped (last reason: "
+                                        f"{m.get('skip_reason', 'non-finite loss or gradient')}); no weights were "
+                                        "written by them; the last checkpoint holds the last good weights",
                                         "lower train.lr, check the reward components for NaN/inf, or raise "
                                         "train.max_consecutive_skips")
                 bar.advance(m)
+                if stop:
+                    self._save(step, batches)
+                    raise Interrupted(f"step {step}", f"stopped by Ctrl-C; checkpoint of step {step} saved in "
+                                      f"{self.rundir.ckpt}", f"continue with `policyzoo train --resume "
+                                      f"{self.rundir.path}`")
                 if c.train.save_every and step % c.train.save_every == 0 and step < steps:
                     self._save(step, batches)
                     last_saved = step
@@ -174,6 +213,26 @@ class Session:
         self.console.print(f"done: held-out accuracy {summary['eval_accuracy_before']} -> "
                            f"{summary['eval_accuracy_after']}; export in {self.rundir.path / 'final'}")
         return summary
+
+    @contextlib.contextmanager
+    def _deferred_sigint(self):
+        """The first Ctrl-C (SIGINT) asks the loop to stop after the current step, save a
+        checkpoint and exit (every rank stops at the same step: the request is merged with the
+        step's metrics); a second Ctrl-C interrupts at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if self.stop_requested:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            self.console.print("Ctrl-C: stopping after this step and saving a checkpoint (again to abort)")
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def _first_eval(self):
         for r in self.rundir.read_metrics():

@@ -40,14 +40,14 @@ def _quiet_libraries() -> None:
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
 
-def main(config, resume: str | None = None) -> dict:
+def main(config, resume: str | None = None, force_resume: bool = False) -> dict:
     from .env import setup_process
 
     threads = setup_process(config.engine.threads, config.engine.kv_cache_gb)
     _quiet_libraries()
     from .session import Session
 
-    session = Session.prepare(config, resume)  # every check; no model loaded yet
+    session = Session.prepare(config, resume, force_resume)  # every check; no model loaded yet
     session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
                           f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
     session.start()

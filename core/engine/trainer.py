@@ -123,6 +123,10 @@ class Trainer:
             self.critic, *_ = deepspeed.initialize(model=vm, model_parameters=vm.parameters(),
                                                    config=ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype))
         self._nonfinite = 0
+        from .dist import world_size
+        #: DeepSpeed averages gradients over ranks; losses are scaled by the world size so the
+        #: average is the full-batch gradient (see policyzoo.engine.dist)
+        self.world = world_size()
 
     # ---------------------------------------------------------------------------- scoring
     def _logprobs(self, model, rollout: Rollout, entropy: bool):
@@ -179,17 +183,21 @@ class Trainer:
             if not torch.isfinite(l.detach()).all():
                 self._nonfinite += 1
                 continue
-            eng.backward(l.to(self.device), scale_wrt_gas=False)
+            eng.backward(l.to(self.device) * self.world, scale_wrt_gas=False)
 
     def _grads_finite(self, eng) -> bool:
         grads = [p.grad for p in eng.module.parameters() if p.grad is not None]
         return all(torch.isfinite(g).all() for g in grads)
 
-    def step(self) -> dict:
+    def step(self, skip: bool = False) -> dict:
         """Apply the accumulated gradients once. Returns ``grad_norm`` (before clipping) or
-        ``{"skipped": 1}`` (weights untouched) when a loss or gradient was not finite."""
+        ``{"skipped": 1}`` (weights untouched) when ``skip`` is given or a loss or gradient was
+        not finite, on this rank or any other (the flag is agreed over ranks first)."""
+        from .dist import any_rank
+
         engines = [e for e in (self.engine, self.critic) if e is not None]
-        if self._nonfinite or not all(self._grads_finite(e) for e in engines):
+        bad = skip or bool(self._nonfinite) or not all(self._grads_finite(e) for e in engines)
+        if any_rank(bad):
             self.discard()
             return {"skipped": 1}
         pre = self._grad_norm(self.engine) if self.stage == 0 else None
@@ -239,8 +247,13 @@ class Trainer:
         return client or {}
 
     def export(self, folder: str) -> None:
-        """``save_pretrained`` (safetensors) of the trained policy and its tokenizer."""
+        """``save_pretrained`` (safetensors) of the trained policy and its tokenizer (rank 0 writes;
+        every rank takes part in the ZeRO-3 gather)."""
+        from .dist import rank
+
         with self.full_weights() as weights:
             state = {n: t.detach().cpu().clone() for n, t in weights}
+        if rank() != 0:
+            return
         self.engine.module.save_pretrained(folder, state_dict=state, safe_serialization=True)
         self.info.tokenizer.save_pretrained(folder)
