@@ -1,0 +1,127 @@
+"""Faults during a real run (tiny Llama, transformers rollout, DeepSpeed ZeRO 0, one rank).
+
+* a reward that turns +inf after two steps: the updates are skipped and logged with the
+  offending groups, the run stops after ``train.max_consecutive_skips`` with a clear message, the
+  last checkpoint holds the last good (finite) weights and still loads (``--force-resume``,
+  since the reward config must change to go on);
+* a reward function that raises: the error names the function and the row;
+* Ctrl-C (SIGINT): the step finishes, a checkpoint is saved, exit status 130, and it resumes.
+
+The reward functions below are imported by the training subprocess as ``test_faults_engine:...``
+(``tests/`` is put on its PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+
+import torch
+from safetensors.torch import load_file
+
+from _engine_helpers import ROOT, engine_env, metrics, train_cmd
+
+FAST = ["engine.rollout=transformers", "engine.threads=1"]
+_TRAIN_CALLS = [0]
+
+
+def inf_from_step_3(prompts, completions, **_):
+    """Finite rewards on the first two training batches (16 rows), then +inf on row 3 (group 0,
+    sample 3) of every later one; evaluation batches (4 rows, greedy) stay finite."""
+    training = len(completions) == 16
+    _TRAIN_CALLS[0] += training
+    bad = training and _TRAIN_CALLS[0] > 2
+    return [math.inf if bad and i == 3 else len(set(c)) / (len(c) + 1) for i, c in enumerate(completions)]
+
+
+_BAD_PROMPT: list[str] = []
+
+
+def raise_on_second_prompt(prompts, completions, **_):
+    """Raises on every row of the second prompt of the first training batch (rows 8-15)."""
+    if not _BAD_PROMPT and len(completions) == 16:
+        _BAD_PROMPT.append(prompts[8])
+    if _BAD_PROMPT and _BAD_PROMPT[0] in prompts:
+        raise ValueError("cannot parse this completion")
+    return [0.0] * len(completions)
+
+
+def _env():
+    env = engine_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _reward(fn: str) -> str:
+    return f'rewards=[{{use: function, function: "test_faults_engine:{fn}"}}]'
+
+
+def _run(cmd, timeout=300):
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_non_finite_rewards_skip_updates_then_stop_and_the_checkpoint_survives(tmp_path):
+    out = tmp_path / "run"
+    r = _run(train_cmd(out, *FAST, _reward("inf_from_step_3"), "train.steps=10", "train.save_every=2",
+                       "train.max_consecutive_skips=2"))
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "error at step 4:" in r.stderr and "2 optimizer steps in a row were skipped" in r.stderr
+    assert "non-finite rewards" in r.stderr and "Traceback" not in r.stderr
+    m = metrics(out)
+    # steps 1-2 train; steps 3-4 skip, each naming the group of row 3 (prompt 0 of the step, G = 8):
+    # group ids count on over the run, 2 prompts a step, so step s's first group is 2 * (s - 1)
+    assert [x["skipped"] for x in m] == [0, 0, 1, 1]
+    for x in m[2:]:
+        assert x["skip_reason"] == "non-finite rewards" and x["skip_groups"] == [2 * (x["step"] - 1)]
+        assert len(x["skip_prompts"]) == 1
+        assert "grad_norm" not in x and "sync_max_diff" not in x  # no optimizer step, no sync
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())
+    assert latest == {"step": 2, "path": "step-000002"}
+    assert not (out / "final").exists()  # nothing exported from a failed run
+
+    # the last good checkpoint loads; two finite steps more and the export holds finite weights
+    r = _run(train_cmd(out, *FAST, "train.steps=4", algo=None)[:4] + [
+        "--resume", str(out), "--force-resume", "train.steps=4", 'rewards=[{use: function, function: '
+        '"policyzoo.engine.tiny:spread_reward"}]'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "--force-resume: loading" in r.stderr
+    m = metrics(out)
+    assert [x["step"] for x in m] == [1, 2, 3, 4] and [x["skipped"] for x in m] == [0, 0, 0, 0]
+    weights = load_file(out / "final" / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_a_raising_reward_function_names_itself_and_the_row(tmp_path):
+    r = _run(train_cmd(tmp_path / "run", *FAST, _reward("raise_on_second_prompt"), "train.steps=1"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    # the function is re-run row by row: rows 0-7 (prompt 0) pass alone, row 8 is the first to raise
+    err = " ".join(r.stderr.split())
+    assert "error at reward: function test_faults_engine:raise_on_second_prompt" in err
+    assert "ValueError: cannot parse this completion on row 8 (prompt" in err
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(out, *FAST, "train.steps=500"), env=_env(), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not ((out / "metrics.jsonl").is_file() and metrics(out)):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before a step was logged"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert "stopped by Ctrl-C" in err and "Traceback" not in err
+    done = metrics(out)[-1]["step"]
+    assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == done
+    r = _run(train_cmd(out, algo=None)[:4] + ["--resume", str(out), f"train.steps={done + 1}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [x["step"] for x in metrics(out)] == list(range(1, done + 2))
