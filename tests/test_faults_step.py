@@ -1,0 +1,78 @@
+"""Non-finite log-probs and losses in the step (bandit test bed; the engine runs the same step).
+
+Each fault must skip the whole update (weights, optimizer state and sampler untouched), report
+``skipped = 1``, the reason, and the offending groups and prompts; the next clean step trains.
+"""
+
+import math
+
+import pytest
+import torch
+
+from policyzoo.bandit import Bandit, bandit_run, step_settings
+from policyzoo.step import train_step
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def _bandit():
+    # 2 questions x 2 candidates of one token each; question 0: candidate 0 right; question 1:
+    # candidate 1 right; uniform start, Adam lr 0.5 (any clean step moves theta)
+    return Bandit([[1, 1], [1, 1]], scores=[[1.0, 0.0], [0.0, 1.0]], optimizer="adam", lr=0.5, seed=0)
+
+
+def _poison(bandit, method: str, rows: list[int], value: float, calls: list[int]):
+    """Make ``bandit.method`` return ``value`` in column 0 of ``rows`` on its ``calls``-th calls
+    (counting from 0; grad-mode calls only for ``logprobs``)."""
+    original = getattr(bandit, method)
+    count = [0]
+
+    def poisoned(rollout, **kw):
+        out = original(rollout, **kw)
+        if method == "logprobs" and not kw.get("grad"):
+            return out
+        lp = out[0] if isinstance(out, tuple) else out
+        hit = count[0] in calls
+        count[0] += 1
+        if hit:
+            lp = lp + torch.zeros_like(lp).index_put((torch.tensor(rows), torch.tensor([0] * len(rows))),
+                                                     torch.tensor(value))
+        return (lp, out[1]) if isinstance(out, tuple) else lp
+    setattr(bandit, method, poisoned)
+
+
+@pytest.mark.parametrize("method, value, reason", [
+    ("logprobs", math.nan, "non-finite logprobs"),
+    ("logprobs", -math.inf, "non-finite logprobs"),
+    ("ref_logprobs", math.nan, "non-finite loss"),  # k3 KL in the loss turns NaN: the loss is NaN
+])
+def test_a_non_finite_value_skips_the_update_and_names_the_rows(catalog, method, value, reason):
+    bandit = _bandit()
+    run = bandit_run("grpo", catalog)  # GRPO: k3 KL in the loss (beta 0.04), so ref_logprobs enter the loss
+    _poison(bandit, method, rows=[5], value=value, calls=[0])
+    prompts = lambda: bandit.prompts(2)  # noqa: E731
+    theta0, sampler0 = bandit.theta.detach().clone(), bandit.sampler_theta.clone()
+    m = train_step(run, bandit, prompts, seed=0, settings=step_settings(run))
+    assert m["skipped"] == 1 and m["skip_reason"] == reason
+    # G = 8 samples per prompt: row 5 is sample 5 of the first prompt, group 0. A NaN log-prob is
+    # caught per row; a NaN loss only for its micro-batch (one micro-batch: both groups).
+    assert m["skip_groups"] == ([0] if method == "logprobs" else [0, 1])
+    assert m["skip_prompts"][0].startswith("question ")
+    assert torch.equal(bandit.theta.detach(), theta0) and torch.equal(bandit.sampler_theta, sampler0)
+    assert len(bandit.opt.state) == 0 and bandit.theta.grad is None  # no Adam moment, no leftover grad
+    assert "sync_max_change" not in m  # nothing pushed to the sampler
+    m = train_step(run, bandit, prompts, seed=1, settings=step_settings(run))  # clean again: it trains
+    assert m["skipped"] == 0 and not torch.equal(bandit.theta.detach(), theta0)
+    assert torch.isfinite(bandit.theta).all()
+
+
+def test_a_fault_in_the_second_micro_batch_discards_the_first_ones_gradient(catalog):
+    bandit = _bandit()
+    run = bandit_run("grpo", catalog)
+    # two micro-batches of 8 rows; the second grad-mode call (micro-batch 2) has a NaN in its row 1
+    _poison(bandit, "logprobs", rows=[1], value=math.nan, calls=[1])
+    theta0 = bandit.theta.detach().clone()
+    m = train_step(run, bandit, lambda: bandit.prompts(2), seed=0, settings=step_settings(run, micro_batches=2))
+    # micro-batch 2 = rows 8-15 = the second prompt's group 1
+    assert m["skipped"] == 1 and m["skip_reason"] == "non-finite logprobs" and m["skip_groups"] == [1]
+    assert torch.equal(bandit.theta.detach(), theta0) and bandit.theta.grad is None
