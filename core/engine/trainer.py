@@ -74,6 +74,27 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return lp, ent
 
 
+def weights_only_load(path: str, map_location=None):
+    """``torch.load(weights_only=True)`` allowing only the non-tensor classes DeepSpeed's own
+    checkpoints hold (ZeRO stage enum, loss-scaler state, fragment addresses)."""
+    import pickle
+
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    from .rundir import ResumeError
+
+    try:
+        with torch.serialization.safe_globals([ZeroStageEnum, LossScaler, fragment_address]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        why = str(e).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+        raise ResumeError(str(path), f"the file holds objects that are not weights or optimizer state ({why}); "
+                          "it was not loaded (loading it could run code)",
+                          "resume only checkpoints written by policyzoo, or start a new run") from None
+
+
 class ValueModel(nn.Module):
     """A causal LM's transformer body with a scalar head: ``values [B, keep]`` at the last ``keep``
     positions (the head is zero-initialised)."""
@@ -240,6 +261,13 @@ class Trainer:
             self.critic.save_checkpoint(folder, tag="critic", save_latest=False)
 
     def load(self, folder: str) -> dict:
+        """Restore a checkpoint written by :meth:`save`. Every file is read with
+        ``torch.load(weights_only=True)`` (DeepSpeed's own loader unpickles anything): a file that
+        holds other objects than tensors, containers and DeepSpeed's three state classes raises
+        :class:`~policyzoo.engine.rundir.ResumeError` and nothing in it is executed."""
+        for e in (self.engine, self.critic):
+            if e is not None:
+                e.checkpoint_engine.load = weights_only_load
         _, client = self.engine.load_checkpoint(folder, tag="policy", load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
         if self.critic is not None:
