@@ -55,7 +55,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
       cached in ``TORCH_EXTENSIONS_DIR``, by default :func:`extensions_dir` under the policyzoo
       cache (the Makefile points the cache into the project's ``.build/`` folder).
     * torch threads: ``threads`` or the usable cores shared out among the ranks of this node
-      (``LOCAL_WORLD_SIZE``, set by torchrun and the deepspeed launcher). Returns the count used.
+      (``LOCAL_WORLD_SIZE`` from torchrun, ``LOCAL_SIZE`` from the deepspeed launcher). Returns the count used.
     """
     import torch
 
@@ -70,7 +70,8 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-    n = threads or max(1, cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")  # torchrun / deepspeed
+    n = threads or max(1, cpu_count() // local_ranks)
     torch.set_num_threads(n)
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
     return n
