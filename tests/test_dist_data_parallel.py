@@ -69,7 +69,7 @@ def test_prompts_must_split_into_whole_groups(tmp_path):
     cmd = train_cmd(tmp_path / "odd", *DP_SETTINGS, "train.prompts_per_step=3")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            *cmd[1:]]
-    r = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode != 0
     assert "3 prompts cannot be shared out in whole groups among 2 data-parallel ranks" in r.stderr
 

@@ -76,3 +76,30 @@ def test_a_fault_in_the_second_micro_batch_discards_the_first_ones_gradient(cata
     # micro-batch 2 = rows 8-15 = the second prompt's group 1
     assert m["skipped"] == 1 and m["skip_reason"] == "non-finite logprobs" and m["skip_groups"] == [1]
     assert torch.equal(bandit.theta.detach(), theta0) and bandit.theta.grad is None
+
+
+def test_non_finite_weights_are_never_written_over_the_last_checkpoint(tmp_path):
+    from policyzoo.engine.rundir import RunDir
+    from policyzoo.engine.session import Session
+    from policyzoo.engine.train import TrainingError
+
+    class Trainer:  # finite at step 2, NaN at step 4
+        finite, saved = True, []
+
+        def weights_finite(self):
+            return self.finite
+
+        def save(self, folder, client_state):
+            self.saved.append(client_state["policyzoo"]["step"])
+
+    session = Session.__new__(Session)
+    session.trainer, session.rundir, session.fingerprint = Trainer(), RunDir(tmp_path), {}
+    session.config = type("C", (), {"engine": type("E", (), {"keep_checkpoints": 2})})()
+    session.rundir.ckpt.mkdir(parents=True)
+    session._save(2, 2)
+    session.trainer.finite = False
+    with pytest.raises(TrainingError, match="NaN or inf.*last complete checkpoint: .*step-000002"):
+        session._save(4, 4)
+    assert session.trainer.saved == [2]
+    assert session.rundir.latest()[1]["step"] == 2
+    assert [p.name for p in session.rundir.ckpt.iterdir() if p.is_dir()] == ["step-000002"]

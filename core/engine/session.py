@@ -241,5 +241,11 @@ class Session:
         return math.nan
 
     def _save(self, step: int, batches: int) -> None:
+        if not self.trainer.weights_finite():  # never write NaN/inf weights over a good checkpoint
+            from .train import TrainingError
+            latest = self.rundir.latest()
+            raise TrainingError(f"step {step}", "the trained weights hold NaN or inf values; no checkpoint was "
+                                f"written (last complete checkpoint: {latest[0] if latest else 'none'})",
+                                "lower train.lr or train.grad_clip, then resume from the last checkpoint")
         state = {"step": step, "batches": batches, "fingerprint": self.fingerprint}
         self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints)

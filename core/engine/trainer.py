@@ -255,6 +255,18 @@ class Trainer:
         with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None, enabled=self.stage == 3):
             yield [(n, p.data) for n, p in params]
 
+    def weights_finite(self) -> bool:
+        """True when every policy (and critic) weight is finite (gathered under ZeRO-3; the
+        answer is agreed over data-parallel ranks)."""
+        from .dist import any_rank
+
+        with self.full_weights() as weights:
+            bad = any(not bool(torch.isfinite(t).all()) for _, t in weights)
+        if self.critic is not None:
+            bad = bad or any(not bool(torch.isfinite(p.data).all()) for p in self.critic.module.parameters()
+                             if p.data.numel())
+        return not any_rank(bad)
+
     def save(self, folder: str, client_state: dict) -> None:
         self.engine.save_checkpoint(folder, tag="policy", client_state=client_state, save_latest=False)
         if self.critic is not None:
