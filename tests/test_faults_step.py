@@ -103,3 +103,35 @@ def test_non_finite_weights_are_never_written_over_the_last_checkpoint(tmp_path)
     assert session.trainer.saved == [2]
     assert session.rundir.latest()[1]["step"] == 2
     assert [p.name for p in session.rundir.ckpt.iterdir() if p.is_dir()] == ["step-000002"]
+
+
+def test_a_raising_reward_component_is_named(catalog):
+    import types
+
+    from pydantic import Field
+
+    from policyzoo import use
+    from policyzoo.assembly import assemble
+    from policyzoo.catalog import load_catalog
+    from policyzoo.components import Component
+    from policyzoo.errors import ComponentError
+    from policyzoo.hookspecs import hookimpl
+
+    class Boom(Component):
+        slot, name = "reward", "boom"
+
+        class Params(Component.Params):
+            weight: float = Field(1.0, description="weight")
+
+        @hookimpl
+        def reward(self, rollout):
+            raise RuntimeError("scorer crashed")
+
+    plugin = types.SimpleNamespace(__name__="boom_plugin", register_components=lambda register: register(Boom))
+    import policyzoo.bandit as bandit_mod
+    cat = load_catalog(autoload=False, extra=[bandit_mod, plugin])
+    run = assemble("grpo", rewards=(use("bandit_correct"), use("boom")), catalog=cat)
+    bandit = _bandit()
+    with pytest.raises(ComponentError, match=r"(?s)reward component boom\(weight=1.0\).*raised RuntimeError: scorer crashed"):
+        train_step(run, bandit, lambda: bandit.prompts(2), seed=0, settings=step_settings(run))
+    assert len(bandit.opt.state) == 0  # nothing was trained
