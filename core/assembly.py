@@ -19,6 +19,7 @@ from .catalog import Catalog, get_catalog
 from .components import Bundle, Component, Use
 from .errors import ComponentError, ConfigError, UserError, did_you_mean
 
+DEFAULT_ALGORITHM = "grpo"
 SINGLE = [s for s, kind in hookspecs.SLOTS.items() if kind == "single"]
 COLLECT = [s for s, kind in hookspecs.SLOTS.items() if kind == "collect"]
 
@@ -35,9 +36,13 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
         return spec
     if isinstance(spec, str):
         return catalog.bundle(spec, where)
-    if not isinstance(spec, dict) or "base" not in spec:
+    if not isinstance(spec, dict):
         raise ConfigError(where, f"expected an algorithm name or a mapping with 'base', got {spec!r}",
                           "write `algorithm: grpo` or `algorithm: {base: grpo, clip: {use: cispo}}`")
+    if "base" not in spec:  # slot overrides alone modify the default algorithm
+        spec = {"base": DEFAULT_ALGORITHM, **spec}
+    if "slots" in spec:
+        spec = _from_resolved_view(spec, where)
     base = catalog.bundle(spec["base"], f"{where}.base")
     changes: dict[str, Any] = {}
     for slot, value in spec.items():
@@ -59,6 +64,21 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
             changes[slot] = _override(current, value, f"{where}.{slot}")
     hybrid = base.replace(**changes) if changes else base
     return hybrid
+
+
+def _from_resolved_view(spec: dict, where: str) -> dict:
+    """Read back the resolved form that ``--dry-run`` prints and ``resolved.yaml`` holds
+    (``{base, name, paper, slots: {SLOT: {from, components}}, sources}``): every slot is set
+    explicitly; ``name``, ``paper``, ``from`` and ``sources`` are information only."""
+    extra = set(spec) - {"base", "name", "paper", "slots", "sources"}
+    if extra:
+        raise ConfigError(f"{where}.{sorted(extra)[0]}", "unknown key in a resolved algorithm",
+                          "a resolved algorithm has base, name, paper, slots and sources only")
+    out: dict[str, Any] = {"base": spec.get("base")}
+    for slot, entry in (spec.get("slots") or {}).items():
+        comps = entry.get("components", []) if isinstance(entry, dict) else entry
+        out[slot] = comps if hookspecs.SLOTS.get(slot) == "collect" else (comps[0] if comps else None)
+    return out
 
 
 def _override(current: Use | None, value: Any, where: str) -> Use:
@@ -95,8 +115,9 @@ class Run:
         for slot in hookspecs.SLOTS:
             chosen = getattr(bundle, slot)
             if hookspecs.SLOTS[slot] == "collect":
-                uses = (tuple(rewards) + tuple(chosen)) if slot == "reward" else tuple(chosen)
-                comps = [self._make(catalog, slot, u, f"{where}.{slot}[{i}]") for i, u in enumerate(uses)]
+                task = tuple(rewards) if slot == "reward" else ()  # the task's rewards come first
+                comps = [self._make(catalog, slot, u, f"rewards[{i}]") for i, u in enumerate(task)]
+                comps += [self._make(catalog, slot, u, f"{where}.{slot}[{i}]") for i, u in enumerate(chosen)]
                 setattr(self, slot, comps)
             elif chosen is None:
                 if slot != "kl":

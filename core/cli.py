@@ -81,7 +81,9 @@ def cmd_explain(args, out: Console) -> None:
     for slot in SLOTS:
         uses = getattr(bundle, slot)
         uses = uses if isinstance(uses, tuple) else (() if uses is None else (uses,))
-        if not uses:
+        if not uses and slot == "reward":
+            out.print(f"  {slot:9s} -  (no extras: the task's reward comes from `rewards:` or the data task's default)")
+        elif not uses:
             out.print(f"  {slot:9s} -  (absent)")
         for u in uses:
             cls = cat.component(slot, u.name)
@@ -104,10 +106,11 @@ def resolved_view(config, run) -> dict:
     for slot in SLOTS:
         comps = getattr(run, slot)
         comps = comps if isinstance(comps, list) else ([] if comps is None else [comps])
-        if slot == "reward":
-            origin = "rewards: (task) + algorithm extras"
-        else:
-            origin = f"{base_name} default" if getattr(run.bundle, slot) == getattr(base, slot) else "override"
+        if slot == "reward":  # the task's rewards go to `rewards:`, the algorithm keeps its extras
+            n_task = len(comps) - len(run.bundle.reward)
+            view["rewards"] = [{"use": c.name, **c.params.model_dump()} for c in comps[:n_task]]
+            comps = comps[n_task:]
+        origin = f"{base_name} default" if getattr(run.bundle, slot) == getattr(base, slot) else "override"
         view["algorithm"]["slots"][slot] = {"from": origin, "components": [
             {"use": c.name, **c.params.model_dump()} for c in comps]}
     view["algorithm"]["sources"] = run.sources
@@ -121,7 +124,7 @@ def cmd_train(args, out: Console) -> None:
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
-    if args.max_steps:
+    if args.max_steps is not None:
         overrides.append(f"train.steps={args.max_steps}")
     if args.resume and not (args.config or args.algo):
         from .engine.train import config_from_run_dir

@@ -62,12 +62,16 @@ def validate_params(cls: type[Component], params: dict, where: str) -> Params:
         if err["type"] == "extra_forbidden":
             why = f"unknown parameter {key!r}{did_you_mean(key, fields)}"
             fix = f"'{cls.name}' takes: {', '.join(fields) or 'no parameters'}"
+        elif err["type"] == "missing":
+            why = f"the required parameter {key!r} is missing"
+            info = cls.Params.model_fields.get(key)
+            fix = f"set {key}: {info.description}" if info is not None and info.description else f"set {key}"
         else:
             why = f"{key} = {err.get('input')!r}: {err['msg']}"
             info = cls.Params.model_fields.get(key)
             fix = f"{key}: {info.description}" if info is not None and info.description else (
                 f"see `policyzoo explain` or the docstring of {cls.__module__}.{cls.__qualname__}")
-        raise ConfigError(f"{where} -> {key}", why, fix) from None
+        raise ConfigError(f"{where}.{key}", why, fix) from None
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,15 @@ class Use:
 def use(name: str, **params: Any) -> Use:
     """Name a component for a bundle or hybrid: ``use("cispo", eps_high=5.0)``."""
     return Use(name, params)
+
+
+def _names(value) -> str:
+    """Component names of a slot value: ``"cispo"``, ``"a,b"`` for a list, ``"none"`` if empty."""
+    if isinstance(value, Use):
+        return value.name
+    if isinstance(value, tuple):
+        return ",".join(u.name for u in value) or "none"
+    return "none"
 
 
 @dataclass(frozen=True)
@@ -126,8 +139,8 @@ class Bundle:
             elif key in changes:
                 changes[key] = tuple(changes[key])
         if "name" not in changes:
-            changes["name"] = f"{self.name}+" + "+".join(
-                f"{k}={v.name if isinstance(v, Use) else v}" for k, v in changes.items())
+            swapped = [f"{k}={_names(v)}" for k, v in changes.items() if _names(v) != _names(getattr(self, k))]
+            changes["name"] = "+".join([self.name, *swapped])
             changes.setdefault("parent", self.name)
         return dc_replace(self, **changes)
 

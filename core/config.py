@@ -90,22 +90,44 @@ def load_config(path: str | None = None, algo: str | None = None, overrides: lis
     tree: dict[str, Any] = {}
     if path:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(str(path), "is a directory, not a config file",
+                              "pass a YAML file; to continue a run directory use --resume DIR")
         if not p.is_file():
             raise ConfigError(str(path), "config file not found", "check the path given to --config")
         try:
-            tree = yaml.safe_load(p.read_text()) or {}
+            tree = yaml.load(p.read_text(), Loader=_StrictLoader) or {}
         except yaml.YAMLError as e:
             raise ConfigError(str(path), f"not valid YAML: {e}", "fix the YAML syntax") from None
         if not isinstance(tree, dict):
             raise ConfigError(str(path), "the top level must be a mapping", "write `key: value` lines")
-    if algo:
-        tree["algorithm"] = algo
+    if algo:  # --algo names the base; slot overrides in the file are kept
+        current = tree.get("algorithm")
+        tree["algorithm"] = {**current, "base": algo} if isinstance(current, dict) else algo
     for item in overrides:
         if "=" not in item:
             raise ConfigError(item, "an override must look like key=value", "e.g. train.lr=1e-6")
         key, raw = item.split("=", 1)
         _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw != "" else None)
     return validate(tree, where=path or "config")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that refuses a key written twice in one mapping (YAML would keep the last)."""
+
+
+def _no_duplicates(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is written twice",
+                                                    key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
 
 
 def validate(tree: dict, where: str = "config") -> Config:
@@ -127,11 +149,13 @@ def _to_config_error(e: pydantic.ValidationError, tree: dict, where: str) -> Con
     if err["type"] == "extra_forbidden":
         why = f"unknown key {loc[-1]!r}{did_you_mean(loc[-1], fields)}"
         fix = f"keys allowed here: {', '.join(fields)}" if fields else "remove it"
+    elif err["type"] == "missing":
+        why, fix = f"the required key {loc[-1]!r} is missing", f"set {path}"
     else:
         why = f"{err.get('input')!r}: {err['msg']}"
         info = getattr(model, "model_fields", {}).get(loc[-1]) if loc else None
         fix = info.description if info is not None and info.description else "see `policyzoo train --help`"
-    return ConfigError(f"{where}: {path}", why, fix)
+    return ConfigError(path if where == "config" else f"{where}: {path}", why, fix)
 
 
 def step_settings(config: Config, bundle) -> "StepSettings":
@@ -150,4 +174,8 @@ def reward_uses(config: Config, default: list) -> tuple:
 
     if config.rewards is None:
         return tuple(default)
+    if not config.rewards:
+        raise ConfigError("rewards", "the list is empty: every advantage would be 0 and nothing would be learned",
+                          "name at least one reward, e.g. `rewards: [{use: answer_match}]`, or drop the key "
+                          "for the task's default")
     return tuple(_override(None, r, f"rewards[{i}]") for i, r in enumerate(config.rewards))

@@ -114,7 +114,7 @@ class TokenSumNorm(_Reduce):
         if self.params.constant is None:
             max_tokens = getattr(getattr(getattr(run, "sample", None), "params", None), "max_tokens", None)
             if not max_tokens:
-                raise ConfigError("algorithm.reduce (token_sum_norm) -> constant",
+                raise ConfigError("algorithm.reduce.constant",
                                   "constant is None and the sampler has no max_tokens to default to",
                                   "set `reduce: {use: token_sum_norm, constant: 1024}` (your response token limit)")
             self.constant = float(max_tokens)
@@ -122,7 +122,7 @@ class TokenSumNorm(_Reduce):
     @hookimpl
     def reduce(self, loss, response_mask, totals):
         if self.constant is None:
-            raise ConfigError("algorithm.reduce (token_sum_norm) -> constant",
+            raise ConfigError("algorithm.reduce.constant",
                               "constant is None and was not resolved (the run was not checked)",
                               "build the run with policyzoo.assemble(...) or set `constant`")
         total = torch.where(response_mask, loss, torch.zeros_like(loss)).sum()

@@ -64,7 +64,7 @@ class OverlongPenalty(_Reward):
     def reward(self, rollout):
         l_max = self.max_tokens or rollout.max_tokens
         if not l_max:
-            raise ConfigError("reward: overlong_penalty -> max_tokens", "no L_max: max_tokens is None and "
+            raise ConfigError("reward (overlong_penalty).max_tokens", "no L_max: max_tokens is None and "
                               "neither the sampler nor the rollout states a token limit",
                               "set `{use: overlong_penalty, max_tokens: 1024}`")
         cache = min(self.params.cache or max(1, round(0.2 * l_max)), l_max)

@@ -40,7 +40,7 @@ def test_unknown_component_parameter():
 
 def test_out_of_range_parameter_names_the_valid_range():
     msg = _err(algo="grpo", overrides=["algorithm.clip.eps_low=1.5"])
-    assert "algorithm.clip -> eps_low" in msg and "1.5" in msg and "[0, 1)" in msg
+    assert "algorithm.clip.eps_low" in msg and "1.5" in msg and "[0, 1)" in msg
 
 
 def test_dual_clip_constant_must_exceed_one():
@@ -103,3 +103,66 @@ def test_cli_dry_run_shows_where_each_slot_came_from():
     assert out.returncode == 0, out.stderr
     assert "from: override" in out.stdout and "from: grpo default" in out.stdout
     assert "use: cispo" in out.stdout
+
+
+def test_duplicate_yaml_key_is_an_error(tmp_path):
+    f = tmp_path / "dup.yaml"
+    f.write_text("algorithm:\n  base: grpo\n  clip: {use: cispo}\n  clip: {use: ppo_clip}\n")
+    msg = _err(path=str(f))
+    assert "'clip' is written twice" in msg
+
+
+def test_algo_flag_sets_the_base_and_keeps_file_overrides(tmp_path):
+    f = tmp_path / "hybrid.yaml"
+    f.write_text("algorithm:\n  base: grpo\n  clip: {use: cispo, eps_high: 5.0}\n")
+    run = Run(resolve_algorithm(load_config(str(f), algo="gspo").algorithm))
+    assert run.bundle.parent == "gspo" and run.clip.name == "cispo" and run.ratio.name == "sequence"
+
+
+def test_slot_overrides_without_a_base_modify_the_default_algorithm():
+    run = Run(resolve_algorithm(load_config(overrides=["algorithm.clip.use=cispo"]).algorithm))
+    assert run.bundle.parent == "grpo" and run.clip.name == "cispo" and run.kl.name == "k3"
+
+
+def test_an_empty_reward_list_is_rejected():
+    from policyzoo.config import reward_uses
+
+    with pytest.raises(ConfigError, match="nothing would be learned"):
+        reward_uses(load_config(algo="grpo", overrides=["rewards=[]"]), default=[])
+
+
+def test_missing_required_parameter_is_named():
+    from policyzoo import use
+
+    with pytest.raises(ConfigError) as e:
+        assemble("grpo", rewards=(use("function"),))
+    assert "rewards[0].function" in str(e.value) and "required parameter 'function' is missing" in str(e.value)
+
+
+def test_hybrid_names_list_only_swapped_components():
+    from policyzoo import use
+
+    grpo = resolve_algorithm("grpo")
+    assert grpo.replace(clip=use("cispo")).name == "grpo+clip=cispo"
+    assert resolve_algorithm({"base": "grpo", "clip": {"eps_high": 0.28}}).name == "grpo"
+    assert resolve_algorithm({"base": "grpo", "filter": [{"use": "drop_truncated"}]}).name == "grpo+filter=drop_truncated"
+
+
+def test_dry_run_output_loads_back_as_the_same_run(tmp_path):
+    env = {"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"}
+    args = [sys.executable, "-m", "policyzoo.cli", "train", "--algo", "dapo", "--dry-run",
+            "algorithm.clip.use=cispo", "algorithm.sample.n=4"]
+    first = subprocess.run(args, capture_output=True, text=True, env=env)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "resolved.yaml").write_text(first.stdout)
+    again = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--config", str(tmp_path / "resolved.yaml"),
+                            "--dry-run"], capture_output=True, text=True, env=env)
+    assert again.returncode == 0, again.stderr
+    import yaml
+
+    a, b = yaml.safe_load(first.stdout), yaml.safe_load(again.stdout)
+    assert a["rewards"] == b["rewards"] == [{"use": "answer_match", "weight": 1.0}]
+    for slot, entry in a["algorithm"]["slots"].items():  # every component and parameter survives
+        assert entry["components"] == b["algorithm"]["slots"][slot]["components"], slot
+    assert b["algorithm"]["slots"]["reward"]["components"][0]["use"] == "overlong_penalty"  # extras not doubled
+    assert len(b["algorithm"]["slots"]["reward"]["components"]) == 1
