@@ -79,6 +79,9 @@ def summarize(results: dict, warmup: int) -> str:
         t = median(results["trl"][warmup:], k)
         ratio = f"{p / t:.2f}" if t and t == t and t > 0 else ""
         lines.append(f"| {label} | {p:.2f} | {t:.2f} | {ratio} |")
+    pairs = [p["time_step"] / t["time_step"] for p, t in zip(results["policyzoo"][warmup:], results["trl"][warmup:])]
+    lines.append(f"| step wall time, median of the per-step ratios (each pair measured back to back) | | | "
+                 f"{statistics.median(pairs):.2f} |")
     lines.append(f"| startup (load models), s | {results['ready']['policyzoo']['startup_s']:.1f} | "
                  f"{results['ready']['trl']['startup_s']:.1f} | |")
     lines += ["", "| step | reward policyzoo | reward TRL | step s policyzoo | step s TRL |", "|---|---|---|---|---|"]
@@ -113,7 +116,13 @@ def main(argv=None) -> dict:
     add_common(ap)
     ap.add_argument("--warmup", type=int, default=1, help="steps left out of the medians")
     ap.add_argument("--out", default=str(HERE / "results" / "step_vs_trl"), help="folder for JSON, log, PNG")
+    ap.add_argument("--summarize", default=None, help="only re-print the tables and plot of a results.json")
     a = ap.parse_args(argv)
+    if a.summarize:
+        results = json.loads(Path(a.summarize).read_text())
+        print(summarize(results, results["args"]["warmup"]))
+        plot(results, Path(a.summarize).with_name("curves.png"))
+        return results
     check_common(ap, a)
     if not 0 <= a.warmup < a.steps:
         ap.error("need 0 <= warmup < steps")
