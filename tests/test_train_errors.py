@@ -67,3 +67,36 @@ def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path):
     proc = subprocess.run(base, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2 and "another algorithm, reward, model or data" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_resume_refuses_to_rewind_a_run(tmp_path):
+    from policyzoo.engine.rundir import RunDir
+
+    rd = RunDir(tmp_path / "run")
+    rd.create({}, {})
+    (rd.ckpt / "step-000003").mkdir()
+    (rd.ckpt / "step-000003" / "state.json").write_text(json.dumps({"step": 3, "batches": 3, "fingerprint": {}}))
+    (rd.ckpt / "latest.json").write_text(json.dumps({"step": 3, "path": "step-000003"}))
+    cmd = [sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--resume", str(rd.path),
+           f"model.path={tiny_model()}", *TINY_OVERRIDES, "train.steps=3"]
+    proc = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and "already at step 3" in proc.stderr and "train.steps=13" in proc.stderr, \
+        proc.stderr[-2000:]
+    assert (rd.ckpt / "step-000003" / "state.json").is_file()  # nothing touched
+
+
+@pytest.mark.parametrize("case", ["a_file", "another_run"])
+def test_output_dir_is_checked_before_any_model_loads(tmp_path, case):
+    out = tmp_path / "run"
+    if case == "a_file":
+        out.write_text("x")
+        expect = "is a file"
+    else:  # a run killed before its first checkpoint left metrics behind
+        out.mkdir()
+        (out / "metrics.jsonl").write_text('{"step": 1}\n')
+        expect = "another run's files"
+    cmd = [sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--output-dir", str(out),
+           f"model.path={tiny_model()}", *TINY_OVERRIDES]
+    proc = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and expect in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "engine ready" not in proc.stdout and "loading" not in proc.stdout.lower()

@@ -58,6 +58,24 @@ class RunDir:
         self.path = Path(path)
         self.ckpt = self.path / "checkpoints"
 
+    def check_new(self) -> None:
+        """Before any model loads: the folder can hold a new run (not a file, not another run's
+        files without a checkpoint, writable)."""
+        if dist.rank() != 0:
+            return
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"output_dir {self.path}", "exists and is a file, not a directory",
+                            "choose another --output-dir")
+        if any((self.path / name).exists() for name in ("metrics.jsonl", "config.yaml")):
+            raise UserError(f"output_dir {self.path}", "already holds another run's files (without a complete "
+                            "checkpoint to resume from); a new run would mix its metrics into them",
+                            "choose another --output-dir, or delete the folder")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"output_dir {self.path}", f"cannot be created: {e.strerror}",
+                            "choose a writable --output-dir") from None
+
     def create(self, config: dict, resolved: dict) -> None:
         """Write ``config.yaml`` (the config as given, reloadable) and ``resolved.yaml`` (every
         slot's component with all parameters and the distribution it came from)."""

@@ -79,6 +79,11 @@ class Session:
                 raise ResumeError(str(resume), "no complete checkpoint in this run directory",
                                   "start a new run (drop --resume), or set train.save_every to save checkpoints")
             self.resume_from, self.state = found
+            if config.train.steps <= self.state["step"]:
+                raise ResumeError(str(resume), f"the run is already at step {self.state['step']} and train.steps is "
+                                  f"{config.train.steps}: resuming would rewind it and overwrite its checkpoints",
+                                  f"set train.steps above {self.state['step']}, e.g. "
+                                  f"`policyzoo train --resume {resume} train.steps={self.state['step'] + 10}`")
             same = json.dumps(self.state.get("fingerprint"), sort_keys=True) == json.dumps(self.fingerprint, sort_keys=True)
             if not same and force_resume:
                 self.console.print(f"--force-resume: loading {self.resume_from} although it was written with another "
@@ -94,6 +99,7 @@ class Session:
             if self.rundir.latest() is not None:
                 raise ResumeError(out, "this run directory already holds a run",
                                   "pass --resume to continue it, or choose another --output-dir")
+            self.rundir.check_new()
             self.resume_from, self.state = None, {"step": 0, "batches": 0}
         return self
 
@@ -126,8 +132,7 @@ class Session:
             self.policy.sync()
             self.rundir.truncate_metrics(self.state["step"])
             self.console.print(f"resumed from {self.resume_from} (step {self.state['step']})")
-        else:
-            self.rundir.create(c.model_dump(), self.resolved)
+        self.rundir.create(c.model_dump(), self.resolved)  # on resume: records the new train.steps etc.
         from ..catalog import get_catalog
 
         self.rundir.write_plugins([{"distribution": p.dist, "version": p.version, "module": p.module}
