@@ -65,3 +65,13 @@ def test_fixtures_reach_an_author_test_suite_through_pytest11(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "5 passed" in proc.stdout
+
+
+def test_tiny_run_of_a_plugin_that_is_also_installed():
+    # policyzoo-sapo is pip-installed (entry point autoloaded); passing its module explicitly, as an
+    # author testing their own plugin does, must not register 'sapo' twice
+    import policyzoo_sapo
+    from policyzoo.testing.training import tiny_run
+
+    result = tiny_run({"base": "grpo", "clip": {"use": "sapo"}}, steps=2, plugins=[policyzoo_sapo])
+    assert len(result.history) == 2 and result.weights_changed

@@ -40,9 +40,11 @@ def tiny_run(algorithm="grpo", steps: int = 2, seed: int = 0, *, plugins=(), cat
     """Train ``steps`` steps of ``algorithm`` on a random bandit (``questions`` x ``candidates``,
     ``right`` right answers each, lengths 2..6 tokens, seeded by ``seed``).
 
-    ``catalog`` defaults to a fresh one that follows the environment switches (installed plugin
-    distributions included) plus ``plugins`` (plugin modules, Component classes or Bundles, as for
-    :func:`~policyzoo.testing.make_plugin`) and the bandit's reward.
+    ``catalog`` defaults to a fresh one with the built-ins, ``plugins`` (plugin modules, Component
+    classes or Bundles, as for :func:`~policyzoo.testing.make_plugin`) and the bandit's reward.
+    When ``plugins`` are given, installed distributions are not autoloaded (so testing a plugin
+    that is also pip-installed does not register its names twice); without ``plugins`` the
+    environment switches decide, as for a real run.
     ``settings`` override :class:`~policyzoo.step.StepSettings` (``micro_batches=2`` ...).
     ``recorder``: a :class:`~policyzoo.testing.HookRecorder` attached to the run before training.
     Errors: whatever assembly raises for an invalid algorithm (a ``ConfigError``)."""
@@ -50,7 +52,8 @@ def tiny_run(algorithm="grpo", steps: int = 2, seed: int = 0, *, plugins=(), cat
 
     from .helpers import _as_plugin
 
-    catalog = catalog or load_catalog(extra=[sys.modules[bandit_mod.__name__], *map(_as_plugin, plugins)])
+    catalog = catalog or load_catalog(autoload=False if plugins else None,
+                                      extra=[sys.modules[bandit_mod.__name__], *map(_as_plugin, plugins)])
     run = assemble(algorithm, rewards=(use("bandit_correct"),), catalog=catalog)
     if recorder is not None:
         recorder.attach(run)
