@@ -190,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         Console(stderr=True).print(str(e), markup=False, highlight=False)
         return 130 if type(e).__name__ == "Interrupted" else 2  # Ctrl-C after a saved checkpoint
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        # a path the user gave (an --output PNG, a folder) that cannot be used
+        Console(stderr=True).print(UserError(str(e.filename), e.strerror or str(e), "check the path").render(),
+                                   markup=False, highlight=False)
+        return 2
     except KeyboardInterrupt:
         Console(stderr=True).print("interrupted", markup=False)
         return 130

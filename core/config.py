@@ -72,6 +72,14 @@ class Config(Section):
     engine: EngineSettings = EngineSettings()
     output_dir: str | None = None
 
+    @pydantic.model_validator(mode="after")
+    def _bf16_needs_zero(self):
+        if self.model.dtype == "bfloat16" and self.engine.zero_stage == 0:
+            raise ValueError("model.dtype bfloat16 needs engine.zero_stage >= 1 (DeepSpeed's bf16 at ZeRO 0 "
+                             "trains differently from fp32 on this version): set engine.zero_stage=1, or "
+                             "model.dtype=float32")  # text before ': ' is the reason, after it the fix
+        return self
+
 
 def _set_dotted(tree: dict, key: str, value: Any) -> None:
     parts = key.split(".")
@@ -146,6 +154,9 @@ def _to_config_error(e: pydantic.ValidationError, tree: dict, where: str) -> Con
         field = getattr(model, "model_fields", {}).get(part)
         model = field.annotation if field is not None else None
     fields = list(getattr(model, "model_fields", {}) or {})
+    if not loc:  # a rule across sections (a model validator): its message names the keys and the fix
+        why, _, fix = err["msg"].removeprefix("Value error, ").partition(": ")
+        return ConfigError(where, why, fix)
     if err["type"] == "extra_forbidden":
         why = f"unknown key {loc[-1]!r}{did_you_mean(loc[-1], fields)}"
         fix = f"keys allowed here: {', '.join(fields)}" if fields else "remove it"

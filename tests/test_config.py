@@ -166,3 +166,16 @@ def test_dry_run_output_loads_back_as_the_same_run(tmp_path):
         assert entry["components"] == b["algorithm"]["slots"][slot]["components"], slot
     assert b["algorithm"]["slots"]["reward"]["components"][0]["use"] == "overlong_penalty"  # extras not doubled
     assert len(b["algorithm"]["slots"]["reward"]["components"]) == 1
+
+
+def test_bf16_at_zero_stage_0_is_refused_at_config_time():
+    msg = _err(algo="grpo", overrides=["model.dtype=bfloat16"])
+    assert "engine.zero_stage >= 1" in msg and "fix: set engine.zero_stage=1" in msg
+    assert load_config(algo="grpo", overrides=["model.dtype=bfloat16", "engine.zero_stage=1"]).engine.zero_stage == 1
+
+
+def test_cli_reports_an_unusable_output_path_without_traceback(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "plot", str(tmp_path), "--output",
+                          str(tmp_path / "no" / "such" / "x.png")], capture_output=True, text=True,
+                         env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
+    assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.startswith("error at ")
