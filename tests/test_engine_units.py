@@ -217,3 +217,20 @@ def test_plot_draws_the_six_curves_to_a_png(tmp_path):
                                               "clip fraction", "entropy (nats/token)", "zero-std groups"]
     with pytest.raises(UserError, match="no training steps"):
         plot(str(tmp_path / "empty"))
+
+
+def test_vllm_thread_count_mismatch_is_a_config_error(monkeypatch):
+    # vLLM's CPU attention crashes when torch's thread count differs from the OpenMP pool the
+    # process started with; policyzoo refuses such a config before loading anything
+    from policyzoo.engine.env import check_vllm_threads
+    from policyzoo.errors import ConfigError
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    with pytest.raises(ConfigError, match="OMP_NUM_THREADS=1"):
+        check_vllm_threads(1)
+    check_vllm_threads(2)     # matches the pool
+    check_vllm_threads(None)  # the default follows the pool
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    from policyzoo.engine.env import cpu_count
+
+    check_vllm_threads(cpu_count())

@@ -77,6 +77,21 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
     return n
 
 
+def check_vllm_threads(threads: int | None) -> None:
+    """vLLM's CPU attention checks its OpenMP pool, sized when the process started, against
+    torch's thread count: a mismatch crashes in the first rollout. Raise a ConfigError first."""
+    import torch
+
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if threads and not torch.cuda.is_available() and threads != (int(omp) if omp else cpu_count()):
+        from ..errors import ConfigError
+
+        raise ConfigError("engine.threads", f"engine.threads={threads} with the vllm rollout, but this process's "
+                          f"OpenMP thread count is {omp or cpu_count()} (fixed at start-up, before the config is read)",
+                          f"start the process with OMP_NUM_THREADS={threads} in the environment, drop "
+                          "engine.threads, or use engine.rollout=transformers")
+
+
 def seed_everything(seed: int) -> None:
     import random
 

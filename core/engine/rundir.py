@@ -60,9 +60,8 @@ class RunDir:
 
     def check_new(self) -> None:
         """Before any model loads: the folder can hold a new run (not a file, not another run's
-        files without a checkpoint, writable)."""
-        if dist.rank() != 0:
-            return
+        files without a checkpoint, writable). Every rank checks, so every rank stops with the
+        same message instead of waiting for rank 0."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"output_dir {self.path}", "exists and is a file, not a directory",
                             "choose another --output-dir")

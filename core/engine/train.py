@@ -41,8 +41,10 @@ def _quiet_libraries() -> None:
 
 
 def main(config, resume: str | None = None, force_resume: bool = False) -> dict:
-    from .env import setup_process
+    from .env import check_vllm_threads, setup_process
 
+    if config.engine.rollout == "vllm":
+        check_vllm_threads(config.engine.threads)
     threads = setup_process(config.engine.threads, config.engine.kv_cache_gb)
     _quiet_libraries()
     from .session import Session
