@@ -100,7 +100,9 @@ def resolved_view(config, run) -> dict:
     """The fully resolved config: every slot's component with all parameters, whether it is the
     base algorithm's choice or an override, and which distribution provides it."""
     view = config.model_dump()
-    base_name = config.algorithm if isinstance(config.algorithm, str) else config.algorithm.get("base")
+    from .assembly import DEFAULT_ALGORITHM
+
+    base_name = config.algorithm if isinstance(config.algorithm, str) else config.algorithm.get("base", DEFAULT_ALGORITHM)
     base = get_catalog().bundle(base_name)
     view["algorithm"] = {"name": run.bundle.name, "base": base_name, "paper": run.bundle.paper, "slots": {}}
     for slot in SLOTS:

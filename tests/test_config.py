@@ -179,3 +179,10 @@ def test_cli_reports_an_unusable_output_path_without_traceback(tmp_path):
                           str(tmp_path / "no" / "such" / "x.png")], capture_output=True, text=True,
                          env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
     assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.startswith("error at ")
+
+
+def test_cli_dry_run_of_slot_overrides_without_algo():
+    out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--dry-run", "algorithm.clip.use=cispo"],
+                         capture_output=True, text=True, env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "name: grpo+clip=cispo" in out.stdout and "base: grpo" in out.stdout
