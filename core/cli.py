@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.table import Table
 
 from .catalog import get_catalog
-from .components import Use
 from .errors import UserError
 from .hookspecs import SLOTS
 
@@ -134,14 +133,13 @@ def cmd_train(args, out: Console) -> None:
         config = config_from_run_dir(args.resume, overrides)
     else:
         config = load_config(args.config, args.algo, overrides)
-    from .data import load_task
-
-    bundle = resolve_algorithm(config.algorithm)
-    rewards = reward_uses(config, load_task(config.data).default_rewards if config.rewards is None else [])
-    run = Run(bundle, rewards=rewards)
-    if args.dry_run:
+    if args.dry_run:  # a real run does these checks itself, before any model loads
         import yaml
 
+        from .data import load_task
+
+        rewards = reward_uses(config, load_task(config.data).default_rewards if config.rewards is None else [])
+        run = Run(resolve_algorithm(config.algorithm), rewards=rewards)
         out.print(yaml.safe_dump(resolved_view(config, run), sort_keys=False))
         return
     from .engine.train import main as train_main
