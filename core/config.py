@@ -60,6 +60,8 @@ class EngineSettings(Section):
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only)")
     critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in the run directory")
+    share_prompt: bool = Field(True, description="score each distinct prompt once and only the responses per "
+                               "row (same numbers, fewer FLOPs; checked against the per-row forward at start-up)")
 
 
 class Config(Section):

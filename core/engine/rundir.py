@@ -168,3 +168,23 @@ class RunDir:
     def write_summary(self, summary: dict) -> None:
         if dist.rank() == 0:
             _atomic_write(self.path / "summary.json", json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2))
+
+
+def weights_only_load(path: str, map_location=None):
+    """``torch.load(weights_only=True)`` allowing only the non-tensor classes DeepSpeed's own
+    checkpoints hold (ZeRO stage enum, loss-scaler state, fragment addresses)."""
+    import pickle
+
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    try:
+        with torch.serialization.safe_globals([ZeroStageEnum, LossScaler, fragment_address]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        why = str(e).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+        raise ResumeError(str(path), f"the file holds objects that are not weights or optimizer state ({why}); "
+                          "it was not loaded (loading it could run code)",
+                          "resume only checkpoints written by policyzoo, or start a new run") from None

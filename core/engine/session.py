@@ -116,7 +116,10 @@ class Session:
                                need_ref=self.run.kl is not None,
                                need_critic=bool(getattr(self.run.baseline, "needs_values", False)),
                                critic_lr=c.engine.critic_lr or 10 * c.train.lr,
-                               trust_remote_code=c.model.trust_remote_code)
+                               trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt)
+        why = self.trainer.check_share_prompt(self.check_ids)
+        if why:
+            self.console.print(f"[yellow]warning:[/] {why} (engine.share_prompt)")
         if c.engine.rollout == "vllm":
             self.rollout = VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
                                        c.engine.gpu_memory_utilization)

@@ -10,7 +10,9 @@
 * Log-probs: response token t is scored from the logits at position t-1 (the last prompt token
   for t = 0), divided by the sampling temperature, as the sampler drew it. Prompts are left-padded
   and responses right-padded, so every row's response starts in the same column; position ids
-  count real tokens only, so padding changes no logit.
+  count real tokens only, so padding changes no logit. By default (``share_prompt``) each distinct
+  prompt runs once and only the responses run per row (``policyzoo.engine.prefix``): same
+  log-probs and gradients, G times fewer prompt FLOPs.
 * The reference model (only when a ``kl`` component is active) is a frozen copy of the initial
   weights; the critic (only for baselines that ``need_values``) is the same transformer with a
   scalar value head (zero-initialised, so every first value is 0) trained by its own engine.
@@ -26,6 +28,7 @@ from torch import nn
 
 from ..batch import Rollout
 from ..errors import ConfigError
+from .prefix import shared_prompt_logits
 
 
 def ds_config(stage: int, lr: float, weight_decay: float, grad_clip: float, dtype: str) -> dict:
@@ -74,27 +77,6 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return lp, ent
 
 
-def weights_only_load(path: str, map_location=None):
-    """``torch.load(weights_only=True)`` allowing only the non-tensor classes DeepSpeed's own
-    checkpoints hold (ZeRO stage enum, loss-scaler state, fragment addresses)."""
-    import pickle
-
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    from .rundir import ResumeError
-
-    try:
-        with torch.serialization.safe_globals([ZeroStageEnum, LossScaler, fragment_address]):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        why = str(e).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
-        raise ResumeError(str(path), f"the file holds objects that are not weights or optimizer state ({why}); "
-                          "it was not loaded (loading it could run code)",
-                          "resume only checkpoints written by policyzoo, or start a new run") from None
-
-
 class ValueModel(nn.Module):
     """A causal LM's transformer body with a scalar head: ``values [B, keep]`` at the last ``keep``
     positions (the head is zero-initialised)."""
@@ -118,7 +100,7 @@ class Trainer:
 
     def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
-                 score_rows: int = 16):
+                 score_rows: int = 16, share_prompt: bool = True):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
@@ -127,6 +109,8 @@ class Trainer:
                               "DeepSpeed version", "use engine.zero_stage >= 1 with bfloat16, or model.dtype: float32")
         self.info, self.stage, self.pad_id = info, zero_stage, info.pad_token_id
         self.score_rows = score_rows
+        #: score through policyzoo.engine.prefix (one forward per distinct prompt); see check_share_prompt
+        self.share_prompt = share_prompt
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         tdtype = getattr(torch, dtype)
         path = str(info.path)
@@ -150,11 +134,39 @@ class Trainer:
         self.world = world_size()
 
     # ---------------------------------------------------------------------------- scoring
-    def _logprobs(self, model, rollout: Rollout, entropy: bool):
-        ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
-        lp, ent = token_logprobs(logits, ids[:, -t:], rollout.temperature, entropy)
+    def _logprobs(self, model, rollout: Rollout, entropy: bool, share: bool | None = None):
+        if self.share_prompt if share is None else share:
+            logits = shared_prompt_logits(model, rollout, self.pad_id, self.device)
+        else:
+            ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
+        lp, ent = token_logprobs(logits, rollout.response_ids.to(self.device), rollout.temperature, entropy)
         return lp.cpu(), (ent.cpu() if ent is not None else None)
+
+    @torch.no_grad()
+    def check_share_prompt(self, ids: list[int], tolerance: float = 1e-3) -> str | None:
+        """Compare shared-prompt scoring with the per-row forward on rows built from ``ids`` (two
+        responses to one prompt, one to a shorter prompt: left padding). On a difference above
+        ``tolerance`` nats, or an error from a model without cache support, turn sharing off and
+        return why (for a warning); None when it agrees or is off."""
+        if not self.share_prompt or len(ids) < 4:
+            return None
+        h = len(ids) // 2
+        resp = [ids[h:], ids[h:][::-1], ids[h - 1:][:len(ids) - h]]
+        r = Rollout(prompt_ids=[ids[:h], ids[:h], ids[:h - 1]], response_ids=torch.tensor(resp),
+                    response_mask=torch.ones(3, len(ids) - h, dtype=torch.bool),
+                    rollout_logprobs=torch.zeros(3, len(ids) - h), group_ids=torch.tensor([0, 0, 1]),
+                    truncated=torch.zeros(3, dtype=torch.bool))
+        try:
+            diff = float((self._logprobs(self.engine, r, False, True)[0]
+                          - self._logprobs(self.engine, r, False, False)[0]).abs().max())
+        except Exception as e:  # noqa: BLE001 - any failure means: score per row
+            self.share_prompt = False
+            return f"shared-prompt scoring failed on this model ({type(e).__name__}: {e}); scoring per row"
+        if not diff <= tolerance:
+            self.share_prompt = False
+            return f"shared-prompt scoring differs from the per-row forward by {diff:.3g} nats; scoring per row"
+        return None
 
     def _chunked(self, fn, rollout: Rollout):
         outs = [fn(rollout.select(torch.arange(len(rollout)) // self.score_rows == k))
@@ -277,6 +289,8 @@ class Trainer:
         ``torch.load(weights_only=True)`` (DeepSpeed's own loader unpickles anything): a file that
         holds other objects than tensors, containers and DeepSpeed's three state classes raises
         :class:`~policyzoo.engine.rundir.ResumeError` and nothing in it is executed."""
+        from .rundir import weights_only_load
+
         for e in (self.engine, self.critic):
             if e is not None:
                 e.checkpoint_engine.load = weights_only_load

@@ -1,0 +1,161 @@
+"""Shared-prompt scoring (policyzoo.engine.prefix) gives the per-row forward's log-probs and
+gradients while feeding the model each distinct prompt once."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from _engine_helpers import tiny_model
+from policyzoo.batch import Rollout
+from policyzoo.engine.prefix import distinct_prompts, shared_prompt_logits
+from policyzoo.engine.trainer import Trainer, pack, token_logprobs
+
+PAD = 2
+
+
+def _rollout(prompts, responses, temperature=0.7):
+    t = max(len(x) for x in responses)
+    ids = torch.full((len(responses), t), PAD)
+    mask = torch.zeros((len(responses), t), dtype=torch.bool)
+    for i, x in enumerate(responses):
+        ids[i, :len(x)] = torch.tensor(x)
+        mask[i, :len(x)] = True
+    return Rollout(prompt_ids=prompts, response_ids=ids, response_mask=mask, rollout_logprobs=torch.zeros(ids.shape),
+                   group_ids=torch.zeros(len(prompts), dtype=torch.long),
+                   truncated=torch.zeros(len(prompts), dtype=torch.bool), temperature=temperature)
+
+
+# Two groups of three with prompts of different lengths (5 and 3 tokens: the short one is
+# left-padded), interleaved rows (grouping must not rely on order), ragged responses (right padding).
+P1, P2 = [1, 40, 41, 42, 43], [1, 50, 51]
+ROLL = _rollout([P1, P2, P1, P2, P1, P2],
+                [[60, 61, 62, 63], [70, PAD], [64], [71, 72, 73, 74], [65, 66, PAD], [75, 76, 77]])
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model()), dtype=torch.float32).eval()
+
+
+def _per_row(model, roll):
+    ids, attn, pos, t = pack(roll, PAD, "cpu")
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
+    return token_logprobs(logits, roll.response_ids, roll.temperature, False)[0]
+
+
+def _shared(model, roll):
+    return token_logprobs(shared_prompt_logits(model, roll, PAD, "cpu"), roll.response_ids, roll.temperature, False)[0]
+
+
+def test_distinct_prompts_by_token_ids_in_first_seen_order():
+    # rows ask [1,2], [3], [1,2], [3], [1,2] -> distinct [[1,2], [3]], row i -> 0 1 0 1 0
+    distinct, index = distinct_prompts([[1, 2], [3], [1, 2], [3], [1, 2]])
+    assert distinct == [[1, 2], [3]] and index.tolist() == [0, 1, 0, 1, 0]
+
+
+def test_logprobs_equal_the_unpadded_forward_of_each_row(model):
+    # Reference independent of both batching schemes: each row alone, unpadded, prompt + response
+    # through the model; token t read at position len(prompt) - 1 + t, logits / temperature.
+    with torch.no_grad():
+        got = _shared(model, ROLL)
+        for i, (p, r) in enumerate(zip(ROLL.prompt_ids, ROLL.response_ids.tolist())):
+            n = int(ROLL.response_mask[i].sum())
+            ref = (model(torch.tensor([p + r[:n]])).logits[0] / 0.7).log_softmax(-1)
+            want = torch.tensor([ref[len(p) - 1 + k, tok].item() for k, tok in enumerate(r[:n])])
+            assert torch.allclose(got[i, :n], want, atol=1e-5), (i, got[i, :n], want)
+
+
+def test_gradients_equal_the_per_row_forward(model):
+    # loss = sum over real tokens of w * logprob, with fixed random weights w: the gradient of
+    # every parameter must match the per-row forward's (the shared prompt's cache carries the
+    # gradients of all rows that use it back into the one prompt forward).
+    w = torch.randn(ROLL.response_ids.shape, generator=torch.Generator().manual_seed(1)) * ROLL.response_mask
+    grads = []
+    for fn in (_per_row, _shared):
+        model.zero_grad()
+        (fn(model, ROLL) * w).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    scale = max(float(g.abs().max()) for g in grads[0].values())
+    assert scale > 0
+    for n in grads[0]:
+        assert torch.allclose(grads[0][n], grads[1][n], atol=1e-5 * scale), n
+    model.zero_grad()
+
+
+class _Counting(torch.nn.Module):
+    """Records how many token positions each call feeds the model."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.fed = inner, []
+
+    def forward(self, **kw):
+        self.fed.append(kw["input_ids"].numel())
+        return self.inner(**kw)
+
+
+def test_each_distinct_prompt_runs_once(model):
+    # Per row: 6 rows x (prompt width 5 + T 4) = 54 positions. Shared: 2 distinct prompts x width 5
+    # = 10, then 6 rows x (T - 1 = 3) response positions = 18 (the last response token predicts
+    # nothing the loss uses, so it is not fed): 28 positions in 2 calls.
+    counting = _Counting(model)
+    with torch.no_grad():
+        _shared(counting, ROLL)
+    assert counting.fed == [10, 18]
+    ids, _, _, _ = pack(ROLL, PAD, "cpu")
+    assert ids.numel() == 54
+
+
+def test_one_token_responses_need_only_the_prompt_forward(model):
+    # T = 1: token 0 is scored from the prompt's last position; no response forward at all.
+    roll = _rollout([P1, P1, P2], [[60], [61], [70]])
+    counting = _Counting(model)
+    with torch.no_grad():
+        got, want = _shared(counting, roll), _per_row(model, roll)
+    assert counting.fed == [10]  # 2 distinct prompts x width 5
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def _bare_trainer(engine) -> Trainer:
+    tr = Trainer.__new__(Trainer)  # the scoring paths only, without DeepSpeed
+    tr.engine, tr.pad_id, tr.device, tr.share_prompt = engine, PAD, torch.device("cpu"), True
+    return tr
+
+
+def test_startup_check_keeps_sharing_on_a_model_that_agrees(model):
+    tr = _bare_trainer(model)
+    assert tr.check_share_prompt(list(range(3, 40))) is None and tr.share_prompt
+
+
+def test_startup_check_falls_back_to_per_row_scoring_on_a_model_without_cache_support(model):
+    class NoCache(torch.nn.Module):
+        def forward(self, past_key_values=None, use_cache=False, **kw):
+            if use_cache:
+                raise TypeError("forward() got an unexpected keyword argument 'past_key_values'")
+            return model(**kw)
+
+    tr = _bare_trainer(NoCache())
+    why = tr.check_share_prompt(list(range(3, 40)))
+    assert not tr.share_prompt and "TypeError" in why and "scoring per row" in why
+    lp, _ = tr._logprobs(tr.engine, ROLL, False)  # still scores, per row
+    with torch.no_grad():
+        assert torch.allclose(lp, _per_row(model, ROLL), atol=1e-6)
+
+
+def test_startup_check_falls_back_when_the_numbers_differ(model):
+    class Wrong(torch.nn.Module):  # a cache path that silently shifts the logits
+        def forward(self, **kw):
+            out = model(**kw)
+            if kw.get("past_key_values") is not None:
+                out = types.SimpleNamespace(logits=out.logits + torch.linspace(0, 1, out.logits.shape[-1]))
+            return out
+
+    tr = _bare_trainer(Wrong())
+    why = tr.check_share_prompt(list(range(3, 40)))
+    assert not tr.share_prompt and "differs from the per-row forward" in why
