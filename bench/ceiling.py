@@ -10,7 +10,9 @@ vocabulary 49152, tied embeddings; 134.5M parameters):
 * attention: QK^T and AV, 2 x 2 x layers x hidden x context per token (causal: context = position);
 * decode: one forward per generated token with a KV cache (2 N + attention over the context), and
   it is memory-bound: every decode step reads all weights once (134.5M x 4 bytes in fp32);
-* prefill: the prompt once per prompt (prefix caching shares it across the G samples).
+* prefill: the prompt once per prompt (prefix caching shares it across the G samples);
+* training and reference scoring: the prompt once per prompt too (policyzoo's shared-prompt
+  scoring), the responses per row; the table notes what scoring every row in full would cost.
 
 The ceiling time of each part is FLOPs / matmul rate (and, for decode, also steps x weight bytes /
 bandwidth; the larger bound counts). ``--metrics run/metrics.jsonl`` compares the engine's
@@ -74,11 +76,21 @@ def attention_flops(a: Arch, query_tokens: int, context_start: int) -> float:
 
 
 def step_flops(a: Arch, P: int, G: int, prompt_len: int, response_len: int, kl: bool = True,
-               logits_everywhere: bool = False) -> dict[str, float]:
-    """FLOPs of one on-policy GRPO step (one optimizer step, one update per batch)."""
+               logits_everywhere: bool = False, shared_prompt: bool = False) -> dict[str, float]:
+    """FLOPs of one on-policy GRPO step (one optimizer step, one update per batch).
+
+    Scoring per row (``shared_prompt=False``, as TRL): B rows x (prompt + response) positions.
+    Shared prompt (policyzoo's default, ``engine.share_prompt``): P prompts once, then B rows x
+    (response - 1) positions attending to the prompt's cache; logits at the prompt's last position."""
     B, S = P * G, prompt_len + response_len
     head_tokens = S if logits_everywhere else response_len
     fwd_row = 2.0 * a.body_params * S + 2.0 * a.head_params * head_tokens + attention_flops(a, S, 0)
+    if shared_prompt:
+        r = response_len - 1
+        head_p = prompt_len if logits_everywhere else 1
+        fwd_row = (P * (2.0 * a.body_params * prompt_len + 2.0 * a.head_params * head_p
+                        + attention_flops(a, prompt_len, 0))
+                   + B * (2.0 * (a.body_params + a.head_params) * r + attention_flops(a, r, prompt_len))) / B
     prefill = P * (2.0 * (a.body_params + a.head_params) * prompt_len + attention_flops(a, prompt_len, 0))
     decode = B * (2.0 * (a.body_params + a.head_params) * response_len + attention_flops(a, response_len, prompt_len))
     out = {"rollout: prefill": prefill, "rollout: decode": decode,
@@ -221,10 +233,13 @@ def main(argv=None) -> dict:
     t = max(a.threads)
     fp32, bf16 = rates[t][f"fp32 {MODEL_SHAPE}"], rates[t][f"bf16 {MODEL_SHAPE}"]
     bw = rates[t]["copy bandwidth"]
-    flops = step_flops(arch, a.P, a.G, a.prompt_len, a.response_len, kl=not a.no_kl)
-    wasted = step_flops(arch, a.P, a.G, a.prompt_len, a.response_len, kl=not a.no_kl, logits_everywhere=True)
+    flops = step_flops(arch, a.P, a.G, a.prompt_len, a.response_len, kl=not a.no_kl, shared_prompt=True)
+    wasted = step_flops(arch, a.P, a.G, a.prompt_len, a.response_len, kl=not a.no_kl, shared_prompt=True,
+                        logits_everywhere=True)
+    per_row = step_flops(arch, a.P, a.G, a.prompt_len, a.response_len, kl=not a.no_kl)
     print(f"\nOne GRPO step: P={a.P} x G={a.G}, prompt {a.prompt_len} + response {a.response_len} tokens, "
-          f"{'with' if not a.no_kl else 'no'} reference forward; ceiling at {t} thread(s), model-shape matmul rate")
+          f"{'with' if not a.no_kl else 'no'} reference forward, shared-prompt scoring; ceiling at {t} thread(s), "
+          "model-shape matmul rate")
     print("| part | GFLOP | ceiling s, fp32 | ceiling s, bf16 | note |")
     print("|---|---|---|---|---|")
     res = {"rates": {str(k): v for k, v in rates.items()}, "flops": flops, "ceiling_fp32": {}, "ceiling_bf16": {}}
@@ -236,8 +251,8 @@ def main(argv=None) -> dict:
             note = f"memory bound: {a.response_len} steps x {arch.params * 4 / 1e6:.0f} MB weights = {mem:.2f} s fp32"
             c32, c16 = max(c32, mem), max(c16, mem / 2)
         elif part.startswith("train") or part.startswith("reference"):
-            extra = wasted[part] - f
-            note = f"logits on prompt positions too would add {extra / 1e9:.0f} GFLOP"
+            note = (f"scoring each row in full (as TRL): {per_row[part] / 1e9:.0f} GFLOP; logits on every prompt "
+                    f"position too: +{(wasted[part] - f) / 1e9:.0f} GFLOP")
         res["ceiling_fp32"][part], res["ceiling_bf16"][part] = c32, c16
         print(f"| {part} | {f / 1e9:.1f} | {c32:.2f} | {c16:.2f} | {note} |")
     tot32, tot16 = sum(res["ceiling_fp32"].values()), sum(res["ceiling_bf16"].values())

@@ -84,11 +84,30 @@ def summarize(results: dict, warmup: int) -> str:
                  f"{statistics.median(pairs):.2f} |")
     lines.append(f"| startup (load models), s | {results['ready']['policyzoo']['startup_s']:.1f} | "
                  f"{results['ready']['trl']['startup_s']:.1f} | |")
+    lines += ["", *curve_windows(results)]
     lines += ["", "| step | reward policyzoo | reward TRL | step s policyzoo | step s TRL |", "|---|---|---|---|---|"]
     for p, t in zip(results["policyzoo"], results["trl"]):
         lines.append(f"| {p['step']} | {p['reward_mean']:.3f} | {t['reward_mean']:.3f} | {p['time_step']:.1f} | "
                      f"{t['time_step']:.1f} |")
     return "\n".join(lines)
+
+
+def curve_windows(results: dict, width: int = 10) -> list[str]:
+    """Mean reward per window of ``width`` steps for both, with the standard error of the
+    difference: each step's mean reward over n = P x G samples has variance p(1 - p) / n for 0/1
+    rewards; a window's mean over k steps has the mean of those over k."""
+    n = results["args"]["P"] * results["args"]["G"]
+    lines = ["| steps | mean reward policyzoo | mean reward TRL | difference | standard error of the difference |",
+             "|---|---|---|---|---|"]
+    steps = min(len(results["policyzoo"]), len(results["trl"]))
+    for lo in range(0, steps, width):
+        hi = min(lo + width, steps)
+        m = {k: [r["reward_mean"] for r in results[k][lo:hi]] for k in ("policyzoo", "trl")}
+        mean = {k: sum(v) / len(v) for k, v in m.items()}
+        var = sum(sum(p * (1 - p) / n for p in v) / len(v) ** 2 for v in m.values())
+        lines.append(f"| {lo + 1}-{hi} | {mean['policyzoo']:.3f} | {mean['trl']:.3f} | "
+                     f"{mean['policyzoo'] - mean['trl']:+.3f} | {var ** 0.5:.3f} |")
+    return lines
 
 
 def plot(results: dict, path: Path) -> None:
@@ -102,7 +121,11 @@ def plot(results: dict, path: Path) -> None:
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
     for name, style in (("policyzoo", "o-"), ("trl", "s--")):
         steps = [r["step"] for r in results[name]]
-        ax[0].plot(steps, [r["reward_mean"] for r in results[name]], style, label=name)
+        rew = [r["reward_mean"] for r in results[name]]
+        line = ax[0].plot(steps, rew, style, alpha=0.35 if len(rew) >= 10 else 1.0, label=name)[0]
+        if len(rew) >= 10:  # a 5-step running mean over the noisy per-step means
+            run = [sum(rew[max(0, i - 4):i + 1]) / len(rew[max(0, i - 4):i + 1]) for i in range(len(rew))]
+            ax[0].plot(steps, run, "-", color=line.get_color(), label=f"{name}, 5-step mean")
         ax[1].plot(steps, [r["time_step"] for r in results[name]], style, label=name)
     ax[0].set(xlabel="step", ylabel="mean reward", title="learning curve")
     ax[1].set(xlabel="step", ylabel="seconds", title="step wall time")
