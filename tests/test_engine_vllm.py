@@ -55,3 +55,10 @@ def test_weight_sync_restores_equal_logprobs(probe):
     assert probe["stale"] > 1e-2
     assert probe["synced"] < 1e-4
     assert probe["greedy_rows"] == 2
+
+
+def test_a_step_larger_than_the_token_budget_samples_on_cpu(probe):
+    # 8 prompts x 32 samples of ~101 tokens = 256 requests, ~25,900 prompt tokens against vLLM's
+    # 4096-token step budget: prefills must wait for a later step, never be split (a split prefill
+    # rewinds the seeded CPU generator, which vLLM-CPU cannot do, and the rollout crashed).
+    assert probe["big_rows"] == 256 and probe["big_prompt_tokens"] > 4096

@@ -86,6 +86,12 @@ class VLLMRollout(_Base):
                       trust_remote_code=False, tokenizer=str(model_info.path))
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # A prefill split over two engine steps rewinds the request's seeded generator with
+            # Generator.set_offset, which only CUDA generators have: on CPU any step whose prompts
+            # exceed the token budget (e.g. 8 prompts x 32 samples x 103 tokens) crashed with
+            # "CPU Generator does not use offset". Unsplit prefills never rewind.
+            kwargs["enable_chunked_prefill"] = False
         self.llm = LLM(str(model_info.path), **kwargs)
 
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
