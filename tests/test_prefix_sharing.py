@@ -10,7 +10,7 @@ import torch
 
 from _engine_helpers import tiny_model
 from policyzoo.batch import Rollout
-from policyzoo.engine.prefix import distinct_prompts, shared_prompt_logits
+from policyzoo.engine.prefix import distinct_prompts, length_buckets, shared_prompt_logits
 from policyzoo.engine.trainer import Trainer, pack, token_logprobs
 
 PAD = 2
@@ -33,6 +33,9 @@ def _rollout(prompts, responses, temperature=0.7):
 P1, P2 = [1, 40, 41, 42, 43], [1, 50, 51]
 ROLL = _rollout([P1, P2, P1, P2, P1, P2],
                 [[60, 61, 62, 63], [70, PAD], [64], [71, 72, 73, 74], [65, 66, PAD], [75, 76, 77]])
+
+# One long response among short ones: run as two length groups (see test_length_buckets...).
+LONG = _rollout([P1, P1, P2, P2, P1, P2], [list(range(60, 80)), [61, 62], [70], [71, PAD], [63], [72, 73]])
 
 
 @pytest.fixture(scope="module")
@@ -59,27 +62,29 @@ def test_distinct_prompts_by_token_ids_in_first_seen_order():
     assert distinct == [[1, 2], [3]] and index.tolist() == [0, 1, 0, 1, 0]
 
 
-def test_logprobs_equal_the_unpadded_forward_of_each_row(model):
+@pytest.mark.parametrize("roll", [ROLL, LONG], ids=["one-group", "two-length-groups"])
+def test_logprobs_equal_the_unpadded_forward_of_each_row(model, roll):
     # Reference independent of both batching schemes: each row alone, unpadded, prompt + response
     # through the model; token t read at position len(prompt) - 1 + t, logits / temperature.
     with torch.no_grad():
-        got = _shared(model, ROLL)
-        for i, (p, r) in enumerate(zip(ROLL.prompt_ids, ROLL.response_ids.tolist())):
-            n = int(ROLL.response_mask[i].sum())
+        got = _shared(model, roll)
+        for i, (p, r) in enumerate(zip(roll.prompt_ids, roll.response_ids.tolist())):
+            n = int(roll.response_mask[i].sum())
             ref = (model(torch.tensor([p + r[:n]])).logits[0] / 0.7).log_softmax(-1)
             want = torch.tensor([ref[len(p) - 1 + k, tok].item() for k, tok in enumerate(r[:n])])
             assert torch.allclose(got[i, :n], want, atol=1e-5), (i, got[i, :n], want)
 
 
-def test_gradients_equal_the_per_row_forward(model):
+@pytest.mark.parametrize("roll", [ROLL, LONG], ids=["one-group", "two-length-groups"])
+def test_gradients_equal_the_per_row_forward(model, roll):
     # loss = sum over real tokens of w * logprob, with fixed random weights w: the gradient of
     # every parameter must match the per-row forward's (the shared prompt's cache carries the
     # gradients of all rows that use it back into the one prompt forward).
-    w = torch.randn(ROLL.response_ids.shape, generator=torch.Generator().manual_seed(1)) * ROLL.response_mask
+    w = torch.randn(roll.response_ids.shape, generator=torch.Generator().manual_seed(1)) * roll.response_mask
     grads = []
     for fn in (_per_row, _shared):
         model.zero_grad()
-        (fn(model, ROLL) * w).sum().backward()
+        (fn(model, roll) * w).sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     scale = max(float(g.abs().max()) for g in grads[0].values())
     assert scale > 0
@@ -110,6 +115,31 @@ def test_each_distinct_prompt_runs_once(model):
     assert counting.fed == [10, 18]
     ids, _, _, _ = pack(ROLL, PAD, "cpu")
     assert ids.numel() == 54
+
+
+def test_length_buckets_minimise_padded_positions_plus_call_overhead():
+    # Lengths [32, 5, 6, 5, 7, 6, 5, 5], overhead 16 positions per group; a group costs
+    # rows x (longest - 1) + 16:
+    #   one group:                 8 x 31 + 16                      = 264
+    #   {32} + {7, 6, 5}:          1 x 31 + 16 + 7 x 6 + 16         = 105  <- best
+    #   {32} + {7, 6} + {5}:       47 + (3 x 6 + 16) + (4 x 4 + 16) = 113
+    #   {32} + {7} + {6, 5}:       47 + (6 + 16) + (6 x 5 + 16)     = 115
+    assert length_buckets([32, 5, 6, 5, 7, 6, 5, 5]) == [[0], [1, 2, 3, 4, 5, 6, 7]]
+    # Without call overhead every distinct length is its own group (no padding at all):
+    # {3}: rows 0, 2; {2}: row 3; {1}: row 1.
+    assert length_buckets([3, 1, 3, 2], overhead=0) == [[0, 2], [3], [1]]
+    # Equal lengths: one group.
+    assert length_buckets([4, 4, 4]) == [[0, 1, 2]]
+
+
+def test_a_long_response_gets_its_own_group(model):
+    # LONG: lengths [20, 2, 1, 2, 1, 2] (the PAD of [71, PAD] is a generated EOS, masked in).
+    #   one group: 6 x 19 + 16 = 130; {20} + {2, 1}: (19 + 16) + (5 x 1 + 16) = 56.
+    # Calls: prompts (2 x width 5 = 10), the long row (1 x 19), the short rows (5 x 1).
+    counting = _Counting(model)
+    with torch.no_grad():
+        _shared(counting, LONG)
+    assert counting.fed == [10, 19, 5]
 
 
 def test_one_token_responses_need_only_the_prompt_forward(model):

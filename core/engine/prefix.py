@@ -12,7 +12,9 @@ summation order: <= 1e-5 nats on the test models, ``tests/test_prefix_sharing.py
 Work per batch: U distinct prompts x prompt length + B rows x (T - 1) response tokens, against
 B x (prompt length + T) per row. The response's last token is never fed: its logits would predict
 a token after the response, which no loss uses; response token 0 is scored from the prompt's last
-position.
+position. Rows whose responses are much shorter than the batch's longest run in their own group
+(:func:`length_buckets`), padded only to their group's longest: with short answers and one long
+one, padding would otherwise dominate the response tokens.
 
 Requires a model whose forward accepts ``past_key_values`` (a transformers ``Cache`` with
 ``batch_select_indices``) together with 2-D ``attention_mask`` and ``position_ids`` -- every
@@ -48,9 +50,39 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
 
 
+def length_buckets(lengths: list[int], overhead: int = 16) -> list[list[int]]:
+    """Rows grouped so that each group is padded only to its own longest response.
+
+    ``lengths``: each row's response length (tokens fed per row = length - 1). A group costs
+    rows x (its longest - 1) token positions plus ``overhead`` positions for the extra model call;
+    the split minimising the total is found exactly by dynamic programming over the distinct
+    lengths (sorted, longest first). One group when padding wastes less than a call costs.
+    Returns lists of row indices, longest group first."""
+    distinct = sorted(set(lengths), reverse=True)
+    count = {n: 0 for n in distinct}
+    for n in lengths:
+        count[n] += 1
+    k = len(distinct)
+    best, cut = [0.0] + [float("inf")] * k, [0] * (k + 1)  # best[j]: cost of the j longest lengths
+    for j in range(1, k + 1):
+        rows = 0
+        for i in range(j - 1, -1, -1):  # group = distinct[i:j], padded to distinct[i]
+            rows += count[distinct[i]]
+            cost = best[i] + rows * max(distinct[i] - 1, 0) + overhead
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], k
+    while j > 0:
+        groups.append(set(distinct[cut[j]:j]))
+        j = cut[j]
+    return [[r for r, n in enumerate(lengths) if n in g] for g in reversed(groups)]
+
+
 def shared_prompt_logits(model, rollout: Rollout, pad_id: int, device) -> torch.Tensor:
     """Logits ``[B, T, V]``: row i, column t holds the logits that score ``response_ids[i, t]``
-    (from the last prompt position for t = 0), exactly the columns the per-row forward gives.
+    (from the last prompt position for t = 0), as the per-row forward gives them, for every t up
+    to the row's last ``response_mask`` token; later columns (padding, never in a loss) hold
+    zeros. Rows run in :func:`length_buckets` groups, each padded to its own longest response.
 
     ``model``: a causal LM (or a DeepSpeed engine around one) called as
     ``model(input_ids=, attention_mask=, position_ids=, past_key_values=, use_cache=, logits_to_keep=)``.
@@ -60,16 +92,29 @@ def shared_prompt_logits(model, rollout: Rollout, pad_id: int, device) -> torch.
     p_ids, p_attn, p_pos = left_pad(distinct, pad_id)
     out = model(input_ids=p_ids.to(device), attention_mask=p_attn.to(device), position_ids=p_pos.to(device),
                 use_cache=True, logits_to_keep=1)
-    index_d = index.to(device)
-    first = out.logits[:, -1][index_d].unsqueeze(1)  # [B, 1, V]: scores response token 0
-    t = rollout.response_ids.shape[1]
-    if t == 1:
-        return first
+    first = out.logits[:, -1][index.to(device)].unsqueeze(1)  # [B, 1, V]: scores response token 0
+    b, t = rollout.response_ids.shape
+    cols = torch.arange(1, t + 1).expand(b, t)
+    lengths = torch.where(rollout.response_mask, cols, 0).amax(-1).clamp(min=1).tolist()  # last real token
     cache = out.past_key_values
-    cache.batch_select_indices(index_d)  # [U, ...] -> [B, ...], differentiable indexing
-    resp = rollout.response_ids[:, :-1]  # the last token predicts nothing the loss uses
-    attn = torch.cat([p_attn[index], torch.ones_like(resp)], dim=1)  # responses: every column attended,
-    pos = p_attn.sum(-1)[index].unsqueeze(1) + torch.arange(t - 1)  # as in the per-row pack()
-    rest = model(input_ids=resp.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
-                 past_key_values=cache, use_cache=True, logits_to_keep=t - 1).logits
-    return torch.cat([first, rest], dim=1)
+    prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]  # never modified in place
+    parts, order = [], []
+    for rows in length_buckets(lengths):
+        width = max(lengths[r] for r in rows)
+        part = first[rows]
+        if width > 1:
+            for layer, (k, v) in zip(cache.layers, prompt_kv):
+                layer.keys, layer.values = k, v
+            sel = index[rows]
+            cache.batch_select_indices(sel.to(device))  # [U, ...] -> [rows, ...], differentiable
+            resp = rollout.response_ids[rows, :width - 1]  # the last token predicts nothing used
+            attn = torch.cat([p_attn[sel], torch.ones_like(resp)], dim=1)  # as in the per-row pack()
+            pos = p_attn.sum(-1)[sel].unsqueeze(1) + torch.arange(width - 1)
+            rest = model(input_ids=resp.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                         past_key_values=cache, use_cache=True, logits_to_keep=width - 1).logits
+            part = torch.cat([part, rest], dim=1)
+        parts.append(torch.nn.functional.pad(part, (0, 0, 0, t - width)))
+        order += rows
+    inverse = torch.empty(b, dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(b)
+    return torch.cat(parts)[inverse.to(device)]
