@@ -255,6 +255,12 @@ def main(argv=None) -> dict:
                     f"position too: +{(wasted[part] - f) / 1e9:.0f} GFLOP")
         res["ceiling_fp32"][part], res["ceiling_bf16"][part] = c32, c16
         print(f"| {part} | {f / 1e9:.1f} | {c32:.2f} | {c16:.2f} | {note} |")
+    # AdamW with fp32 master weights reads weights, gradients and both moments and writes weights and
+    # moments: 7 passes over N x 4 bytes, whatever the model dtype; memory bound (no matmul FLOPs).
+    opt = 7 * arch.params * 4 / bw
+    res["ceiling_fp32"]["optimizer"], res["ceiling_bf16"]["optimizer"] = opt, opt
+    print(f"| optimizer (AdamW) | 0 | {opt:.2f} | {opt:.2f} | memory bound: 7 x {arch.params * 4 / 1e6:.0f} MB "
+          f"(weights, gradients, 2 moments read; weights, 2 moments written) |")
     tot32, tot16 = sum(res["ceiling_fp32"].values()), sum(res["ceiling_bf16"].values())
     print(f"| total | {sum(flops.values()) / 1e9:.1f} | {tot32:.2f} | {tot16:.2f} | |")
     if a.model_step:
@@ -274,7 +280,7 @@ def main(argv=None) -> dict:
         print("|---|---|---|")
         ceil = {"time_rollout": res["ceiling_fp32"]["rollout: prefill"] + res["ceiling_fp32"]["rollout: decode"],
                 "time_train": res["ceiling_fp32"]["train: forward+backward"]
-                + res["ceiling_fp32"].get("reference forward", 0.0)}
+                + res["ceiling_fp32"].get("reference forward", 0.0) + res["ceiling_fp32"]["optimizer"]}
         for k, v in split.items():
             print(f"| {k} | {v:.2f} | {v / ceil[k]:.1f} |" if k in ceil else f"| {k} | {v:.2f} | |")
         res["measured"] = split

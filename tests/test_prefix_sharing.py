@@ -10,7 +10,7 @@ import torch
 
 from _engine_helpers import tiny_model
 from policyzoo.batch import Rollout
-from policyzoo.engine.prefix import distinct_prompts, length_buckets, shared_prompt_logits
+from policyzoo.engine.prefix import _cache_layers, distinct_prompts, length_buckets, shared_prompt_logprobs
 from policyzoo.engine.trainer import Trainer, pack, token_logprobs
 
 PAD = 2
@@ -53,7 +53,7 @@ def _per_row(model, roll):
 
 
 def _shared(model, roll):
-    return token_logprobs(shared_prompt_logits(model, roll, PAD, "cpu"), roll.response_ids, roll.temperature, False)[0]
+    return shared_prompt_logprobs(model, roll, PAD, "cpu", False)[0]
 
 
 def test_distinct_prompts_by_token_ids_in_first_seen_order():
@@ -107,12 +107,14 @@ class _Counting(torch.nn.Module):
 
 def test_each_distinct_prompt_runs_once(model):
     # Per row: 6 rows x (prompt width 5 + T 4) = 54 positions. Shared: 2 distinct prompts x width 5
-    # = 10, then 6 rows x (T - 1 = 3) response positions = 18 (the last response token predicts
-    # nothing the loss uses, so it is not fed): 28 positions in 2 calls.
+    # = 10, then the response positions: lengths [4, 2, 1, 4, 3, 3]; the one-token row needs no
+    # response call (scored from its prompt's last position), the other 5 rows run padded to 4
+    # minus the last token (it predicts nothing the loss uses): 5 x 3 = 15 (splitting them further
+    # would cost a 16-position call to save at most 2 x 1 positions). 25 positions in 2 calls.
     counting = _Counting(model)
     with torch.no_grad():
         _shared(counting, ROLL)
-    assert counting.fed == [10, 18]
+    assert counting.fed == [10, 15]
     ids, _, _, _ = pack(ROLL, PAD, "cpu")
     assert ids.numel() == 54
 
@@ -128,18 +130,59 @@ def test_length_buckets_minimise_padded_positions_plus_call_overhead():
     # Without call overhead every distinct length is its own group (no padding at all):
     # {3}: rows 0, 2; {2}: row 3; {1}: row 1.
     assert length_buckets([3, 1, 3, 2], overhead=0) == [[0, 2], [3], [1]]
+    # One-token responses make no call, so they cost nothing apart: [3, 1, 1, 1, 1, 1] merged
+    # costs 6 x 2 + 16 = 28, split {3} + {1} costs (1 x 2 + 16) + 0 = 18.
+    assert length_buckets([3, 1, 1, 1, 1, 1]) == [[0], [1, 2, 3, 4, 5]]
     # Equal lengths: one group.
     assert length_buckets([4, 4, 4]) == [[0, 1, 2]]
 
 
 def test_a_long_response_gets_its_own_group(model):
     # LONG: lengths [20, 2, 1, 2, 1, 2] (the PAD of [71, PAD] is a generated EOS, masked in).
-    #   one group: 6 x 19 + 16 = 130; {20} + {2, 1}: (19 + 16) + (5 x 1 + 16) = 56.
-    # Calls: prompts (2 x width 5 = 10), the long row (1 x 19), the short rows (5 x 1).
+    #   one group: 6 x 19 + 16 = 130; {20} + {2, 1}: (19 + 16) + (5 x 1 + 16) = 56;
+    #   {20} + {2} + {1}: 35 + (3 x 1 + 16) + 0 = 54 (best).
+    # Calls: prompts (2 x width 5 = 10), the long row (1 x 19), the 2-token rows (3 x 1).
     counting = _Counting(model)
     with torch.no_grad():
         _shared(counting, LONG)
-    assert counting.fed == [10, 19, 5]
+    assert counting.fed == [10, 19, 3]
+
+
+def test_masked_columns_are_exactly_zero_on_both_paths(model):
+    # A row whose mask has a hole ([T, F, T]) and a row with no token at all: wherever the mask
+    # is False the log-prob is exactly 0, shared or per row, whatever group the row landed in.
+    roll = _rollout([P1, P1, P2], [[60, 61, 62], [63, 64, 65], [70, 71, 72]])
+    roll.response_mask[0, 1] = False
+    roll.response_mask[1, :] = False
+    tr = _bare_trainer(model)
+    for share in (True, False):
+        lp, ent = tr._logprobs(model, roll, True, share)
+        assert torch.all(lp[~roll.response_mask] == 0) and torch.all(ent[~roll.response_mask] == 0)
+        assert torch.all(lp[roll.response_mask] < 0) and torch.all(ent[roll.response_mask] > 0)
+
+
+def test_a_sliding_window_model_matches_across_length_groups():
+    # Sliding-window cache layers keep a token counter besides their tensors: restoring only the
+    # tensors between groups built masks for prompt + previous group + this group (a crash on
+    # the second group). A tiny random Mistral (window 4096) must match the per-row forward
+    # with LONG's three length groups.
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=4096, max_position_embeddings=512)
+    m = MistralForCausalLM(cfg).eval()
+    with torch.no_grad():
+        got, want = _shared(m, LONG), _per_row(m, LONG)
+    assert torch.allclose(got[LONG.response_mask], want[LONG.response_mask], atol=1e-5)
+
+
+def test_cache_layer_kinds_not_known_to_be_restorable_are_refused():
+    class Other:
+        pass
+
+    with pytest.raises(TypeError, match="unsupported cache layer kind"):
+        _cache_layers(types.SimpleNamespace(layers=[Other()]))
 
 
 def test_one_token_responses_need_only_the_prompt_forward(model):
@@ -163,6 +206,12 @@ def test_startup_check_keeps_sharing_on_a_model_that_agrees(model):
     assert tr.check_share_prompt(list(range(3, 40))) is None and tr.share_prompt
 
 
+def test_startup_check_turns_sharing_off_when_it_cannot_check(model):
+    tr = _bare_trainer(model)
+    why = tr.check_share_prompt([5, 6, 7])
+    assert not tr.share_prompt and "unchecked" in why
+
+
 def test_startup_check_falls_back_to_per_row_scoring_on_a_model_without_cache_support(model):
     class NoCache(torch.nn.Module):
         def forward(self, past_key_values=None, use_cache=False, **kw):
@@ -175,7 +224,8 @@ def test_startup_check_falls_back_to_per_row_scoring_on_a_model_without_cache_su
     assert not tr.share_prompt and "TypeError" in why and "scoring per row" in why
     lp, _ = tr._logprobs(tr.engine, ROLL, False)  # still scores, per row
     with torch.no_grad():
-        assert torch.allclose(lp, _per_row(model, ROLL), atol=1e-6)
+        m = ROLL.response_mask
+        assert torch.allclose(lp[m], _per_row(model, ROLL)[m], atol=1e-6) and torch.all(lp[~m] == 0)
 
 
 def test_startup_check_falls_back_when_the_numbers_differ(model):

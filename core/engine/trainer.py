@@ -29,7 +29,7 @@ from torch import nn
 
 from ..batch import Rollout
 from ..errors import ConfigError
-from .prefix import shared_prompt_logits
+from .prefix import shared_prompt_logprobs, token_logprobs
 
 
 def ds_config(stage: int, lr: float, weight_decay: float, grad_clip: float, dtype: str) -> dict:
@@ -62,21 +62,6 @@ def pack(rollout: Rollout, pad_id: int, device) -> tuple[torch.Tensor, torch.Ten
     ids[:, pmax:] = rollout.response_ids
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     return ids.to(device), attn.to(device), pos.to(device), t
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                   entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``logits [B, T, V]`` at the positions before ``targets [B, T]`` -> log-probs ``[B, T]`` of
-    the targets under softmax(logits / temperature), and the entropy ``[B, T]`` (nats, no grad)."""
-    z = logits.float() / temperature
-    logz = torch.logsumexp(z, -1)
-    lp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
-    ent = None
-    if entropy:
-        with torch.no_grad():
-            zd = z.detach()
-            ent = logz.detach() - (torch.softmax(zd, -1) * zd).sum(-1)
-    return lp, ent
 
 
 class ValueModel(nn.Module):
@@ -137,28 +122,39 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- scoring
     def _logprobs(self, model, rollout: Rollout, entropy: bool, share: bool | None = None):
+        """Log-probs (and entropies) ``[B, T]``, exactly 0 where ``response_mask`` is False."""
         if self.share_prompt if share is None else share:
-            logits = shared_prompt_logits(model, rollout, self.pad_id, self.device)
+            lp, ent = shared_prompt_logprobs(model, rollout, self.pad_id, self.device, entropy)
         else:
             ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
             logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
-        lp, ent = token_logprobs(logits, rollout.response_ids.to(self.device), rollout.temperature, entropy)
+            lp, ent = token_logprobs(logits, rollout.response_ids.to(self.device), rollout.temperature, entropy)
+            mask = rollout.response_mask.to(self.device)
+            lp, ent = torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
         return lp.cpu(), (ent.cpu() if ent is not None else None)
 
     @torch.no_grad()
     def check_share_prompt(self, ids: list[int], tolerance: float = 1e-3) -> str | None:
-        """Compare shared-prompt scoring with the per-row forward on rows built from ``ids`` (two
-        responses to one prompt, one to a shorter prompt: left padding). On a difference above
-        ``tolerance`` nats, or an error from a model without cache support, turn sharing off and
-        return why (for a warning); None when it agrees or is off."""
-        if not self.share_prompt or len(ids) < 4:
+        """Compare shared-prompt scoring with the per-row forward on rows built from ``ids``: two
+        prompts of different lengths (left padding), a long response, a short one and a one-token
+        one (so that the rows form several length groups and the cache is restored between them).
+        On a difference above ``tolerance`` nats, or an error (a model without cache support, a
+        cache kind not known to be restorable), turn sharing off and return why (for a warning);
+        None when it agrees or is off."""
+        if not self.share_prompt:
             return None
+        if len(ids) < 8:
+            self.share_prompt = False
+            return f"the check sequence has {len(ids)} tokens (< 8): shared-prompt scoring left unchecked and off"
         h = len(ids) // 2
-        resp = [ids[h:], ids[h:][::-1], ids[h - 1:][:len(ids) - h]]
-        r = Rollout(prompt_ids=[ids[:h], ids[:h], ids[:h - 1]], response_ids=torch.tensor(resp),
-                    response_mask=torch.ones(3, len(ids) - h, dtype=torch.bool),
-                    rollout_logprobs=torch.zeros(3, len(ids) - h), group_ids=torch.tensor([0, 0, 1]),
-                    truncated=torch.zeros(3, dtype=torch.bool))
+        t = len(ids) - h
+        resp = torch.tensor([ids[h:], ids[h:][::-1], ids[h - 1:][:t], ids[h:][:t]])
+        mask = torch.ones(4, t, dtype=torch.bool)
+        mask[1, 2:] = False  # 2 tokens
+        mask[3, 1:] = False  # 1 token
+        r = Rollout(prompt_ids=[ids[:h], ids[:h], ids[:h - 1], ids[:h - 1]], response_ids=resp, response_mask=mask,
+                    rollout_logprobs=torch.zeros(4, t), group_ids=torch.tensor([0, 0, 1, 1]),
+                    truncated=torch.zeros(4, dtype=torch.bool))
         try:
             diff = float((self._logprobs(self.engine, r, False, True)[0]
                           - self._logprobs(self.engine, r, False, False)[0]).abs().max())
