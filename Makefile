@@ -56,7 +56,7 @@ demo: $(STAMP)
 	rm -rf $(DEMO_DIR)
 	$(VENV)/bin/policyzoo train $(DEMO_ARGS)
 	$(VENV)/bin/policyzoo plot $(DEMO_DIR)
-	$(PY) -c "import json; s = json.load(open('$(DEMO_DIR)/summary.json')); print('held-out accuracy (greedy):', s['eval_accuracy_before'], '->', s['eval_accuracy_after'])"
+	$(PY) -c "import json; s = json.load(open('$(DEMO_DIR)/summary.json')); print(f'held-out accuracy (greedy): {s[\"eval_accuracy_before\"]:.2f} -> {s[\"eval_accuracy_after\"]:.2f}')"
 
 clean-venv:
 	rm -rf $(VENV)

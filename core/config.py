@@ -168,6 +168,8 @@ def _to_config_error(e: pydantic.ValidationError, tree: dict, where: str) -> Con
         why = f"{err.get('input')!r}: {err['msg']}"
         info = getattr(model, "model_fields", {}).get(loc[-1]) if loc else None
         fix = info.description if info is not None and info.description else "see `policyzoo train --help`"
+        if err["type"].startswith("bool"):
+            fix = f"give {path} true or false ({fix})"
     return ConfigError(path if where == "config" else f"{where}: {path}", why, fix)
 
 

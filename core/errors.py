@@ -41,7 +41,8 @@ class DataError(UserError):
 
 def did_you_mean(name: str, choices) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest choices, or ``""``."""
-    close = difflib.get_close_matches(str(name), sorted(map(str, choices)), n=3, cutoff=0.5)
+    by_lower = {str(c).lower(): str(c) for c in sorted(map(str, choices))}  # GRPO -> grpo too
+    close = [by_lower[c] for c in difflib.get_close_matches(str(name).lower(), list(by_lower), n=3, cutoff=0.5)]
     if not close:
         return ""
     return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"

@@ -186,3 +186,13 @@ def test_cli_dry_run_of_slot_overrides_without_algo():
                          capture_output=True, text=True, env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
     assert out.returncode == 0, out.stderr
     assert "name: grpo+clip=cispo" in out.stdout and "base: grpo" in out.stdout
+
+
+def test_a_non_boolean_for_a_switch_says_to_give_true_or_false():
+    msg = _err(path=None, algo="grpo", overrides=["engine.share_prompt=abc"])
+    assert "engine.share_prompt" in msg and "'abc'" in msg and "give engine.share_prompt true or false" in msg
+
+
+def test_a_name_in_the_wrong_case_is_suggested():
+    msg = _err(path=None, algo="GRPO")
+    assert "did you mean 'grpo'" in msg
