@@ -64,3 +64,21 @@ def run_train(out: Path, *extra: str, algo: str | None = "grpo", timeout: int = 
 def metrics(run_dir: Path, kind: str = "train") -> list[dict]:
     return [r for r in (json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines())
             if r.get("kind") == kind]
+
+
+def make_rollout(prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0, pad: int = 2):
+    """A Rollout of the given token ids for scoring tests: responses right-padded with ``pad``
+    (2: the tiny model's eos == pad, as SmolLM2), every given token in ``response_mask``, one group per row."""
+    import torch
+
+    from policyzoo.batch import Rollout
+
+    t = max(len(x) for x in responses)
+    ids = torch.full((len(responses), t), pad)
+    mask = torch.zeros((len(responses), t), dtype=torch.bool)
+    for i, x in enumerate(responses):
+        ids[i, :len(x)] = torch.tensor(x)
+        mask[i, :len(x)] = True
+    return Rollout(prompt_ids=prompts, response_ids=ids, response_mask=mask,
+                   rollout_logprobs=torch.zeros(ids.shape), group_ids=torch.arange(len(prompts)),
+                   truncated=torch.zeros(len(prompts), dtype=torch.bool), temperature=temperature)

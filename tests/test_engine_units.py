@@ -10,8 +10,7 @@ import time
 import pytest
 import torch
 
-from _engine_helpers import tiny_model
-from policyzoo.batch import Rollout
+from _engine_helpers import make_rollout, tiny_model
 from policyzoo.engine.models import ModelError, resolve_model
 from policyzoo.engine.policy import LMPolicy, SyncError, run_with_timeout
 from policyzoo.engine.rollout import build_rollout, request_seed
@@ -52,15 +51,7 @@ def test_sample_seeds_never_collide():
 
 
 def _rollout(prompts, responses, temperature=1.0):
-    t = max(len(x) for x in responses)
-    ids = torch.full((len(responses), t), PAD)
-    mask = torch.zeros((len(responses), t), dtype=torch.bool)
-    for i, x in enumerate(responses):
-        ids[i, :len(x)] = torch.tensor(x)
-        mask[i, :len(x)] = True
-    return Rollout(prompt_ids=prompts, response_ids=ids, response_mask=mask,
-                   rollout_logprobs=torch.zeros(ids.shape), group_ids=torch.arange(len(prompts)),
-                   truncated=torch.zeros(len(prompts), dtype=torch.bool), temperature=temperature)
+    return make_rollout(prompts, responses, temperature, PAD)
 
 
 def test_pack_left_pads_prompts_so_responses_share_columns():

@@ -8,8 +8,7 @@ import types
 import pytest
 import torch
 
-from _engine_helpers import tiny_model
-from policyzoo.batch import Rollout
+from _engine_helpers import make_rollout, tiny_model
 from policyzoo.engine.prefix import _cache_layers, distinct_prompts, length_buckets, shared_prompt_logprobs
 from policyzoo.engine.trainer import Trainer, pack, token_logprobs
 
@@ -17,15 +16,7 @@ PAD = 2
 
 
 def _rollout(prompts, responses, temperature=0.7):
-    t = max(len(x) for x in responses)
-    ids = torch.full((len(responses), t), PAD)
-    mask = torch.zeros((len(responses), t), dtype=torch.bool)
-    for i, x in enumerate(responses):
-        ids[i, :len(x)] = torch.tensor(x)
-        mask[i, :len(x)] = True
-    return Rollout(prompt_ids=prompts, response_ids=ids, response_mask=mask, rollout_logprobs=torch.zeros(ids.shape),
-                   group_ids=torch.zeros(len(prompts), dtype=torch.long),
-                   truncated=torch.zeros(len(prompts), dtype=torch.bool), temperature=temperature)
+    return make_rollout(prompts, responses, temperature, PAD)
 
 
 # Two groups of three with prompts of different lengths (5 and 3 tokens: the short one is
