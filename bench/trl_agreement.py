@@ -22,7 +22,6 @@ Run: ``python bench/trl_agreement.py`` (needs ``pip install -e .[bench]``); prin
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -195,7 +194,8 @@ def trl(config_kw: dict, case: Case, scale_rewards: str | None = None,
     return float(loss.detach()), lp.grad.detach(), adv
 
 
-def trl_accumulated(config_kw: dict, case: Case, advantages: torch.Tensor, micro: int = 2) -> tuple[float, torch.Tensor]:
+def trl_accumulated(config_kw: dict, case: Case, advantages: torch.Tensor,
+                    micro: int = 2) -> tuple[float, torch.Tensor]:
     """TRL's loss and gradient accumulated over ``micro`` contiguous micro-batches of rows, as its
     training loop does with ``gradient_accumulation_steps=micro`` (``num_items_in_batch`` = the
     whole step's tokens, as TRL computes it over the generation batch)."""

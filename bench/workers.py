@@ -148,7 +148,8 @@ def trl_worker(a) -> None:
         mask = torch.zeros(b, width, dtype=torch.bool)
         for i, c in enumerate(completion_ids):
             ids[i, :len(c)], mask[i, :len(c)] = torch.tensor(c, dtype=torch.long), True
-        roll = Rollout(prompt_ids=[[0]] * b, response_ids=ids, response_mask=mask, rollout_logprobs=torch.zeros(b, width),
+        roll = Rollout(prompt_ids=[[0]] * b, response_ids=ids, response_mask=mask,
+                       rollout_logprobs=torch.zeros(b, width),
                        group_ids=torch.arange(b) // G, truncated=torch.zeros(b, dtype=torch.bool),
                        prompts=[""] * b, completions=texts, rows=[rows[i] for i in row_index],
                        max_tokens=run.sample.params.max_tokens)
@@ -163,7 +164,8 @@ def trl_worker(a) -> None:
     if a.trl_cb:  # --trl-cb: transformers' continuous batching (paged KV cache), TRL's non-vLLM fast path
         trl_vllm["use_transformers_continuous_batching"] = True
     args = GRPOConfig(
-        output_dir=a.run_dir + "-trl", use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no", disable_tqdm=True,
+        output_dir=a.run_dir + "-trl", use_cpu=not torch.cuda.is_available(), report_to=[], save_strategy="no",
+        disable_tqdm=True,
         per_device_train_batch_size=P * G, num_generations=G, gradient_accumulation_steps=1,
         max_completion_length=run.sample.params.max_tokens, temperature=run.sample.params.temperature,
         learning_rate=cfg.train.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=cfg.train.weight_decay,

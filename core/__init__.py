@@ -2,7 +2,10 @@
 
 Public API::
 
-    from policyzoo import hookimpl, Component, Params, use, Bundle, assemble
+    from policyzoo import hookimpl, use, Bundle, assemble
+    from policyzoo.slots import Sample, Reward, Filter, KL, Baseline, Ratio, Clip, Reduce
+
+A component derives from its slot's base class (:mod:`policyzoo.slots`, also importable from here).
 """
 
 from .assembly import Run, assemble, resolve_algorithm
@@ -11,10 +14,12 @@ from .catalog import get_catalog, load_catalog
 from .components import Bundle, Component, Params, Use, use
 from .errors import ConfigError, DataError, PluginError, UserError
 from .hookspecs import Advantages, Keep, StepTotals, Surrogate, hookimpl
+from .slots import KL, Baseline, Clip, Filter, Ratio, Reduce, Reward, Sample
 
 __version__ = "0.1.0"
 __all__ = [
-    "Advantages", "Bundle", "Component", "ConfigError", "DataError", "Keep", "Params", "PluginError",
-    "Rollout", "Run", "StepBatch", "StepTotals", "Surrogate", "Use", "UserError", "assemble",
-    "get_catalog", "hookimpl", "load_catalog", "resolve_algorithm", "use",
+    "KL", "Advantages", "Baseline", "Bundle", "Clip", "Component", "ConfigError", "DataError", "Filter", "Keep",
+    "Params", "PluginError", "Ratio", "Reduce", "Reward", "Rollout", "Run", "Sample", "StepBatch", "StepTotals",
+    "Surrogate", "Use", "UserError", "assemble", "get_catalog", "hookimpl", "load_catalog", "resolve_algorithm",
+    "use",
 ]

@@ -8,16 +8,18 @@ is decided here, never by hook order.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import boundary, hookspecs
 from .catalog import Catalog, get_catalog
 from .components import Bundle, Component, Use
 from .errors import ComponentError, ConfigError, UserError, did_you_mean
+from .slots import KL, Baseline, Clip, Filter, Ratio, Reduce, Reward, Sample
 
 DEFAULT_ALGORITHM = "grpo"
 SINGLE = [s for s, kind in hookspecs.SLOTS.items() if kind == "single"]
@@ -33,7 +35,7 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
     ``null`` removes an optional slot (``kl``); ``reward``/``filter`` take a list of those."""
     catalog = catalog or get_catalog()
     if isinstance(spec, Bundle):
-        return spec
+        return catalog.resolve(spec)
     if isinstance(spec, str):
         return catalog.bundle(spec, where)
     if not isinstance(spec, dict):
@@ -101,9 +103,20 @@ def _override(current: Use | None, value: Any, where: str) -> Use:
 class Run:
     """The chosen components of one training run, registered in their own plugin manager.
 
-    Attributes: ``bundle``; one attribute per single slot (``run.clip`` ...) holding the component
-    instance; ``run.kl`` (or None); ``run.reward`` and ``run.filter`` lists; ``run.hook`` the pluggy
-    hook relay; ``run.sources`` ``{slot: "name from dist version"}``."""
+    Typed slot attributes: ``sample``, ``baseline``, ``ratio``, ``clip``, ``reduce`` (one component
+    each), ``kl`` (one or None), ``reward`` and ``filter`` (lists, the task's rewards first);
+    ``reward_labels`` (the metric key of each reward, unique); ``bundle``; ``hook`` (the pluggy
+    relay); ``sources`` ``{slot: "name from dist version"}``. :meth:`call` and :meth:`call_each`
+    call the hooks and check each result at the boundary (:mod:`policyzoo.boundary`)."""
+
+    sample: Sample
+    reward: list[Reward]
+    filter: list[Filter]
+    kl: KL | None
+    baseline: Baseline
+    ratio: Ratio
+    clip: Clip
+    reduce: Reduce
 
     def __init__(self, bundle: Bundle, catalog: Catalog | None = None,
                  rewards: tuple[Use, ...] = (), where: str = "algorithm"):
@@ -112,24 +125,29 @@ class Run:
         self.sources: dict[str, str] = {}
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs.Spec)
-        for slot in hookspecs.SLOTS:
-            chosen = getattr(bundle, slot)
-            if hookspecs.SLOTS[slot] == "collect":
-                task = tuple(rewards) if slot == "reward" else ()  # the task's rewards come first
-                comps = [self._make(catalog, slot, u, f"rewards[{i}]") for i, u in enumerate(task)]
-                comps += [self._make(catalog, slot, u, f"{where}.{slot}[{i}]") for i, u in enumerate(chosen)]
-                setattr(self, slot, comps)
-            elif chosen is None:
-                if slot != "kl":
-                    raise ConfigError(f"{where}.{slot}", f"no {slot} component", "name one with `use:`")
-                setattr(self, slot, None)
-            else:
-                setattr(self, slot, self._make(catalog, slot, chosen, f"{where}.{slot}"))
+        one = functools.partial(self._one, catalog, bundle, where)
+        self.sample = one("sample")
+        self.reward = [self._make(catalog, "reward", u, f"rewards[{i}]") for i, u in enumerate(rewards)]
+        self.reward += [self._make(catalog, "reward", u, f"{where}.reward[{i}]") for i, u in enumerate(bundle.reward)]
+        self.filter = [self._make(catalog, "filter", u, f"{where}.filter[{i}]") for i, u in enumerate(bundle.filter)]
+        self.kl = None if bundle.kl is None else one("kl")
+        self.baseline = one("baseline")
+        self.ratio = one("ratio")
+        self.clip = one("clip")
+        self.reduce = one("reduce")
+        self.reward_labels = _unique([c.label for c in self.reward])
         self.hook = self.pm.hook
-        if os.environ.get("POLICYZOO_TRACE", "") not in ("", "0"):
+        self.trace = os.environ.get("POLICYZOO_TRACE", "") not in ("", "0")
+        if self.trace:
             self.pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[policyzoo trace] {msg}"))
             self.pm.enable_tracing()
         self.check()
+
+    def _one(self, catalog: Catalog, bundle: Bundle, where: str, slot: str) -> Component:
+        chosen = getattr(bundle, slot)
+        if not isinstance(chosen, Use):
+            raise ConfigError(f"{where}.{slot}", f"no {slot} component", "name one with `use:`")
+        return self._make(catalog, slot, chosen, f"{where}.{slot}")
 
     def _make(self, catalog: Catalog, slot: str, u: Use, where: str) -> Component:
         cls = catalog.component(slot, u.name, f"{where}.use")
@@ -156,14 +174,21 @@ class Run:
         for comp in self.components():
             comp.check(self)
 
-    def call_each(self, slot: str, **kwargs) -> list[tuple[Component, Any]]:
+    def call(self, slot: str, rows: int, width: int | None = None, **kwargs) -> Any:
+        """Call the single slot's hook, then check its result for ``rows`` rows and ``width``
+        response columns (:func:`policyzoo.boundary.check`)."""
+        return boundary.check(slot, getattr(self, slot), getattr(self.hook, slot)(**kwargs), rows, width)
+
+    def call_each(self, slot: str, rows: int | None = None, width: int | None = None,
+                  **kwargs) -> list[tuple[Component, Any]]:
         """Call every component of a collect slot; returns ``[(component, result)]`` in config
-        order, so results can be weighted and reported per component."""
+        order, so results can be weighted and reported per component. With ``rows`` each result
+        is checked at the boundary (rewards come back as ``[B]`` float32)."""
         out = []
         impls = {id(i.plugin): i for i in getattr(self.pm.hook, slot).get_hookimpls()}
         for comp in getattr(self, slot):
             impl = impls[id(comp)]
-            if os.environ.get("POLICYZOO_TRACE", "") not in ("", "0"):
+            if self.trace:
                 sys.stderr.write(f"[policyzoo trace] {slot} -> {comp!r}\n")
             try:
                 result = impl.function(**{a: kwargs[a] for a in impl.argnames})
@@ -173,8 +198,22 @@ class Run:
                 raise ComponentError(f"{slot} component {comp!r}", f"raised {type(e).__name__}: {e}",
                                      f"fix the component or remove it from `{slot}`; rerun with "
                                      "POLICYZOO_TRACE=1 to see the hook calls") from e
+            if rows is not None:
+                result = boundary.check(slot, comp, result, rows, width)
             out.append((comp, result))
         return out
+
+
+def _unique(labels: list[str]) -> list[str]:
+    """``["function", "function", "a"]`` -> ``["function", "function_2", "a"]``."""
+    out: list[str] = []
+    for label in labels:
+        k, new = 1, label
+        while new in out:
+            k += 1
+            new = f"{label}_{k}"
+        out.append(new)
+    return out
 
 
 def _construct(cls: type[Component], params: dict, where: str) -> Component:
@@ -188,3 +227,25 @@ def assemble(spec: str | dict | Bundle, rewards: tuple[Use, ...] = (), catalog: 
     """Resolve ``spec`` and build a checked :class:`Run` (no model is loaded)."""
     catalog = catalog or get_catalog()
     return Run(resolve_algorithm(spec, catalog), catalog, rewards)
+
+
+def resolved_view(config, run) -> dict:
+    """The fully resolved config: every slot's component with all parameters, whether it is the
+    base algorithm's choice or an override, and which distribution provides it."""
+    view = config.model_dump()
+    algo = config.algorithm
+    base_name = algo if isinstance(algo, str) else algo.get("base", DEFAULT_ALGORITHM)
+    base = get_catalog().bundle(base_name)
+    view["algorithm"] = {"name": run.bundle.name, "base": base_name, "paper": run.bundle.paper, "slots": {}}
+    for slot in hookspecs.SLOTS:
+        comps = getattr(run, slot)
+        comps = comps if isinstance(comps, list) else ([] if comps is None else [comps])
+        if slot == "reward":  # the task's rewards go to `rewards:`, the algorithm keeps its extras
+            n_task = len(comps) - len(run.bundle.reward)
+            view["rewards"] = [{"use": c.name, **c.params.model_dump()} for c in comps[:n_task]]
+            comps = comps[n_task:]
+        origin = f"{base_name} default" if getattr(run.bundle, slot) == getattr(base, slot) else "override"
+        view["algorithm"]["slots"][slot] = {"from": origin, "components": [
+            {"use": c.name, **c.params.model_dump()} for c in comps]}
+    view["algorithm"]["sources"] = run.sources
+    return view

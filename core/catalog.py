@@ -82,6 +82,13 @@ class Catalog:
                               f"choose one of: {', '.join(sorted(self.bundles))} (`policyzoo zoo`)")
         return self.bundles[name][0]
 
+    def resolve(self, bundle: Bundle) -> Bundle:
+        """A bundle built in Python (not registered) with its parent's slots filled in."""
+        if bundle.complete:
+            return bundle
+        parent = self.bundle(bundle.parent, f"algorithm {bundle.name!r}.parent") if bundle.parent else None
+        return bundle.inherit(parent)
+
 
 def _version(dist: str) -> str:
     try:
@@ -139,7 +146,8 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
             raise PluginError("POLICYZOO_PLUGINS (plugin allowlist)",
                               f"no installed distribution with a {ENTRY_POINT_GROUP!r} entry point is called "
                               f"{', '.join(sorted(wanted - seen))}",
-                              f"installed plugin distributions: {', '.join(sorted(seen)) or 'none'} (`policyzoo plugins`)")
+                              f"installed plugin distributions: {', '.join(sorted(seen)) or 'none'} "
+                              "(`policyzoo plugins`)")
     for obj in extra:
         loaded.append((obj, PluginInfo("(in-process)", "", getattr(obj, "__name__", repr(obj)))))
 
@@ -160,19 +168,32 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
             obj.register_components(register=functools.partial(_add_component, components, src, info))
         if hasattr(obj, "register_bundles"):
             obj.register_bundles(register=functools.partial(_add_bundle, bundles, src, info))
-    return Catalog(components, bundles, [info for _, info in loaded])
+    return Catalog(components, resolve_bundles(bundles), [info for _, info in loaded])
 
 
 def _add_component(table, src: Source, info: PluginInfo, cls) -> None:
+    from .slots import BASES
+
     if not (isinstance(cls, type) and issubclass(cls, Component)):
         raise PluginError(str(src), f"register() got {cls!r}, not a Component subclass",
                           "pass the class: register(MyComponent)")
+    where = f"{src}: {cls.__qualname__}"
     if cls.slot not in table:
-        raise PluginError(f"{src}: {cls.__qualname__}", f"unknown slot {cls.slot!r}"
-                          f"{did_you_mean(cls.slot, table)}", f"slot is one of {', '.join(table)}")
-    if not callable(getattr(cls, cls.slot, None)):
-        raise PluginError(f"{src}: {cls.__qualname__}", f"has no method {cls.slot}()",
-                          f"implement `@hookimpl def {cls.slot}(self, ...)`")
+        raise PluginError(where, f"unknown slot {cls.slot!r}{did_you_mean(cls.slot, table)}",
+                          f"derive from one of policyzoo.slots: {', '.join(b.__name__ for b in BASES.values())}")
+    base = BASES[cls.slot]
+    if not issubclass(cls, base):
+        raise PluginError(where, f"the {cls.slot} component {cls.name!r} does not derive from "
+                          f"policyzoo.slots.{base.__name__}, which declares what the step reads from a "
+                          f"{cls.slot} component", f"write `class {cls.__name__}(policyzoo.slots.{base.__name__})`")
+    if not issubclass(cls.Params, base.Params):
+        missing = sorted(set(base.Params.model_fields) - set(cls.Params.model_fields))
+        raise PluginError(where, f"its Params does not extend {base.__name__}.Params"
+                          + (f" (it lacks {', '.join(missing)})" if missing else ""),
+                          f"write `class Params({base.__name__}.Params):` (or `{cls.__name__}.Params` of a parent)")
+    problem = _hook_problem(cls)
+    if problem:
+        raise PluginError(where, problem[0], problem[1])
     if cls.name in table[cls.slot]:
         prev = table[cls.slot][cls.name][1]
         raise PluginError(f"{cls.slot} component {cls.name!r}",
@@ -180,6 +201,22 @@ def _add_component(table, src: Source, info: PluginInfo, cls) -> None:
                           "rename one of them (names are unique per slot), or uninstall one distribution")
     table[cls.slot][cls.name] = (cls, src)
     info.components.append(f"{cls.slot}:{cls.name}")
+
+
+def _hook_problem(cls) -> tuple[str, str] | None:
+    """(why, fix) when ``cls`` lacks a usable hook method for its slot, else None."""
+    import inspect
+
+    fn = getattr(cls, cls.slot, None)
+    if not callable(fn) or getattr(fn, "__isabstractmethod__", False) or not cls.name:
+        what = "no name" if not cls.name else f"no method {cls.slot}()"
+        return f"has {what}", f"set `name = '...'` and implement `def {cls.slot}(self, ...)`"
+    spec = [p for p in inspect.signature(getattr(hookspecs.Spec, cls.slot)).parameters if p != "self"]
+    extra = [p for p in inspect.signature(fn).parameters if p != "self" and p not in spec]
+    if extra:
+        return (f"{cls.slot}() takes {', '.join(map(repr, extra))}, which the hook does not pass",
+                f"a {cls.slot} hook may take any of: {', '.join(spec)}")
+    return None
 
 
 def _add_bundle(table, src: Source, info: PluginInfo, bundle) -> None:
@@ -191,6 +228,34 @@ def _add_bundle(table, src: Source, info: PluginInfo, bundle) -> None:
                           f"and by {src}", "rename one of them, or uninstall one distribution")
     table[bundle.name] = (bundle, src)
     info.bundles.append(bundle.name)
+
+
+def resolve_bundles(table: dict[str, tuple[Bundle, Source]]) -> dict[str, tuple[Bundle, Source]]:
+    """Every bundle with its parent's slots filled in (parents first). Raises
+    :class:`PluginError` for an unknown parent or a cycle of parents."""
+    done: dict[str, tuple[Bundle, Source]] = {}
+
+    def resolve(name: str, chain: tuple[str, ...]) -> Bundle:
+        if name in done:
+            return done[name][0]
+        bundle, src = table[name]
+        where = f"algorithm {name!r} ({src})"
+        parent = None
+        if bundle.parent is not None and not bundle.complete:
+            if bundle.parent in chain:
+                raise PluginError(where, "its parents form a cycle: " + " -> ".join((*chain, name, bundle.parent)),
+                                  "a bundle cannot inherit from itself through its parents")
+            if bundle.parent not in table:
+                raise PluginError(where, f"parent {bundle.parent!r} is not a registered algorithm"
+                                  f"{did_you_mean(bundle.parent, table)}",
+                                  "name a bundle from `policyzoo zoo`, or install the distribution providing it")
+            parent = resolve(bundle.parent, (*chain, name))
+        done[name] = (bundle.inherit(parent, where) if not bundle.complete else bundle, src)
+        return done[name][0]
+
+    for name in table:
+        resolve(name, ())
+    return {name: done[name] for name in table}
 
 
 @functools.lru_cache(maxsize=1)

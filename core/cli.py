@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .catalog import get_catalog
-from .errors import UserError
+from .errors import Interrupted, UserError
 from .hookspecs import SLOTS
 
 
@@ -76,50 +76,27 @@ def cmd_explain(args, out: Console) -> None:
     out.print(f"[bold]{bundle.name}[/bold]: {bundle.summary}")
     out.print(f"paper: {bundle.paper}")
     if bundle.parent:
-        out.print(f"parent: {bundle.parent}")
+        out.print(f"parent: {bundle.parent} (slots marked 'inherited' come from it unchanged)")
     for slot in SLOTS:
         uses = getattr(bundle, slot)
         uses = uses if isinstance(uses, tuple) else (() if uses is None else (uses,))
+        origin = f"   (inherited from {bundle.parent})" if slot in bundle.inherited else ""
         if not uses and slot == "reward":
-            out.print(f"  {slot:9s} -  (no extras: the task's reward comes from `rewards:` or the data task's default)")
+            out.print(f"  {slot:9s} -  (no extras: the task's reward comes from `rewards:` or the data task's "
+                      f"default){origin}", markup=False)
         elif not uses:
-            out.print(f"  {slot:9s} -  (absent)")
+            out.print(f"  {slot:9s} -  (absent){origin}", markup=False)
         for u in uses:
             cls = cat.component(slot, u.name)
             params = cls(**u.params).params.model_dump()
-            out.print(f"  {slot:9s} {u.name}  [{cat.components[slot][u.name][1]}]")
+            out.print(f"  {slot:9s} {u.name}  [{cat.components[slot][u.name][1]}]{origin}", markup=False)
             for k, v in params.items():
                 mark = "" if k in u.params else "   (component default)"
-                out.print(f"              {k} = {v!r}{mark}")
-    if bundle.settings:
-        out.print(f"  settings  {bundle.settings}")
-
-
-def resolved_view(config, run) -> dict:
-    """The fully resolved config: every slot's component with all parameters, whether it is the
-    base algorithm's choice or an override, and which distribution provides it."""
-    view = config.model_dump()
-    from .assembly import DEFAULT_ALGORITHM
-
-    base_name = config.algorithm if isinstance(config.algorithm, str) else config.algorithm.get("base", DEFAULT_ALGORITHM)
-    base = get_catalog().bundle(base_name)
-    view["algorithm"] = {"name": run.bundle.name, "base": base_name, "paper": run.bundle.paper, "slots": {}}
-    for slot in SLOTS:
-        comps = getattr(run, slot)
-        comps = comps if isinstance(comps, list) else ([] if comps is None else [comps])
-        if slot == "reward":  # the task's rewards go to `rewards:`, the algorithm keeps its extras
-            n_task = len(comps) - len(run.bundle.reward)
-            view["rewards"] = [{"use": c.name, **c.params.model_dump()} for c in comps[:n_task]]
-            comps = comps[n_task:]
-        origin = f"{base_name} default" if getattr(run.bundle, slot) == getattr(base, slot) else "override"
-        view["algorithm"]["slots"][slot] = {"from": origin, "components": [
-            {"use": c.name, **c.params.model_dump()} for c in comps]}
-    view["algorithm"]["sources"] = run.sources
-    return view
+                out.print(f"              {k} = {v!r}{mark}", markup=False)
 
 
 def cmd_train(args, out: Console) -> None:
-    from .assembly import Run, resolve_algorithm
+    from .assembly import Run, resolve_algorithm, resolved_view
     from .config import load_config, reward_uses
 
     overrides = list(args.overrides)
@@ -171,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-steps", type=int)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
     t.add_argument("--force-resume", action="store_true",
-                   help="with --resume: load the checkpoint even if its algorithm, reward, model or data config differs")
+                   help="with --resume: load the checkpoint even if its algorithm, reward, model or data "
+                   "config differs")
     t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     t.add_argument("overrides", nargs="*", metavar="key=value")
     t.set_defaults(fn=cmd_train)
@@ -189,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         args.fn(args, out)
     except UserError as e:
         Console(stderr=True).print(str(e), markup=False, highlight=False)
-        return 130 if type(e).__name__ == "Interrupted" else 2  # Ctrl-C after a saved checkpoint
+        return 130 if isinstance(e, Interrupted) else 2  # Ctrl-C after a saved checkpoint
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         # a path the user gave (an --output PNG, a folder) that cannot be used
         Console(stderr=True).print(UserError(str(e.filename), e.strerror or str(e), "check the path").render(),

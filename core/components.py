@@ -19,12 +19,13 @@ named after its slot, decorated with ``@hookimpl``::
 
 from __future__ import annotations
 
+from abc import ABC
 from dataclasses import dataclass, field, replace as dc_replace
 from typing import Any, ClassVar
 
 import pydantic
 
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, PluginError, did_you_mean
 
 
 class Params(pydantic.BaseModel):
@@ -33,12 +34,22 @@ class Params(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
 
-class Component:
-    """Base class of every component. Subclasses set ``slot``, ``name``, ``Params``."""
+class Component(ABC):
+    """Base class of every component. Derive from the slot's base class in :mod:`policyzoo.slots`
+    (``Reward``, ``Clip``, ...), which sets ``slot``; subclasses set ``name`` and ``Params``."""
 
     slot: ClassVar[str] = ""
     name: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = Params
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        from .hookspecs import PROJECT, hookimpl
+
+        fn = cls.__dict__.get(cls.slot) if cls.slot else None
+        abstract = getattr(fn, "__isabstractmethod__", False)
+        if callable(fn) and not abstract and not hasattr(fn, f"{PROJECT}_impl"):  # @hookimpl is optional
+            hookimpl(fn)
 
     def __init__(self, **params: Any):
         self.params = validate_params(type(self), params, where=f"{self.slot}: {self.name}")
@@ -103,35 +114,95 @@ def _names(value) -> str:
     return "none"
 
 
+class _Inherit:
+    """The value of a slot a bundle does not state: it takes its parent's."""
+
+    def __repr__(self) -> str:
+        return "INHERIT"
+
+
+#: a slot left to the parent bundle (the default of every slot field of :class:`Bundle`).
+INHERIT: Any = _Inherit()
+SINGLE_SLOTS = ("sample", "baseline", "ratio", "clip", "reduce")
+
+
 @dataclass(frozen=True)
 class Bundle:
-    """An algorithm: one component per single slot, lists for the collect slots.
+    """An algorithm: one component per single slot, tuples for the collect slots.
+
+    A bundle with a ``parent`` states only the slots that differ; the others are taken from the
+    parent when the catalog loads (``inherited`` then names them). A single slot that names the
+    parent's component updates the parent's parameters (``clip=use("ppo_clip", eps_high=0.28)``
+    under grpo keeps grpo's ``eps_low``); any other value replaces the parent's. ``kl=None``
+    removes the parent's KL term. A bundle without a parent states every single slot (``kl``,
+    ``reward`` and ``filter`` default to none).
 
     ``reward`` holds reward *extras* the algorithm adds to the task's rewards (e.g. DAPO's
-    overlong penalty); ``filter`` its filters. ``settings`` holds step defaults the algorithm
-    needs (e.g. ``max_sample_rounds`` for dynamic sampling).
+    overlong penalty); ``filter`` its filters.
     """
 
     name: str
-    paper: str
-    sample: Use
-    baseline: Use
-    ratio: Use
-    clip: Use
-    reduce: Use
-    kl: Use | None = None
-    reward: tuple[Use, ...] = ()
-    filter: tuple[Use, ...] = ()
+    paper: str = ""
+    sample: Use = INHERIT
+    baseline: Use = INHERIT
+    ratio: Use = INHERIT
+    clip: Use = INHERIT
+    reduce: Use = INHERIT
+    kl: Use | None = INHERIT
+    reward: tuple[Use, ...] = INHERIT
+    filter: tuple[Use, ...] = INHERIT
     parent: str | None = None
     summary: str = ""
-    settings: dict = field(default_factory=dict)
+    inherited: frozenset = frozenset()
+
+    def __post_init__(self):
+        if self.parent is None:  # a root bundle: unstated optional slots are empty
+            for key, empty in (("kl", None), ("reward", ()), ("filter", ())):
+                if getattr(self, key) is INHERIT:
+                    object.__setattr__(self, key, empty)
+        for key in ("reward", "filter"):
+            value = getattr(self, key)
+            if isinstance(value, Use):
+                object.__setattr__(self, key, (value,))
+            elif isinstance(value, list):
+                object.__setattr__(self, key, tuple(value))
+
+    @property
+    def complete(self) -> bool:
+        """True when every slot is stated (nothing left to inherit)."""
+        return not any(getattr(self, s) is INHERIT for s in (*SINGLE_SLOTS, "kl", "reward", "filter"))
+
+    def inherit(self, parent: "Bundle | None", where: str = "") -> "Bundle":
+        """This bundle with every unstated slot filled from ``parent`` (a complete bundle), or,
+        without a parent, with ``kl``/``reward``/``filter`` defaulting to none. Raises
+        :class:`PluginError` for a root bundle that leaves a single slot unstated."""
+        changes: dict[str, Any] = {}
+        inherited = set()
+        for slot in (*SINGLE_SLOTS, "kl", "reward", "filter"):
+            mine = getattr(self, slot)
+            if parent is None:
+                if mine is INHERIT and slot in SINGLE_SLOTS:
+                    raise PluginError(where or f"algorithm {self.name!r}", f"the bundle states no {slot} component "
+                                      "and has no parent to take it from",
+                                      f"set {slot}=use(...), or parent='grpo' (or another bundle) to inherit it")
+                if mine is INHERIT:
+                    changes[slot] = None if slot == "kl" else ()
+                continue
+            theirs = getattr(parent, slot)
+            if mine is INHERIT:
+                changes[slot] = theirs
+                inherited.add(slot)
+            elif isinstance(mine, Use) and isinstance(theirs, Use) and mine.name == theirs.name:
+                changes[slot] = theirs.with_params(**mine.params)
+        return dc_replace(self, **changes, inherited=frozenset(inherited))
 
     def replace(self, **changes: Any) -> "Bundle":
         """A hybrid: ``GRPO.replace(clip=use("cispo"))``. ``kl=None`` removes the KL term."""
+        fields = {f for f in self.__dataclass_fields__} - {"inherited"}
         for key in changes:
-            if key not in {f for f in self.__dataclass_fields__}:
+            if key not in fields:
                 raise ConfigError(f"{self.name}.replace", f"unknown slot {key!r}"
-                                  f"{did_you_mean(key, self.__dataclass_fields__)}",
+                                  f"{did_you_mean(key, fields)}",
                                   "slots are: sample, reward, filter, kl, baseline, ratio, clip, reduce")
         for key in ("reward", "filter"):
             if key in changes and isinstance(changes[key], Use):
@@ -142,6 +213,9 @@ class Bundle:
             swapped = [f"{k}={_names(v)}" for k, v in changes.items() if _names(v) != _names(getattr(self, k))]
             changes["name"] = "+".join([self.name, *swapped])
             changes.setdefault("parent", self.name)
+        from .hookspecs import SLOTS
+
+        changes.setdefault("inherited", frozenset(s for s in SLOTS if s not in changes))
         return dc_replace(self, **changes)
 
     def slots(self) -> dict[str, Use | tuple[Use, ...] | None]:

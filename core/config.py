@@ -39,7 +39,8 @@ class TrainSettings(Section):
     micro_batches: int = Field(1, ge=1, description="gradient accumulation splits (loss is exact for any)")
     updates_per_batch: int = Field(1, ge=1, description="optimizer steps per sampled batch (PPO epochs)")
     max_sample_rounds: int | None = Field(None, ge=1, description="dynamic sampling budget in rounds of P "
-                                          "prompts; null = the algorithm's default (1 if it does not resample)")
+                                          "prompts; null = the resampling filter's own max_sample_rounds "
+                                          "(1 if no filter resamples)")
     on_shortfall: Literal["train_on_fewer", "error"] = "train_on_fewer"
     max_consecutive_skips: int = Field(3, ge=1, description="stop after this many non-finite updates in a row")
     seed: int = 0
@@ -173,14 +174,13 @@ def _to_config_error(e: pydantic.ValidationError, tree: dict, where: str) -> Con
     return ConfigError(path if where == "config" else f"{where}: {path}", why, fix)
 
 
-def step_settings(config: Config, bundle) -> "StepSettings":
-    """The step's settings: the config's ``train`` values over the algorithm's own defaults."""
+def step_settings(config: Config, run):
+    """The step's settings: the config's ``train`` values over the run's filters' own budget."""
     from .step import StepSettings
 
-    rounds = config.train.max_sample_rounds or bundle.settings.get("max_sample_rounds", 1)
-    return StepSettings(updates_per_batch=config.train.updates_per_batch,
-                        micro_batches=config.train.micro_batches, max_sample_rounds=rounds,
-                        on_shortfall=config.train.on_shortfall)
+    return StepSettings.for_run(run, max_sample_rounds=config.train.max_sample_rounds,
+                                updates_per_batch=config.train.updates_per_batch,
+                                micro_batches=config.train.micro_batches, on_shortfall=config.train.on_shortfall)
 
 
 def reward_uses(config: Config, default: list) -> tuple:

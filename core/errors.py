@@ -39,6 +39,14 @@ class DataError(UserError):
     """A data file, column or row is unusable."""
 
 
+class TrainingError(UserError):
+    """The run cannot go on (e.g. too many non-finite updates in a row)."""
+
+
+class Interrupted(UserError):
+    """The run was stopped by Ctrl-C (SIGINT) after saving a checkpoint (the CLI exits with 130)."""
+
+
 def did_you_mean(name: str, choices) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest choices, or ``""``."""
     by_lower = {str(c).lower(): str(c) for c in sorted(map(str, choices))}  # GRPO -> grpo too

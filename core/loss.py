@@ -20,21 +20,6 @@ def step_totals(batch: StepBatch) -> StepTotals:
     return StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()))
 
 
-def zero_std_fraction(rewards: Tensor, group_ids: Tensor, mask: Tensor, tol: float = 1e-6) -> float:
-    """Fraction of groups whose valid rewards have a (population) std <= ``tol``: they carry no
-    signal for any group baseline (``group_norm`` zeroes them with the same tolerance). Rows with
-    NaN rewards or no trainable token are ignored; groups with fewer than two such rows are not
-    counted (0.0 when no group has two)."""
-    valid = ~torch.isnan(rewards) & (mask.sum(-1) > 0)
-    flat = total = 0
-    for g in group_ids[valid].unique():
-        r = rewards[valid & (group_ids == g)].double()
-        if len(r) > 1:  # groups of one (G = 1 algorithms) have no spread to measure
-            total += 1
-            flat += int(r.std(unbiased=False) <= tol)
-    return flat / total if total else 0.0
-
-
 def prepare(run, batch: StepBatch, scored: Tensor | None = None) -> tuple[StepBatch, dict]:
     """Per-token rewards (KL in reward placement), then advantages through ``baseline``.
 
@@ -45,15 +30,14 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None) -> tuple[StepBa
     token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     if run.kl is not None and batch.ref_logprobs is not None:
         now = scored if scored is not None else batch.rollout.rollout_logprobs
-        kl = run.hook.kl(logprobs=now, ref_logprobs=batch.ref_logprobs, response_mask=mask)
+        kl = run.call("kl", *mask.shape, logprobs=now, ref_logprobs=batch.ref_logprobs, response_mask=mask)
         metrics["kl_ref"] = masked_mean(kl, mask)
         if run.kl.params.placement == "reward":
             token_rewards = torch.where(mask, -run.kl.params.beta * kl, torch.zeros_like(kl))
-    out = run.hook.baseline(rewards=batch.rewards, group_ids=batch.rollout.group_ids, response_mask=mask,
-                            token_rewards=token_rewards, values=batch.values)
+    out = run.call("baseline", *mask.shape, rewards=batch.rewards, group_ids=batch.rollout.group_ids,
+                   response_mask=mask, token_rewards=token_rewards, values=batch.values)
     batch.token_rewards, batch.advantages, batch.returns = token_rewards, out.advantages, out.returns
-    tol = getattr(run.baseline.params, "zero_std_tol", 1e-6)
-    metrics["zero_std_frac"] = zero_std_fraction(batch.rewards, batch.rollout.group_ids, mask, tol)
+    metrics["zero_std_frac"] = run.baseline.zero_std_fraction(batch.rewards, batch.rollout.group_ids, mask)
     metrics["advantage_mean"] = masked_mean(out.advantages, mask)
     return batch, metrics
 
@@ -73,19 +57,20 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals,
     """
     mask = mb.response_mask
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
-    ratio = run.hook.ratio(logprobs=logprobs, old_logprobs=old, rollout_logprobs=mb.rollout.rollout_logprobs,
-                           response_mask=mask)
-    sur = run.hook.clip(ratio=ratio, advantages=mb.advantages, logprobs=logprobs, old_logprobs=old,
-                        response_mask=mask)
+    shape = mask.shape
+    ratio = run.call("ratio", *shape, logprobs=logprobs, old_logprobs=old,
+                     rollout_logprobs=mb.rollout.rollout_logprobs, response_mask=mask)
+    sur = run.call("clip", *shape, ratio=ratio, advantages=mb.advantages, logprobs=logprobs, old_logprobs=old,
+                   response_mask=mask)
     per_token = sur.loss
     n = float(mask.sum())
     sums: dict[str, tuple[float, float]] = {}
     if run.kl is not None and run.kl.params.placement == "loss":
-        kl = run.hook.kl(logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask)
+        kl = run.call("kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask)
         per_token = per_token + run.kl.params.beta * kl
         sums["kl_loss"] = (float((kl.detach() * mask).sum()), n)
     per_token = torch.where(mask, per_token, torch.zeros_like(per_token))  # no NaN leaks from padding
-    loss = run.hook.reduce(loss=per_token, response_mask=mask, totals=totals)
+    loss = run.call("reduce", *shape, loss=per_token, response_mask=mask, totals=totals)
     for name, hit in (("clip_frac_low", sur.clipped_low), ("clip_frac_high", sur.clipped_high)):
         sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
     sums["ratio_mean"] = (float((ratio.detach() * mask).sum()), n)

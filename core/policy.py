@@ -1,7 +1,7 @@
 """What the training step needs from an engine: the :class:`Policy` protocol.
 
 The real engine (vLLM rollout + DeepSpeed trainer, ``policyzoo.engine``) and the bandit test bed
-(``policyzoo.bandit``) both implement it, so every bundle's dynamics are tested on the same step
+(``policyzoo.testing.bandit``) both implement it, so every bundle's dynamics are tested on the same step
 code that trains a language model.
 """
 
@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 from torch import Tensor
 
 from .batch import Rollout
+from .hookspecs import StepTotals
 
 
 @runtime_checkable
@@ -44,3 +45,7 @@ class Policy(Protocol):
 
     def sync(self) -> dict:
         """Push trained weights into the rollout engine; returns timing/check metrics."""
+
+    def reduce_totals(self, totals: StepTotals) -> StepTotals:
+        """The optimizer step's :class:`~policyzoo.hookspecs.StepTotals` summed over every
+        data-parallel rank (a one-process engine returns ``totals`` unchanged)."""

@@ -26,7 +26,8 @@ class StepSettings:
     ``updates_per_batch``: optimizer steps on each sampled batch (PPO epochs); 1 = on-policy, and
     then old_logprobs are the current log-probs detached (no extra forward, ratio exactly 1).
     ``micro_batches``: gradient-accumulation splits of the batch (the loss is exact for any split).
-    ``max_sample_rounds``: dynamic sampling budget (rounds of P prompts) when a filter resamples.
+    ``max_sample_rounds``: dynamic sampling budget (rounds of P prompts) when a filter resamples
+    (:meth:`for_run` takes it from the filters).
     ``on_shortfall``: ``train_on_fewer`` or ``error`` when that budget cannot fill the batch;
     ``train_on_fewer`` with no row kept at all skips the update (``skipped`` = 1 in the metrics,
     counted by the engine's ``train.max_consecutive_skips``).
@@ -36,6 +37,15 @@ class StepSettings:
     micro_batches: int = 1
     max_sample_rounds: int = 1
     on_shortfall: str = "train_on_fewer"
+
+    @classmethod
+    def for_run(cls, run, max_sample_rounds: int | None = None, **settings) -> "StepSettings":
+        """Settings for ``run``: ``max_sample_rounds`` None takes the largest budget among its
+        resampling filters (each filter declares its own, ``Filter.Params.max_sample_rounds``),
+        1 if no filter resamples."""
+        rounds = max_sample_rounds or max((f.params.max_sample_rounds for f in run.filter if f.params.resample),
+                                          default=1)
+        return cls(max_sample_rounds=rounds, **settings)
 
 
 class ShortfallError(UserError):
@@ -48,25 +58,29 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     kept_parts: list[Rollout] = []
     kept_rewards: list[torch.Tensor] = []
     metrics: Counter = Counter()
-    resample = any(getattr(f.params, "resample", False) for f in run.filter)
+    reward_sums: Counter = Counter()  # per reward label: sum and count of non-NaN values over sampled rows
+    reward_counts: Counter = Counter()
+    resample = any(f.params.resample for f in run.filter)
     rounds = settings.max_sample_rounds if resample else 1
     target_rows = 0
     for r in range(rounds):
         prompts = next_prompts()
         t0 = time.perf_counter()
-        rollout = run.hook.sample(policy=policy, prompts=prompts, seed=seed * 1000 + r)
+        rollout = run.call("sample", rows=len(prompts) * run.sample.params.n, policy=policy, prompts=prompts,
+                           seed=seed * 1000 + r)
         metrics["time_rollout"] += time.perf_counter() - t0
         target_rows = target_rows or len(rollout)
+        b, t = rollout.response_mask.shape
         t0 = time.perf_counter()
-        rewards = torch.zeros(len(rollout))
-        for comp, value in run.call_each("reward", rollout=rollout):
-            value = torch.as_tensor(value, dtype=torch.float32)
-            metrics[f"reward/{comp.name}"] += float(torch.nanmean(value)) / rounds if len(value) else 0.0
+        rewards = torch.zeros(b)
+        for label, (comp, value) in zip(run.reward_labels, run.call_each("reward", rows=b, rollout=rollout)):
+            reward_sums[label] += float(torch.nansum(value))
+            reward_counts[label] += int((~torch.isnan(value)).sum())
             rewards = rewards + comp.params.weight * value
         metrics["time_reward"] += time.perf_counter() - t0
         keep = torch.ones(len(rollout), dtype=torch.bool)
         mask = rollout.response_mask.clone()
-        for comp, out in run.call_each("filter", rollout=rollout, rewards=rewards):
+        for comp, out in run.call_each("filter", rows=b, width=t, rollout=rollout, rewards=rewards):
             if out.keep.dim() == 2:
                 mask &= out.keep
             else:
@@ -94,6 +108,8 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         keep = torch.isin(rollout.group_ids, torch.tensor(keep_groups))
         rollout, rewards = rollout.select(keep), rewards[keep]
     metrics["reward_mean_sampled"] /= max(metrics["sampled_rows"], 1)
+    for label in run.reward_labels:  # mean over the rows actually sampled, NaN (unscorable) left out
+        metrics[f"reward/{label}"] = reward_sums[label] / reward_counts[label] if reward_counts[label] else math.nan
     metrics["kept_frac"] = len(rollout) / max(metrics["sampled_rows"], 1)
     metrics["sample_rounds"] = len(kept_parts)
     if len(rollout) < target_rows and resample:
@@ -118,16 +134,14 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         kl_in_reward = run.kl is not None and run.kl.params.placement == "reward"
         scored = policy.logprobs(rollout, grad=False)[0] if (settings.updates_per_batch > 1 or kl_in_reward) else None
         ref = policy.ref_logprobs(rollout) if run.kl is not None else None
-        values = policy.values(rollout, grad=False) if getattr(run.baseline, "needs_values", False) else None
+        values = policy.values(rollout, grad=False) if run.baseline.needs_values else None
     # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
     # log-probs detached, so the first ratio is exactly 1 without a second forward.
     old = scored if settings.updates_per_batch > 1 else None
     batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values)
     batch, adv_metrics = prepare(run, batch, scored)
     metrics.update(adv_metrics)
-    totals = step_totals(batch)
-    if hasattr(policy, "reduce_totals"):  # data parallel: normalisers of the whole step over all ranks
-        totals = policy.reduce_totals(totals)
+    totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
 
     # Update: each pass over the batch is one optimizer step; micro-batches accumulate exactly.
     # A non-finite reward, log-prob or loss skips the whole update: gradients are discarded and
@@ -144,7 +158,7 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
                 break
             loss, mb_sums = micro_loss(run, mb, logprobs, totals, entropy)
             value_loss = None
-            if getattr(run.baseline, "needs_values", False):
+            if run.baseline.needs_values:
                 value_loss = run.baseline.value_loss(values=policy.values(mb.rollout, grad=True),
                                                      old_values=mb.values, returns=mb.returns,
                                                      response_mask=mb.response_mask, totals=totals)

@@ -21,9 +21,9 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo.components import Component
 from policyzoo.errors import ConfigError
 from policyzoo.hookspecs import Advantages, hookimpl
+from policyzoo.slots import Baseline
 
 
 def _valid_scores(rewards, response_mask, token_rewards):
@@ -53,12 +53,10 @@ def _broadcast(adv_row, rewards, response_mask):
     return torch.where(response_mask.to(torch.bool), a, torch.zeros_like(a))
 
 
-class _GroupBaseline(Component):
-    slot = "baseline"
+class _GroupBaseline(Baseline):
 
     def check(self, run) -> None:
-        n = getattr(getattr(getattr(run, "sample", None), "params", None), "n", None)
-        if n == 1:
+        if run.sample.params.n == 1:
             raise ConfigError(
                 f"algorithm.baseline ({self.name})",
                 f"the group baseline '{self.name}' compares the G samples of a prompt with each other, but "
@@ -83,11 +81,15 @@ class GroupNorm(_GroupBaseline):
 
     name = "group_norm"
 
-    class Params(Component.Params):
+    class Params(Baseline.Params):
         std: Literal["sample", "population"] = Field("sample", description="'sample' (G-1, TRL/verl) or "
                                                      "'population' (G) standard deviation")
         eps: float = Field(1e-6, ge=0, description="added to the std before dividing (>= 0)")
         zero_std_tol: float = Field(1e-6, ge=0, description="groups with std <= this get advantage exactly 0")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.std, self.zero_std_tol = self.params.std, self.params.zero_std_tol  # zero_std_frac counts alike
 
     @hookimpl
     def baseline(self, rewards, group_ids, response_mask, token_rewards):
@@ -157,7 +159,7 @@ def whiten(x, where, eps):
     return torch.where(where, (x - mean) / (std + eps), torch.zeros_like(x))
 
 
-class BatchWhiten(Component):
+class BatchWhiten(Baseline):
     """REINFORCE++: token returns G_t = sum_{t' >= t} gamma^(t'-t) r_t', whitened over the batch.
 
     r_t = token_rewards_t (e.g. -beta x k1) plus the sequence reward on the row's last masked
@@ -167,9 +169,9 @@ class BatchWhiten(Component):
     Rows with a NaN reward or no token get 0 and do not enter the statistics.
     Returns ``Advantages([B, T])``. Source: Hu 2025, REINFORCE++ (arXiv:2501.03262) Sec. 3."""
 
-    slot, name = "baseline", "batch_whiten"
+    name = "batch_whiten"
 
-    class Params(Component.Params):
+    class Params(Baseline.Params):
         gamma: float = Field(1.0, gt=0, le=1, description="discount per token, in (0, 1]")
         eps: float = Field(1e-6, ge=0, description="added to the batch std before dividing (>= 0)")
 
@@ -190,7 +192,7 @@ class BatchWhiten(Component):
         return Advantages(adv.to(dtype))
 
 
-class GAE(Component):
+class GAE(Baseline):
     """PPO's generalised advantage estimation with a learned critic.
 
     Per-token reward r_t = token_rewards_t + the sequence reward on the last masked token;
@@ -203,10 +205,10 @@ class GAE(Component):
     ``value_loss`` gives the critic's clipped loss. Sources: Schulman et al. 2016 (arXiv:1506.02438)
     eq. 16; PPO (arXiv:1707.06347) eq. 9; value clipping as in OpenAI baselines / TRL PPO."""
 
-    slot, name = "baseline", "gae"
+    name = "gae"
     needs_values = True
 
-    class Params(Component.Params):
+    class Params(Baseline.Params):
         gamma: float = Field(1.0, gt=0, le=1, description="discount per token, in (0, 1]")
         lam: float = Field(0.95, ge=0, le=1, description="GAE lambda in [0, 1]")
         whiten: bool = Field(True, description="whiten advantages over the batch's tokens")

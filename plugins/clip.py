@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
-from policyzoo.components import Component
+from policyzoo.slots import Clip
 from policyzoo.hookspecs import Surrogate, hookimpl
 
 
-class PPOClip(Component):
+class PPOClip(Clip):
     """PPO's clipped surrogate with independent ``eps_low``/``eps_high`` and optional dual clip.
 
     loss_t = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)); with ``dual_clip`` c, where A < 0:
@@ -34,9 +34,9 @@ class PPOClip(Component):
     eq. 10; dual clip: Ye et al. 2020 (arXiv:1912.09729, "dual-clip PPO"). GSPO (arXiv:2507.18071 eq. 5) is this
     clip applied to the sequence ratio with eps 3e-4 / 4e-4."""
 
-    slot, name = "clip", "ppo_clip"
+    name = "ppo_clip"
 
-    class Params(Component.Params):
+    class Params(Clip.Params):
         eps_low: float = Field(0.2, ge=0, lt=1, description="lower clip offset: ratio >= 1 - eps_low, in [0, 1)")
         eps_high: float | None = Field(None, ge=0, description="upper clip offset: ratio <= 1 + eps_high "
                                        "(>= 0); None = eps_low")
@@ -61,21 +61,21 @@ class PPOClip(Component):
         return Surrogate(loss, low & response_mask, high & response_mask)
 
 
-class NoClip(Component):
+class NoClip(Clip):
     """Plain REINFORCE: loss_t = -A_t x r_t, no clipping (``clipped_*`` are None, reported as 0).
 
     On-policy r = exp(logprobs - logprobs.detach()) = 1 with gradient grad log pi, so the gradient
     is -A grad log pi (Williams 1992); off-policy it is the unclipped importance-weighted surrogate.
     Source: RLOO, Ahmadian et al. 2024 (arXiv:2402.14740) eq. 6."""
 
-    slot, name = "clip", "none"
+    name = "none"
 
     @hookimpl
     def clip(self, ratio, advantages):
         return Surrogate(-advantages * ratio)
 
 
-class CISPO(Component):
+class CISPO(Clip):
     """CISPO: loss_t = -sg(w_t) x A_t x logprobs_t with the IS weight w_t = min(r_t, eps_high).
 
     ``eps_high`` (default 5.0) is a bound on the IS weight *itself* (w <= eps_high), not a PPO
@@ -89,9 +89,9 @@ class CISPO(Component):
     Shapes ``[B, T]``. Errors: ``ConfigError`` for eps_high <= 0 or eps_low >= eps_high.
     Source: MiniMax 2025, MiniMax-M1 (arXiv:2506.13585) eq. 4-5; ScaleRL (arXiv:2510.13786) eps_max."""
 
-    slot, name = "clip", "cispo"
+    name = "cispo"
 
-    class Params(Component.Params):
+    class Params(Clip.Params):
         eps_high: float = Field(5.0, gt=0, description="upper bound on the IS weight itself (w <= eps_high, > 0)")
         eps_low: float | None = Field(None, ge=0, description="lower bound on the IS weight itself "
                                       "(w >= eps_low, < eps_high); None = no lower bound")

@@ -2,7 +2,9 @@
 
 Each returns :class:`~policyzoo.hookspecs.Keep` with ``keep [B]`` bool (order never changes) and
 ``reasons`` {reason: rows dropped}. The step ANDs the masks of all filters. ``resample`` True
-asks the step to sample again until the batch is full (DAPO's dynamic sampling).
+asks the step to sample again until the batch is full (DAPO's dynamic sampling), for at most the
+filter's own ``max_sample_rounds`` rounds (3 by default, DAPO's setting here; both parameters
+are declared by :class:`policyzoo.slots.Filter`), so the filter resamples in any bundle.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.components import Component
+from policyzoo.slots import Filter
 from policyzoo.hookspecs import Keep, hookimpl
 
 
-class NonconstantGroups(Component):
+class NonconstantGroups(Filter):
     """Drop whole groups whose valid rewards are all equal (max - min <= ``tolerance``).
 
     Such a group has zero advantage under every group baseline, so it only dilutes the batch.
@@ -25,9 +27,9 @@ class NonconstantGroups(Component):
     Source: DAPO, Yu et al. 2025 (arXiv:2503.14476) eq. 11 (0 < |{correct}| < G), generalised to
     real-valued rewards."""
 
-    slot, name = "filter", "nonconstant_groups"
+    name = "nonconstant_groups"
 
-    class Params(Component.Params):
+    class Params(Filter.Params):
         tolerance: float = Field(0.0, ge=0, description="rewards within this distance count as equal (>= 0)")
         resample: bool = Field(True, description="refill the batch by sampling again (dynamic sampling)")
 
@@ -44,17 +46,14 @@ class NonconstantGroups(Component):
         return Keep(keep, {"zero_std_group": int((~keep).sum())})
 
 
-class DropTruncated(Component):
+class DropTruncated(Filter):
     """Drop rows whose response hit the token limit without EOS (``rollout.truncated [B]``).
 
     A truncated answer's reward judges an unfinished text; dropping it is DAPO's "overlong
     filtering" alternative to the soft penalty. Returns ``Keep(~truncated, {"truncated": n})``.
     Source: DAPO, Yu et al. 2025 (arXiv:2503.14476) Sec. 3.4 (overlong filtering)."""
 
-    slot, name = "filter", "drop_truncated"
-
-    class Params(Component.Params):
-        resample: bool = Field(False, description="refill the batch by sampling again")
+    name = "drop_truncated"
 
     @hookimpl
     def filter(self, rollout):

@@ -41,7 +41,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo.components import Component
+from policyzoo.slots import KL
 from policyzoo.hookspecs import hookimpl
 
 EXP_CLAMP = 20.0
@@ -58,15 +58,7 @@ GOOD_ALTERNATIVE = {"loss": "k2 (or k3, GRPO's choice) with placement: loss",
                     "reward": "k1 with placement: reward"}
 
 
-class _KL(Component):
-    slot = "kl"
-
-    class Params(Component.Params):
-        beta: float = Field(0.04, ge=0, description="KL coefficient beta (>= 0)")
-        placement: Literal["reward", "loss"] = Field(
-            "loss", description="'reward': -beta x KL added to per-token rewards (no grad); "
-                                "'loss': +beta x KL added to the per-token loss")
-
+class _KL(KL):
     @hookimpl
     def kl(self, logprobs, ref_logprobs, response_mask):
         log_r = torch.where(response_mask, logprobs - ref_logprobs, torch.zeros_like(logprobs))

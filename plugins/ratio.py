@@ -11,20 +11,19 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.components import Component
+from policyzoo.slots import Ratio
 from policyzoo.hookspecs import hookimpl
 
 
-class Token(Component):
+class Token(Ratio):
     """Per-token ratio r_t = exp(clamp(logprobs - old_logprobs, -20, 20)), ``[B, T]``.
 
     The clamp (exp(20) ~ 4.9e8) only guards against inf; any clip range acts long before.
     Source: Schulman et al. 2017, PPO (arXiv:1707.06347) eq. 6."""
 
-    slot, name = "ratio", "token"
-    level = "token"
+    name = "token"
 
-    class Params(Component.Params):
+    class Params(Ratio.Params):
         max_log_ratio: float = Field(20.0, gt=0, description="|log r| clamp before exp (> 0)")
 
     @hookimpl
@@ -34,7 +33,7 @@ class Token(Component):
         return torch.exp(log_r.clamp(-m, m))
 
 
-class Sequence(Component):
+class Sequence(Ratio):
     """GSPO sequence ratio s_i = exp(clamp(mean_t log r_it, +-max_log_ratio)), broadcast to ``[B, T]``.
 
     The mean is over row i's masked tokens (|y_i| of them): s_i is the geometric mean of the token
@@ -46,10 +45,10 @@ class Sequence(Component):
     (``seq_mean_token_mean``); token-sum reduces are rejected by their ``check``.
     Source: Zheng et al. 2025, GSPO (arXiv:2507.18071) eq. 7."""
 
-    slot, name = "ratio", "sequence"
+    name = "sequence"
     level = "sequence"
 
-    class Params(Component.Params):
+    class Params(Ratio.Params):
         max_log_ratio: float = Field(10.0, gt=0, description="|mean log r| clamp before exp (> 0)")
 
     @hookimpl

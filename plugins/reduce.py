@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.components import Component
+from policyzoo.slots import Reduce
 from policyzoo.errors import ConfigError
 from policyzoo.hookspecs import hookimpl
 
@@ -33,14 +33,11 @@ def _safe_div(x: torch.Tensor, d: float) -> torch.Tensor:
     return x / d if d > 0 else x * 0.0
 
 
-class _Reduce(Component):
-    slot = "reduce"
-    #: False: the reduce sums a sequence-level ratio over each row's tokens (rejected with one).
-    averages_per_sequence = True
+class _Reduce(Reduce):
 
     def check(self, run) -> None:
-        ratio = getattr(run, "ratio", None)
-        if getattr(ratio, "level", "token") == "sequence" and not self.averages_per_sequence:
+        ratio = run.ratio
+        if ratio.level == "sequence" and not self.averages_per_sequence:
             raise ConfigError(
                 f"algorithm.reduce ({self.name})",
                 f"the sequence-level ratio {ratio.name!r} (GSPO) gives every token of a response the same "
@@ -101,7 +98,7 @@ class TokenSumNorm(_Reduce):
     name = "token_sum_norm"
     averages_per_sequence = False
 
-    class Params(Component.Params):
+    class Params(Reduce.Params):
         constant: float | None = Field(None, gt=0, description="normalising constant C (> 0); None = the "
                                        "run's sample.max_tokens")
 
@@ -112,7 +109,7 @@ class TokenSumNorm(_Reduce):
     def check(self, run) -> None:
         super().check(run)
         if self.params.constant is None:
-            max_tokens = getattr(getattr(getattr(run, "sample", None), "params", None), "max_tokens", None)
+            max_tokens = run.sample.params.max_tokens
             if not max_tokens:
                 raise ConfigError("algorithm.reduce.constant",
                                   "constant is None and the sampler has no max_tokens to default to",

@@ -1,7 +1,7 @@
 """``reward`` components: rollout -> ``rewards [B]`` float (NaN = unscorable).
 
-The step multiplies each component's result by its ``weight`` parameter (every reward component
-has one, default 1.0) and sums them. Components added to this module must be appended to
+The step multiplies each component's result by its ``weight`` parameter (declared by
+:class:`policyzoo.slots.Reward`, default 1.0) and sums them. Components added to this module must be appended to
 ``COMPONENTS`` at the bottom.
 """
 
@@ -13,7 +13,7 @@ import math
 import torch
 from pydantic import Field
 
-from policyzoo.components import Component
+from policyzoo.slots import Reward
 from policyzoo.data.answers import extract_number
 from policyzoo.errors import ConfigError, DataError, UserError
 from policyzoo.hookspecs import hookimpl
@@ -23,15 +23,8 @@ class RewardFunctionError(UserError):
     """A user reward function could not be imported, raised, or returned the wrong thing."""
 
 
-class _Reward(Component):
-    slot = "reward"
-
-    class Params(Component.Params):
-        weight: float = Field(1.0, description="multiplier of this reward in the weighted sum")
-
-
 # ----------------------------------------------------------------------------- overlong penalty
-class OverlongPenalty(_Reward):
+class OverlongPenalty(Reward):
     """DAPO's soft overlong punishment (eq. 13), ``[B]`` float in [-1, 0].
 
     With |y| the response's token count (``response_mask`` sum), L_max = ``max_tokens`` and
@@ -46,7 +39,7 @@ class OverlongPenalty(_Reward):
 
     name = "overlong_penalty"
 
-    class Params(_Reward.Params):
+    class Params(Reward.Params):
         max_tokens: int | None = Field(None, ge=1, description="L_max (>= 1); None = the run's sample.max_tokens")
         cache: int | None = Field(None, ge=1, description="L_cache (>= 1): length of the linear penalty ramp "
                                   "before L_max; None = 20% of L_max (DAPO's 4096 of 20480)")
@@ -57,8 +50,7 @@ class OverlongPenalty(_Reward):
 
     def check(self, run) -> None:
         if self.params.max_tokens is None:
-            sample_params = getattr(getattr(run, "sample", None), "params", None)
-            self.max_tokens = getattr(sample_params, "max_tokens", None)
+            self.max_tokens = run.sample.params.max_tokens
 
     @hookimpl
     def reward(self, rollout):
@@ -77,7 +69,7 @@ class OverlongPenalty(_Reward):
 
 
 # ----------------------------------------------------------------------------- answer match
-class AnswerMatch(_Reward):
+class AnswerMatch(Reward):
     """Strict numeric answer check, ``[B]`` float in {0.0, 1.0}.
 
     The completion's answer is the number right after its last "Answer:" or "####" marker if one
@@ -133,7 +125,7 @@ def load_function(path: str, where: str):
     return obj
 
 
-class Function(_Reward):
+class Function(Reward):
     """A user reward function, called TRL-style on the whole batch.
 
     ``function`` = "package.module:name" is imported when the run is built. It is called as
@@ -148,9 +140,10 @@ class Function(_Reward):
 
     name = "function"
 
-    class Params(_Reward.Params):
+    class Params(Reward.Params):
         function: str = Field(..., pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
-                              description="import path 'package.module:function' of fn(prompts, completions, **columns)")
+                              description="import path 'package.module:function' of "
+                              "fn(prompts, completions, **columns)")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -209,7 +202,7 @@ class Function(_Reward):
 
 
 # ----------------------------------------------------------------------------- math-verify
-class MathVerify(_Reward):
+class MathVerify(Reward):
     """Symbolic answer check with the ``math-verify`` package, ``[B]`` float in {0.0, 1.0}.
 
     1.0 when ``verify(parse(row["answer"]), parse(completion))`` is True: math-verify extracts the
@@ -224,7 +217,7 @@ class MathVerify(_Reward):
 
     name = "math_verify"
 
-    class Params(_Reward.Params):
+    class Params(Reward.Params):
         timeout: int = Field(5, ge=1, description="seconds allowed per parse and per verify (main thread only)")
 
     def __init__(self, **params):
@@ -256,7 +249,7 @@ class MathVerify(_Reward):
 
 
 # ----------------------------------------------------------------------------- reward model
-class RewardModel(_Reward):
+class RewardModel(Reward):
     """A frozen transformers sequence-classification model as reward, ``[B]`` float32 (logits).
 
     ``path``: any local folder that ``AutoModelForSequenceClassification`` loads (weights are
@@ -273,7 +266,7 @@ class RewardModel(_Reward):
 
     name = "reward_model"
 
-    class Params(_Reward.Params):
+    class Params(Reward.Params):
         path: str = Field(..., description="local folder of a transformers sequence-classification model")
         batch_size: int = Field(8, ge=1, description="completions scored per forward pass")
         max_length: int = Field(1024, ge=1, description="tokens per scored sequence (cut from the left)")

@@ -8,12 +8,12 @@ import torch
 from pydantic import Field
 
 from policyzoo.batch import Rollout
-from policyzoo.components import Component
+from policyzoo.slots import Sample
 from policyzoo.errors import ConfigError, UserError
 from policyzoo.hookspecs import hookimpl
 
 
-class Group(Component):
+class Group(Sample):
     """G responses per prompt from the shared engine (GRPO-style groups; G = 1 for PPO).
 
     Calls ``policy.generate(prompts, n, max_tokens, temperature, seed)`` and returns its
@@ -34,11 +34,9 @@ class Group(Component):
     Source: Shao et al. 2024 (DeepSeekMath, arXiv:2402.03300) Sec. 4.1 for groups of G samples.
     """
 
-    slot, name = "sample", "group"
+    name = "group"
 
-    class Params(Component.Params):
-        n: int = Field(8, ge=1, description="samples per prompt G (>= 1; group baselines need >= 2)")
-        max_tokens: int = Field(256, ge=1, description="response token limit L_max (>= 1)")
+    class Params(Sample.Params):
         temperature: float = Field(1.0, gt=0, description="sampling temperature (> 0); the trainer "
                                    "divides logits by the same value")
         top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass in (0, 1]; 1 = off")

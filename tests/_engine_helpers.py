@@ -18,7 +18,7 @@ TINY_VERSION = "tiny-llama-v1"
 def tiny_model() -> Path:
     """A tiny Llama (hidden 128, 4 heads, head_dim 32, 2 layers, byte tokenizer) built once into
     ``.build/test-models`` (written to a temporary folder and renamed, so it is never half built)."""
-    from policyzoo.engine.tiny import build_tiny_model
+    from policyzoo.testing.tiny import build_tiny_model
 
     target = BUILD / "test-models" / TINY_VERSION
     if (target / "model.safetensors").is_file():
@@ -44,7 +44,7 @@ def engine_env() -> dict:
 TINY_OVERRIDES = [
     "algorithm.sample.max_tokens=12", "train.prompts_per_step=2", "train.lr=1e-3", "data.eval_size=4",
     "data.limit=64", "engine.sync_check=true", "engine.sync_tolerance=1e-4",
-    'rewards=[{use: function, function: "policyzoo.engine.tiny:spread_reward"}]',
+    'rewards=[{use: function, function: "policyzoo.testing.tiny:spread_reward"}]',
 ]
 
 

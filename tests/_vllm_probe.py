@@ -69,6 +69,7 @@ print("RESULT " + json.dumps({
     "other_seed_differs": not torch.equal(r.response_ids, other.response_ids),
     "samples": [r.response_ids[i].tolist() for i in range(len(r))],
     "tied": bool(hf.config.tie_word_embeddings), "stale": stale, "synced": synced, "after_diff": after_diff,
-    "greedy_rows": len(greedy), "big_rows": len(big), "big_prompt_tokens": sum(len(p) for p in big.prompt_ids), "completions": r.completions, "temperature": r.temperature,
+    "greedy_rows": len(greedy), "big_rows": len(big), "big_prompt_tokens": sum(len(p) for p in big.prompt_ids),
+    "completions": r.completions, "temperature": r.temperature,
     "max_tokens": r.max_tokens,
 }))

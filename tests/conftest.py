@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from policyzoo.bandit import bandit_catalog
+from policyzoo.testing.bandit import bandit_catalog
 
 
 @pytest.fixture(scope="module")

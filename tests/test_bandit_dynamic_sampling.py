@@ -11,7 +11,7 @@ seeds are fixed, and in these seeds no question-1 group happens to be constant (
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_run, step_settings
+from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 from policyzoo.errors import UserError
 from policyzoo.step import ShortfallError, train_step
 

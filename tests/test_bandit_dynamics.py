@@ -1,7 +1,7 @@
 """Learning dynamics of the zoo on the bandit test bed, through the real step and real assembly.
 
 Each run is the unchanged ``policyzoo.step.train_step`` with ``policyzoo.assemble(name)``; only the
-policy is tabular (see policyzoo.bandit). A few hundred steps take about a second.
+policy is tabular (see policyzoo.testing.bandit). A few hundred steps take about a second.
 """
 
 import math
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_run, train
+from policyzoo.testing.bandit import Bandit, bandit_run, train
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -21,7 +21,7 @@ questions after 40 steps (each question's noise has sd ~0.15 here, so the mean h
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_run, train
+from policyzoo.testing.bandit import Bandit, bandit_run, train
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -1,6 +1,6 @@
 """The bandit test bed as a Policy: shapes, the token model, truncation, seeds, sync, errors.
 
-Values are worked out by hand from the model in policyzoo.bandit's docstring: the first token
+Values are worked out by hand from the model in policyzoo.testing.bandit's docstring: the first token
 carries log softmax(theta / temperature)[k], every later token log-prob 0.
 """
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, BanditCorrect
+from policyzoo.testing.bandit import Bandit, BanditCorrect
 from policyzoo.errors import ConfigError, DataError
 from policyzoo.policy import Policy
 

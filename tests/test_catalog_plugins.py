@@ -12,11 +12,11 @@ from policyzoo import PluginError
 from policyzoo.catalog import load_catalog
 
 DUPLICATE_CLIP = '''
-from policyzoo import Component, Surrogate, hookimpl
+from policyzoo import Clip, Surrogate, hookimpl
 
-class MyClip(Component):
+class MyClip(Clip):
     """Another PPO clip. Source: a test double."""
-    slot, name = "clip", "{name}"
+    name = "{name}"
 
     @hookimpl
     def clip(self, ratio, advantages):

@@ -9,6 +9,8 @@ from policyzoo import ConfigError, assemble
 from policyzoo.config import load_config, step_settings
 from policyzoo.assembly import Run, resolve_algorithm
 
+NO_PLUGINS = {"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"}
+
 
 def _err(**kw) -> str:
     with pytest.raises(ConfigError) as e:
@@ -74,9 +76,9 @@ def test_override_keeps_bundle_component_and_merges_params():
 
 def test_step_settings_take_algorithm_defaults():
     cfg = load_config(algo="dapo")
-    assert step_settings(cfg, resolve_algorithm(cfg.algorithm)).max_sample_rounds == 3
+    assert step_settings(cfg, assemble(cfg.algorithm)).max_sample_rounds == 3  # the filter's own budget
     cfg = load_config(algo="dapo", overrides=["train.max_sample_rounds=5"])
-    assert step_settings(cfg, resolve_algorithm(cfg.algorithm)).max_sample_rounds == 5
+    assert step_settings(cfg, assemble(cfg.algorithm)).max_sample_rounds == 5
 
 
 def test_yaml_file_errors(tmp_path):
@@ -90,7 +92,7 @@ def test_yaml_file_errors(tmp_path):
 @pytest.mark.parametrize("override", ["algorithm.clip.use=cispoo", "train.lrr=1", "algorithm.clip.eps_low=2"])
 def test_cli_prints_one_block_and_exits_2(override):
     out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--dry-run", override],
-                         capture_output=True, text=True, env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
+                         capture_output=True, text=True, env=NO_PLUGINS)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and out.stderr.startswith("error at ")
     assert "fix:" in out.stderr
@@ -99,7 +101,7 @@ def test_cli_prints_one_block_and_exits_2(override):
 def test_cli_dry_run_shows_where_each_slot_came_from():
     out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--dry-run",
                           "algorithm.clip.use=cispo", "algorithm.clip.eps_high=5.0"],
-                         capture_output=True, text=True, env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
+                         capture_output=True, text=True, env=NO_PLUGINS)
     assert out.returncode == 0, out.stderr
     assert "from: override" in out.stdout and "from: grpo default" in out.stdout
     assert "use: cispo" in out.stdout
@@ -145,7 +147,8 @@ def test_hybrid_names_list_only_swapped_components():
     grpo = resolve_algorithm("grpo")
     assert grpo.replace(clip=use("cispo")).name == "grpo+clip=cispo"
     assert resolve_algorithm({"base": "grpo", "clip": {"eps_high": 0.28}}).name == "grpo"
-    assert resolve_algorithm({"base": "grpo", "filter": [{"use": "drop_truncated"}]}).name == "grpo+filter=drop_truncated"
+    hybrid = resolve_algorithm({"base": "grpo", "filter": [{"use": "drop_truncated"}]})
+    assert hybrid.name == "grpo+filter=drop_truncated"
 
 
 def test_dry_run_output_loads_back_as_the_same_run(tmp_path):
@@ -183,7 +186,7 @@ def test_cli_reports_an_unusable_output_path_without_traceback(tmp_path):
 
 def test_cli_dry_run_of_slot_overrides_without_algo():
     out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--dry-run", "algorithm.clip.use=cispo"],
-                         capture_output=True, text=True, env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
+                         capture_output=True, text=True, env=NO_PLUGINS)
     assert out.returncode == 0, out.stderr
     assert "name: grpo+clip=cispo" in out.stdout and "base: grpo" in out.stdout
 

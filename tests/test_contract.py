@@ -5,7 +5,8 @@ import pytest
 import torch
 from pydantic import Field
 
-from policyzoo import Advantages, Component, Surrogate, hookimpl
+from policyzoo import Advantages, Surrogate, hookimpl
+from policyzoo.slots import Baseline, Clip, Ratio, Reduce, Reward
 from policyzoo.catalog import load_catalog
 from policyzoo.testing.contract import CHECKS, ContractFailure, check_component, contract_cases, run_checks
 
@@ -27,10 +28,10 @@ def test_component_passes_the_contract(case):
 
 
 # ----------------------------------------------------------------------------- broken components
-class _Clip(Component):
+class _Clip(Clip):
     """PPO-free surrogate -A r. Source: Williams 1992, a test double."""
 
-    slot, name = "clip", "test_clip"
+    name = "test_clip"
 
     @hookimpl
     def clip(self, ratio, advantages):
@@ -54,10 +55,10 @@ class Mutating(_Clip):
         return Surrogate(-advantages * ratio)
 
 
-class Leaky(Component):
+class Leaky(Ratio):
     """Token ratio that forgets the mask. Source: a test double."""
 
-    slot, name = "ratio", "leaky"
+    name = "leaky"
 
     @hookimpl
     def ratio(self, logprobs, old_logprobs):
@@ -79,14 +80,14 @@ class InfDefault(_Clip):
 
     name = "inf_default"
 
-    class Params(Component.Params):
+    class Params(_Clip.Params):
         cap: float = Field(float("inf"), description="no cap by default")
 
 
-class ByPosition(Component):
+class ByPosition(Baseline):
     """Groups rows by position (i // 3) instead of group_ids. Source: a test double."""
 
-    slot, name = "baseline", "by_position"
+    name = "by_position"
 
     @hookimpl
     def baseline(self, rewards, response_mask):
@@ -95,10 +96,10 @@ class ByPosition(Component):
         return Advantages(torch.where(response_mask, adv[:, None].expand(response_mask.shape), 0.0))
 
 
-class MicroMean(Component):
+class MicroMean(Reduce):
     """Divides by the micro-batch's own token count. Source: a test double."""
 
-    slot, name = "reduce", "micro_mean"
+    name = "micro_mean"
 
     @hookimpl
     def reduce(self, loss, response_mask):
@@ -151,12 +152,12 @@ def test_failure_message_names_the_component_and_the_reason():
     assert "ratio component 'leaky'" in text and "masked" in text and "gradient reaches masked" in text
 
 
-class NeedsPath(Component):
+class NeedsPath(Reward):
     """A reward read from a file named by a required parameter. Source: a test double."""
 
-    slot, name = "reward", "needs_path"
+    name = "needs_path"
 
-    class Params(Component.Params):
+    class Params(Reward.Params):
         path: str = Field(..., description="a text file holding one number")
         weight: float = 1.0
 
@@ -179,10 +180,10 @@ def test_contract_params_build_components_without_defaults():
     check_component(NeedsPath, _catalog_with(NeedsPath))
 
 
-class NanLeak(Component):
+class NanLeak(Baseline):
     """Group mean baseline that forgets NaN rewards. Source: a test double."""
 
-    slot, name = "baseline", "nan_leak"
+    name = "nan_leak"
 
     @hookimpl
     def baseline(self, rewards, group_ids, response_mask):

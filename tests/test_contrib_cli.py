@@ -45,7 +45,7 @@ def test_plugins_lists_each_distribution_with_version_hooks_and_components(capsy
 
 def test_components_and_zoo_show_plugin_entries_with_their_source(capsys):
     text = _run(capsys, "components", "--slot", "clip")
-    line = next(l for l in text.splitlines() if " sapo " in l)
+    line = next(x for x in text.splitlines() if " sapo " in x)
     assert "policyzoo-sapo 0.1.0" in line
     zoo = _rows(_run(capsys, "zoo"))
     assert "policyzoo-sapo" in zoo["sapo"] and "group_norm" in zoo["sapo"] and "sapo" in zoo["sapo"]

@@ -4,7 +4,7 @@ the same sources with the contrib distributions loaded as without them, and trai
 
 import pytest
 
-import policyzoo.bandit
+import policyzoo.testing.bandit
 from policyzoo import assemble
 from policyzoo.catalog import load_catalog
 from policyzoo.testing.training import tiny_run
@@ -41,7 +41,7 @@ def test_same_training_with_and_without_plugins(spec):
     runs = []
     for catalog in (BARE, WITH):
         cat = load_catalog(autoload=catalog is WITH, allow=["policyzoo-sapo", "policyzoo-tis"],
-                           extra=[policyzoo.bandit])
+                           extra=[policyzoo.testing.bandit])
         r = tiny_run(spec, steps=3, catalog=cat)
         runs.append(([{k: v for k, v in h.items() if not k.startswith(timing)} for h in r.history],
                      r.bandit.theta.detach().clone()))

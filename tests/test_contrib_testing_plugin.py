@@ -8,14 +8,14 @@ import textwrap
 
 AUTHOR_TESTS = '''
 import torch
-from policyzoo import Component, Surrogate, assemble, hookimpl
+from policyzoo import Clip, Surrogate, assemble, hookimpl
 from policyzoo.catalog import get_catalog
 from policyzoo.testing import check_component
 
 
-class HalfClip(Component):
+class HalfClip(Clip):
     """REINFORCE surrogate with the ratio capped at 3: -A min(r, 3). Source: a test double."""
-    slot, name = "clip", "half_clip"
+    name = "half_clip"
 
     @hookimpl
     def clip(self, ratio, advantages):

@@ -54,7 +54,8 @@ def test_json_and_parquet_and_message_prompts(tmp_path):
     task = load_task(DataSettings(path=str(tmp_path / "d.json"), eval_size=0, system_prompt="default"))
     # a row's own system message wins; a string prompt gets the configured one; 6.0 -> "6"
     assert task.train_rows[0]["prompt"][0] == {"role": "system", "content": "S"}
-    assert task.train_rows[1]["prompt"] == [{"role": "system", "content": "default"}, {"role": "user", "content": "3+3?"}]
+    assert task.train_rows[1]["prompt"] == [{"role": "system", "content": "default"},
+                                            {"role": "user", "content": "3+3?"}]
     assert [r["answer"] for r in task.train_rows] == ["4", "6"]
 
     import pyarrow as pa

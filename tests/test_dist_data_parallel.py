@@ -25,7 +25,8 @@ DP_SETTINGS = ["train.steps=2", "engine.rollout=transformers", "engine.threads=1
 
 def _train(out, nproc: int, *extra: str) -> None:
     cmd = train_cmd(out, *DP_SETTINGS, *extra)
-    if nproc > 1:  # python -m policyzoo.cli ... -> python -m torch.distributed.run --nproc_per_node N -m policyzoo.cli ...
+    # python -m policyzoo.cli ... -> python -m torch.distributed.run --nproc_per_node N -m policyzoo.cli ...
+    if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--master_port={free_port()}", *cmd[1:]]
     env = engine_env()

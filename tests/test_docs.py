@@ -129,12 +129,12 @@ def test_bundle_page_slot_table_is_the_bundle(name):
 
 @pytest.mark.parametrize("name", sorted(CATALOG.bundles))
 def test_bundle_page_metrics_are_reported_by_the_step(name):
-    import policyzoo.bandit
+    import policyzoo.testing.bandit
     from policyzoo.testing.training import tiny_run
 
     body = _sections((DOCS / "bundles" / f"{name}.md").read_text())["Metrics"]
     named = set(re.findall(r"`([a-z_/<>]+)`", body))
-    cat = load_catalog(autoload=True, allow=["policyzoo-sapo", "policyzoo-tis"], extra=[policyzoo.bandit])
+    cat = load_catalog(autoload=True, allow=["policyzoo-sapo", "policyzoo-tis"], extra=[policyzoo.testing.bandit])
     produced = set(tiny_run(name, steps=1, catalog=cat).history[0])
     assert named, f"{name}: the Metrics section names no metric"
     unknown = {m for m in named if m not in produced and not m.endswith("/<reason>")}

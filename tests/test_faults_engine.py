@@ -86,7 +86,7 @@ def test_non_finite_rewards_skip_updates_then_stop_and_the_checkpoint_survives(t
     # the last good checkpoint loads; two finite steps more and the export holds finite weights
     r = _run(train_cmd(out, *FAST, "train.steps=4", algo=None)[:4] + [
         "--resume", str(out), "--force-resume", "train.steps=4", 'rewards=[{use: function, function: '
-        '"policyzoo.engine.tiny:spread_reward"}]'])
+        '"policyzoo.testing.tiny:spread_reward"}]'])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--force-resume: loading" in r.stderr
     m = metrics(out)

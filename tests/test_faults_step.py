@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_run, step_settings
+from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 from policyzoo.step import train_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -81,7 +81,7 @@ def test_a_fault_in_the_second_micro_batch_discards_the_first_ones_gradient(cata
 def test_non_finite_weights_are_never_written_over_the_last_checkpoint(tmp_path):
     from policyzoo.engine.rundir import RunDir
     from policyzoo.engine.session import Session
-    from policyzoo.engine.train import TrainingError
+    from policyzoo.errors import TrainingError
 
     class Trainer:  # finite at step 2, NaN at step 4
         finite, saved = True, []
@@ -113,14 +113,14 @@ def test_a_raising_reward_component_is_named(catalog):
     from policyzoo import use
     from policyzoo.assembly import assemble
     from policyzoo.catalog import load_catalog
-    from policyzoo.components import Component
+    from policyzoo.slots import Reward
     from policyzoo.errors import ComponentError
     from policyzoo.hookspecs import hookimpl
 
-    class Boom(Component):
-        slot, name = "reward", "boom"
+    class Boom(Reward):
+        name = "boom"
 
-        class Params(Component.Params):
+        class Params(Reward.Params):
             weight: float = Field(1.0, description="weight")
 
         @hookimpl
@@ -128,10 +128,11 @@ def test_a_raising_reward_component_is_named(catalog):
             raise RuntimeError("scorer crashed")
 
     plugin = types.SimpleNamespace(__name__="boom_plugin", register_components=lambda register: register(Boom))
-    import policyzoo.bandit as bandit_mod
+    import policyzoo.testing.bandit as bandit_mod
     cat = load_catalog(autoload=False, extra=[bandit_mod, plugin])
     run = assemble("grpo", rewards=(use("bandit_correct"), use("boom")), catalog=cat)
     bandit = _bandit()
-    with pytest.raises(ComponentError, match=r"(?s)reward component boom\(weight=1.0\).*raised RuntimeError: scorer crashed"):
+    msg = r"(?s)reward component boom\(weight=1.0\).*raised RuntimeError: scorer crashed"
+    with pytest.raises(ComponentError, match=msg):
         train_step(run, bandit, lambda: bandit.prompts(2), seed=0, settings=step_settings(run))
     assert len(bandit.opt.state) == 0  # nothing was trained

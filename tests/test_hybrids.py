@@ -95,6 +95,6 @@ def test_soft_gate_hybrid_learns():
 
 
 def _bandit_catalog():
-    import policyzoo.bandit
+    import policyzoo.testing.bandit
 
-    return load_catalog(autoload=True, allow=["policyzoo-sapo", "policyzoo-tis"], extra=[policyzoo.bandit])
+    return load_catalog(autoload=True, allow=["policyzoo-sapo", "policyzoo-tis"], extra=[policyzoo.testing.bandit])

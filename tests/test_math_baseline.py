@@ -176,7 +176,8 @@ def test_batch_whiten_excludes_nan_rows_and_constant_batch_is_zero():
     a = BatchWhiten(eps=0.0).baseline(rewards=torch.tensor([1.0, 0.0, float("nan")]), response_mask=mask,
                                       token_rewards=zeros).advantages
     assert torch.allclose(a, torch.tensor([[1.0, 1.0], [-1.0, -1.0], [0.0, 0.0]]))
-    a = BatchWhiten().baseline(rewards=torch.tensor([1.0, 1.0, 1.0]), response_mask=mask, token_rewards=zeros).advantages
+    ones = torch.tensor([1.0, 1.0, 1.0])
+    a = BatchWhiten().baseline(rewards=ones, response_mask=mask, token_rewards=zeros).advantages
     assert torch.equal(a, torch.zeros(3, 2))
 
 

@@ -182,7 +182,8 @@ class NucleusPolicy(FakePolicy):
 
 def test_group_sampler_calls_generate_and_stamps_rollout():
     pol = FakePolicy()
-    ro = Group(n=3, max_tokens=64, temperature=0.7).sample(policy=pol, prompts=[{"prompt": "a"}, {"prompt": "b"}], seed=5)
+    two = [{"prompt": "a"}, {"prompt": "b"}]
+    ro = Group(n=3, max_tokens=64, temperature=0.7).sample(policy=pol, prompts=two, seed=5)
     assert pol.calls == [(2, 3, 64, 0.7, 5)]
     assert len(ro) == 6 and ro.temperature == 0.7 and ro.max_tokens == 64
     assert ro.group_ids.tolist() == [0, 0, 0, 1, 1, 1]

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from policyzoo.bandit import Bandit, bandit_run, step_settings
+from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 from policyzoo.step import train_step
 
 

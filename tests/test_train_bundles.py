@@ -53,7 +53,8 @@ def test_bundle_trains_end_to_end(tmp_path, algo):
     assert (out / "checkpoints" / "step-000002" / "critic").is_dir() == has_critic
     import json
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["models_loaded"] == ["policy"] + (["reference"] if has_kl else []) + (["critic"] if has_critic else [])
+    expected = ["policy"] + (["reference"] if has_kl else []) + (["critic"] if has_critic else [])
+    assert summary["models_loaded"] == expected
 
     # weights changed, and the export loads in transformers
     before = load_file(str(tiny_model() / "model.safetensors"))

@@ -54,8 +54,8 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     partial.mkdir(exist_ok=True)
     (partial / "junk").write_text("half written")
 
-    resumed = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--resume", str(cut)], env=engine_env(), cwd=ROOT,
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--resume", str(cut)], env=engine_env(),
+                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr and not partial.exists()
 

@@ -17,7 +17,8 @@ pytest.importorskip("trl")
 
 import torch  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("trl_agreement", Path(__file__).parents[1] / "bench" / "trl_agreement.py")
+_spec = importlib.util.spec_from_file_location("trl_agreement",
+                                               Path(__file__).parents[1] / "bench" / "trl_agreement.py")
 ta = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ta)
 

@@ -12,9 +12,7 @@ BUNDLE = Bundle(
     parent="grpo",
     paper="MiniMax 2025, MiniMax-M1 (arXiv:2506.13585), eq. 4",
     summary="stop-gradient capped IS weight x A x logprob, token mean, no KL",
-    sample=use("group", n=8),
-    baseline=use("group_norm", std="sample"),
-    ratio=use("token"),
     clip=use("cispo", eps_high=5.0),
+    kl=None,
     reduce=use("token_mean"),
 )

@@ -13,12 +13,9 @@ BUNDLE = Bundle(
     parent="grpo",
     paper="Yu et al. 2025, DAPO (arXiv:2503.14476), eqs. 10-13",
     summary="clip-higher, dynamic sampling, token-mean loss, soft overlong penalty, no KL",
-    sample=use("group", n=8),
-    baseline=use("group_norm", std="sample"),
-    ratio=use("token"),
-    clip=use("ppo_clip", eps_low=0.2, eps_high=0.28),
+    clip=use("ppo_clip", eps_high=0.28),  # grpo's eps_low 0.2 is inherited
+    kl=None,
     reduce=use("token_mean"),
     reward=(use("overlong_penalty"),),
-    filter=(use("nonconstant_groups", resample=True),),
-    settings={"max_sample_rounds": 3},
+    filter=(use("nonconstant_groups", resample=True, max_sample_rounds=3),),
 )

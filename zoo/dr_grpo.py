@@ -12,9 +12,7 @@ BUNDLE = Bundle(
     parent="grpo",
     paper="Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv:2503.20783), Sec. 3.2",
     summary="group mean baseline (no std), token sum over a constant, no KL",
-    sample=use("group", n=8),
     baseline=use("group_mean"),
-    ratio=use("token"),
-    clip=use("ppo_clip", eps_low=0.2, eps_high=0.2),
+    kl=None,
     reduce=use("token_sum_norm"),
 )

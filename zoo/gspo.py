@@ -12,9 +12,7 @@ BUNDLE = Bundle(
     parent="grpo",
     paper="Zheng et al. 2025, GSPO (arXiv:2507.18071), eqs. 5-7",
     summary="sequence geometric-mean ratio, sequence clip 3e-4/4e-4, no KL",
-    sample=use("group", n=8),
-    baseline=use("group_norm", std="sample"),
     ratio=use("sequence"),
     clip=use("ppo_clip", eps_low=3e-4, eps_high=4e-4),
-    reduce=use("seq_mean_token_mean"),
+    kl=None,
 )

@@ -29,9 +29,11 @@ def batch_at(rows: list[dict], P: int, seed: int, step: int) -> list[dict]:
     """Batch number ``step`` (0-based): ``P`` shallow copies of rows."""
     n = len(rows)
     if n == 0:
-        raise DataError("data", "no training rows to draw prompts from", "check data.path / data.limit / data.eval_size")
+        raise DataError("data", "no training rows to draw prompts from",
+                        "check data.path / data.limit / data.eval_size")
     if P < 1:
-        raise DataError("data", f"prompts per step must be >= 1, got {P}", "set the number of prompts per step to 1 or more")
+        raise DataError("data", f"prompts per step must be >= 1, got {P}",
+                        "set the number of prompts per step to 1 or more")
     out: list[dict] = []
     pos = step * P
     while len(out) < P:

@@ -70,7 +70,8 @@ def load_task(data_config: DataSettings | dict | None = None) -> Task:
     if s.name == "arithmetic":
         return _load_arithmetic(s)
     if s.name == "gsm8k":
-        return _load_rows(s, "data.name (gsm8k)", _read_gsm8k, lambda r: gsm8k_worked_solution(r["solution"], r["answer"]),
+        return _load_rows(s, "data.name (gsm8k)", _read_gsm8k,
+                          lambda r: gsm8k_worked_solution(r["solution"], r["answer"]),
                           default_prompt_column="question", default_eval_split="test", system=GSM8K_SYSTEM_PROMPT)
     return _load_rows(s, f"data.name ({s.name})", lambda split: read_cached_dataset(s.name, split), _plain_answer,
                       default_prompt_column="prompt", default_eval_split=None, system=None)
@@ -110,7 +111,8 @@ def _load_arithmetic(s: DataSettings) -> Task:
     try:
         held, examples, train = arithmetic.generate(s.seed, s.eval_size, k, s.limit or arithmetic.DEFAULT_TRAIN_SIZE)
     except ValueError as e:
-        raise ConfigError("data.eval_size (arithmetic)", str(e), "lower data.eval_size (at most a few thousand)") from None
+        raise ConfigError("data.eval_size (arithmetic)", str(e),
+                          "lower data.eval_size (at most a few thousand)") from None
     system = arithmetic.SYSTEM_PROMPT if s.system_prompt is None else s.system_prompt
 
     def build(raw: list[dict]) -> list[dict]:

@@ -137,9 +137,9 @@ def check_same_catalog(catalog) -> None:
 
 
 def merge_metrics(records: list[dict]) -> dict:
-    """One record from every rank's: values equal on all ranks are kept, :data:`SUMMED` keys add up, :data:`MAXED` and ``time_*``
-    keys take the max, other numbers are the mean over the ranks that report them (ranks hold
-    equal numbers of prompts), anything else is rank 0's (lists are joined)."""
+    """One record from every rank's: values equal on all ranks are kept, :data:`SUMMED` keys add
+    up, :data:`MAXED` and ``time_*`` keys take the max, other numbers are the mean over the ranks
+    that report them (ranks hold equal numbers of prompts), anything else is rank 0's (lists are joined)."""
     if len(records) == 1:
         return records[0]
     out: dict = {}

@@ -21,8 +21,9 @@ Conventions (both engines):
 * ``group_ids [B]``: row ``i * n + j`` is sample ``j`` of prompt ``i`` and has group id ``i``.
 * Seeds: prompt ``i`` of a call with ``seed`` samples with its own seed
   ``(seed * 1_000_003 + first_index + i) * n`` (``first_index``: the global index of the call's
-  first prompt, so a prompt samples the same on any number of data-parallel ranks) (vLLM gives sample ``j`` seed + ``j``), so no two samples of a
-  run share a random stream and a resumed run draws exactly the same samples.
+  first prompt, so a prompt samples the same on any number of data-parallel ranks) (vLLM
+  gives sample ``j`` seed + ``j``), so no two samples of a run share a random stream and a
+  resumed run draws exactly the same samples.
 """
 
 from __future__ import annotations

@@ -12,13 +12,11 @@ from datetime import datetime, timezone
 
 from rich.console import Console
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, Interrupted, TrainingError
 from . import dist
 from .rundir import ResumeError, RunDir
 
 
-class Interrupted(UserError):
-    """The run was stopped by Ctrl-C (SIGINT) after saving a checkpoint."""
 
 SEED_STRIDE = 1_000_003
 #: what a checkpoint must share with the config it is resumed with (train.* and engine.* may change)
@@ -31,8 +29,7 @@ class Session:
 
     @classmethod
     def prepare(cls, config, resume: str | None, force_resume: bool = False) -> "Session":
-        from ..assembly import Run, resolve_algorithm
-        from ..cli import resolved_view
+        from ..assembly import Run, resolve_algorithm, resolved_view
         from ..config import reward_uses, step_settings
         from ..data import check_prompt_lengths, load_task
         from .models import encode_prompt, resolve_model
@@ -52,7 +49,7 @@ class Session:
         bundle = resolve_algorithm(config.algorithm)
         self.task_rewards_n = len(reward_uses(config, self.task.default_rewards))
         self.run = Run(bundle, rewards=reward_uses(config, self.task.default_rewards))
-        self.settings = step_settings(config, bundle)
+        self.settings = step_settings(config, self.run)
         sp = self.run.sample.params
         self.max_tokens, self.n = sp.max_tokens, sp.n
         self.model = resolve_model(config.model.path, config.model.trust_remote_code)
@@ -84,7 +81,8 @@ class Session:
                                   f"{config.train.steps}: resuming would rewind it and overwrite its checkpoints",
                                   f"set train.steps above {self.state['step']}, e.g. "
                                   f"`policyzoo train --resume {resume} train.steps={self.state['step'] + 10}`")
-            same = json.dumps(self.state.get("fingerprint"), sort_keys=True) == json.dumps(self.fingerprint, sort_keys=True)
+            old_print = json.dumps(self.state.get("fingerprint"), sort_keys=True)
+            same = old_print == json.dumps(self.fingerprint, sort_keys=True)
             if not same and force_resume:
                 self.console.print(f"--force-resume: loading {self.resume_from} although it was written with another "
                                    "algorithm, reward, model or data config")
@@ -189,7 +187,6 @@ class Session:
                 self.rundir.log(m)
                 skips = skips + 1 if m.get("skipped") else 0
                 if skips >= c.train.max_consecutive_skips:
-                    from .train import TrainingError
                     raise TrainingError(f"step {step}", f"{skips} optimizer steps in a row were skipped (last reason: "
                                         f"{m.get('skip_reason', 'non-finite loss or gradient')}); no weights were "
                                         "written by them; the last checkpoint holds the last good weights",
@@ -250,7 +247,6 @@ class Session:
 
     def _save(self, step: int, batches: int) -> None:
         if not self.trainer.weights_finite():  # never write NaN/inf weights over a good checkpoint
-            from .train import TrainingError
             latest = self.rundir.latest()
             raise TrainingError(f"step {step}", "the trained weights hold NaN or inf values; no checkpoint was "
                                 f"written (last complete checkpoint: {latest[0] if latest else 'none'})",

@@ -15,12 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from ..errors import UserError
 from .rundir import ResumeError
-
-
-class TrainingError(UserError):
-    """The run cannot go on (e.g. too many non-finite updates in a row)."""
 
 
 def config_from_run_dir(run_dir: str, overrides: list[str] = ()):

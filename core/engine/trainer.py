@@ -98,7 +98,8 @@ class Trainer:
         self.score_rows = score_rows
         #: score through policyzoo.engine.prefix (one forward per distinct prompt); see check_share_prompt
         self.share_prompt = share_prompt
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         tdtype = getattr(torch, dtype)
         path = str(info.path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
@@ -112,8 +113,8 @@ class Trainer:
         self.critic = None
         if need_critic:
             vm = ValueModel(path, tdtype, trust_remote_code)
-            self.critic, *_ = deepspeed.initialize(model=vm, model_parameters=vm.parameters(),
-                                                   config=ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype))
+            cfg = ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype)
+            self.critic, *_ = deepspeed.initialize(model=vm, model_parameters=vm.parameters(), config=cfg)
         self._nonfinite = 0
         from .dist import world_size
         #: DeepSpeed averages gradients over ranks; losses are scaled by the world size so the
@@ -208,13 +209,13 @@ class Trainer:
     def backward(self, loss: torch.Tensor, value_loss: torch.Tensor | None = None) -> None:
         """Accumulate one micro-batch. A non-finite loss is not back-propagated and marks the
         whole optimizer step as skipped."""
-        for eng, l in ((self.engine, loss), (self.critic, value_loss)):
-            if eng is None or l is None:
+        for eng, part in ((self.engine, loss), (self.critic, value_loss)):
+            if eng is None or part is None:
                 continue
-            if not torch.isfinite(l.detach()).all():
+            if not torch.isfinite(part.detach()).all():
                 self._nonfinite += 1
                 continue
-            eng.backward(l.to(self.device) * self.world, scale_wrt_gas=False)
+            eng.backward(part.to(self.device) * self.world, scale_wrt_gas=False)
 
     @staticmethod
     def _grad_norm(eng) -> torch.Tensor:

@@ -47,7 +47,7 @@ def context(slot: str):
     """``(policy, prompts)`` for a slot's call: a small bandit and 2 prompt rows for ``sample``."""
     if slot != "sample":
         return None, None
-    from ..bandit import Bandit
+    from .bandit import Bandit
 
     bandit = Bandit([[2, 3, 4], [1, 5, 2]], [[True, False, False], [False, True, False]], seed=0)
     return bandit, bandit.prompts(2)

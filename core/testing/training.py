@@ -1,7 +1,7 @@
 """A tiny CPU training run for plugin tests: the tabular bandit through the real training step.
 
 ``tiny_run("sapo", steps=2)`` assembles the algorithm (a name, a hybrid mapping or a Bundle) with
-the bandit's reward, trains the bandit (:mod:`policyzoo.bandit`) with
+the bandit's reward, trains the bandit (:mod:`policyzoo.testing.bandit`) with
 :func:`policyzoo.step.train_step` -- the same step code the language-model engine runs -- and
 returns a :class:`TinyRun` with each step's metrics. A few steps take well under a second.
 """
@@ -48,7 +48,7 @@ def tiny_run(algorithm="grpo", steps: int = 2, seed: int = 0, *, plugins=(), cat
     ``settings`` override :class:`~policyzoo.step.StepSettings` (``micro_batches=2`` ...).
     ``recorder``: a :class:`~policyzoo.testing.HookRecorder` attached to the run before training.
     Errors: whatever assembly raises for an invalid algorithm (a ``ConfigError``)."""
-    from .. import bandit as bandit_mod
+    from . import bandit as bandit_mod
 
     from .helpers import _as_plugin
 

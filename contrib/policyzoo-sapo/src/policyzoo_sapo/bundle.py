@@ -12,9 +12,6 @@ BUNDLE = Bundle(
     parent="grpo",
     paper="Gao et al. 2025, Soft Adaptive Policy Optimization (arXiv:2511.20347)",
     summary="GRPO with a temperature-controlled sigmoid gate instead of the hard clip, no KL",
-    sample=use("group", n=8),
-    baseline=use("group_norm", std="sample"),
-    ratio=use("token"),
     clip=use("sapo", tau_pos=1.0, tau_neg=1.05),
-    reduce=use("seq_mean_token_mean"),
+    kl=None,
 )

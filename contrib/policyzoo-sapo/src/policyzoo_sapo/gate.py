@@ -17,13 +17,14 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo import Component, Surrogate, hookimpl
+from policyzoo import Surrogate, hookimpl
+from policyzoo.slots import Clip
 
 #: a token counts as soft-clipped when its gradient weight 4 s (1 - s) is below this.
 ATTENUATED = 0.5
 
 
-class SoftGate(Component):
+class SoftGate(Clip):
     """SAPO soft gate: loss_t = -(4/tau) sigmoid(tau (r_t - 1)) A_t, tau by the sign of A_t.
 
     Args (hook): ``ratio [B, T]`` (with grad), ``advantages [B, T]``, ``response_mask [B, T]``.
@@ -39,9 +40,9 @@ class SoftGate(Component):
     objective (f(x) = sigmoid(tau (x - 1)) 4 / tau, tau chosen by the sign of the advantage).
     """
 
-    slot, name = "clip", "sapo"
+    name = "sapo"
 
-    class Params(Component.Params):
+    class Params(Clip.Params):
         tau_pos: float = Field(1.0, gt=0, description="gate temperature where A > 0 (> 0)")
         tau_neg: float = Field(1.05, gt=0, description="gate temperature where A <= 0 (> 0; the paper "
                                "recommends tau_neg > tau_pos)")

@@ -33,10 +33,11 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo import Component, hookimpl
+from policyzoo import hookimpl
+from policyzoo.slots import Ratio
 
 
-class TruncatedIS(Component):
+class TruncatedIS(Ratio):
     """Token ratio times the capped rollout-vs-trainer importance weight, ``[B, T]``.
 
     Args (hook): ``logprobs [B, T]`` (with grad), ``old_logprobs [B, T]`` (trainer at sampling
@@ -54,10 +55,10 @@ class TruncatedIS(Component):
     (arXiv:2510.26788) Sec. 4 and Liu, Li et al. 2025, "When Speed Kills Stability".
     """
 
-    slot, name = "ratio", "tis"
+    name = "tis"
     level = "token"  # the optimised ratio is per token; only the constant weight is per sequence
 
-    class Params(Component.Params):
+    class Params(Ratio.Params):
         cap: float = Field(2.0, gt=0, description="truncation C of the IS weight (> 0; w <= C)")
         level: Literal["sequence", "token"] = Field(
             "sequence", description="'sequence': one weight per response (sum of token log-ratios); "

@@ -63,5 +63,5 @@ def build_tiny_model(folder: str | Path, seed: int = 0, layers: int = 2, hidden:
 def spread_reward(prompts, completions, **columns) -> list[float]:
     """A smoke-test reward that differs between almost any two samples, even of a random model:
     the number of distinct characters of a completion divided by its length plus one. Use as
-    ``rewards: [{use: function, function: "policyzoo.engine.tiny:spread_reward"}]``."""
+    ``rewards: [{use: function, function: "policyzoo.testing.tiny:spread_reward"}]``."""
     return [len(set(c)) / (len(c) + 1) for c in completions]

@@ -30,7 +30,7 @@ The reward is the component ``bandit_correct`` defined here (slot ``reward``). E
 bandit hands out carries its question's ``scores`` (K floats), like a data set row carries its
 answer; the component reads the choice from the first response token and returns
 ``scores[k]`` (0 for a truncated response: it never reached its final answer, as a verifier would
-score it). It is registered with ``load_catalog(extra=[policyzoo.bandit])``; :func:`bandit_run`
+score it). It is registered with ``load_catalog(extra=[policyzoo.testing.bandit])``; :func:`bandit_run`
 does both steps. This keeps the reward a pure function of the rollout (no reference to the
 policy object) and needs no change to the built-in reward components.
 
@@ -43,13 +43,13 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from .batch import Rollout
-from .components import Component, use
-from .errors import ConfigError, DataError
-from .hookspecs import hookimpl
+from ..batch import Rollout
+from ..components import use
+from ..errors import ConfigError, DataError
+from ..slots import Reward
+from ..hookspecs import hookimpl
 
 __all__ = ["Bandit", "BanditCorrect", "bandit_catalog", "bandit_run", "step_settings", "train"]
 
@@ -222,6 +222,10 @@ class Bandit:
         self.critic_opt.zero_grad(set_to_none=True)
         return out
 
+    def reduce_totals(self, totals):
+        """One process: the step's totals are already global."""
+        return totals
+
     def sync(self) -> dict:
         """Copy the trained logits into the sampler; reports the largest logit change pushed."""
         change = float((self.theta.detach() - self.sampler_theta).abs().max())
@@ -229,15 +233,12 @@ class Bandit:
         return {"sync_max_change": change}
 
 
-class BanditCorrect(Component):
+class BanditCorrect(Reward):
     """Reward ``scores[k]`` of the chosen candidate (1 right, 0 wrong, NaN unscorable); 0 when
     the response was truncated. Returns ``rewards [B]`` float. Reads ``rollout.rows[i]["scores"]``
     (set by :meth:`Bandit.prompts`) and the first response token (the choice k)."""
 
-    slot, name = "reward", "bandit_correct"
-
-    class Params(Component.Params):
-        weight: float = Field(1.0, description="weight of this reward in the sum")
+    name = "bandit_correct"
 
     @hookimpl
     def reward(self, rollout):
@@ -255,23 +256,23 @@ def bandit_catalog():
     """The built-in catalog (no entry points) plus ``bandit_correct``."""
     import sys
 
-    from .catalog import load_catalog
+    from ..catalog import load_catalog
 
     return load_catalog(autoload=False, extra=[sys.modules[__name__]])
 
 
 def bandit_run(algorithm, catalog=None):
     """``assemble(algorithm)`` with ``bandit_correct`` as the task reward."""
-    from .assembly import assemble
+    from ..assembly import assemble
 
     return assemble(algorithm, rewards=(use("bandit_correct"),), catalog=catalog or bandit_catalog())
 
 
 def step_settings(run, **overrides):
-    """:class:`~policyzoo.step.StepSettings` from the bundle's defaults plus ``overrides``."""
-    from .step import StepSettings
+    """:class:`~policyzoo.step.StepSettings` from the run's components plus ``overrides``."""
+    from ..step import StepSettings
 
-    return StepSettings(**{**run.bundle.settings, **overrides})
+    return StepSettings.for_run(run, **overrides)
 
 
 def train(run, bandit: Bandit, steps: int, prompts_per_step: int = 8, seed: int = 0, settings=None,
@@ -281,7 +282,7 @@ def train(run, bandit: Bandit, steps: int, prompts_per_step: int = 8, seed: int 
     ``expected_reward`` after the step. ``threads``: torch intra-op threads for the run, restored
     after (default 1: the tensors are tiny and extra threads only add overhead, ~8x slower on
     2 busy cores); None leaves the setting alone."""
-    from .step import train_step
+    from ..step import train_step
 
     settings = settings or step_settings(run)
     saved = torch.get_num_threads()
