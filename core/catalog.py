@@ -40,7 +40,7 @@ class Source:
     module: str
 
     def __str__(self) -> str:
-        return f"{self.dist} {self.version} ({self.module})"
+        return f"{self.dist} {self.version} ({self.module})" if self.version else f"{self.dist} ({self.module})"
 
 
 @dataclass
@@ -172,28 +172,12 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
 
 
 def _add_component(table, src: Source, info: PluginInfo, cls) -> None:
-    from .slots import BASES
-
     if not (isinstance(cls, type) and issubclass(cls, Component)):
         raise PluginError(str(src), f"register() got {cls!r}, not a Component subclass",
                           "pass the class: register(MyComponent)")
-    where = f"{src}: {cls.__qualname__}"
-    if cls.slot not in table:
-        raise PluginError(where, f"unknown slot {cls.slot!r}{did_you_mean(cls.slot, table)}",
-                          f"derive from one of policyzoo.slots: {', '.join(b.__name__ for b in BASES.values())}")
-    base = BASES[cls.slot]
-    if not issubclass(cls, base):
-        raise PluginError(where, f"the {cls.slot} component {cls.name!r} does not derive from "
-                          f"policyzoo.slots.{base.__name__}, which declares what the step reads from a "
-                          f"{cls.slot} component", f"write `class {cls.__name__}(policyzoo.slots.{base.__name__})`")
-    if not issubclass(cls.Params, base.Params):
-        missing = sorted(set(base.Params.model_fields) - set(cls.Params.model_fields))
-        raise PluginError(where, f"its Params does not extend {base.__name__}.Params"
-                          + (f" (it lacks {', '.join(missing)})" if missing else ""),
-                          f"write `class Params({base.__name__}.Params):` (or `{cls.__name__}.Params` of a parent)")
-    problem = _hook_problem(cls)
+    problem = component_problem(cls)
     if problem:
-        raise PluginError(where, problem[0], problem[1])
+        raise PluginError(f"{src}: {cls.__qualname__}", *problem)
     if cls.name in table[cls.slot]:
         prev = table[cls.slot][cls.name][1]
         raise PluginError(f"{cls.slot} component {cls.name!r}",
@@ -203,10 +187,31 @@ def _add_component(table, src: Source, info: PluginInfo, cls) -> None:
     info.components.append(f"{cls.slot}:{cls.name}")
 
 
-def _hook_problem(cls) -> tuple[str, str] | None:
-    """(why, fix) when ``cls`` lacks a usable hook method for its slot, else None."""
+def component_problem(cls) -> tuple[str, str] | None:
+    """(why, fix) when the Component subclass ``cls`` breaks the slot contract, else None: it must
+    derive from its slot's base class in :mod:`policyzoo.slots`, its ``Params`` must extend the
+    base's ``Params``, it must have a ``name`` and a hook method taking only arguments the spec
+    passes."""
     import inspect
 
+    from .slots import BASES
+
+    if cls.slot not in BASES:
+        return (f"unknown slot {cls.slot!r}{did_you_mean(cls.slot, BASES)}",
+                f"derive from one of policyzoo.slots: {', '.join(b.__name__ for b in BASES.values())}")
+    base = BASES[cls.slot]
+    if not issubclass(cls, base):
+        return (f"the {cls.slot} component {cls.name!r} does not derive from policyzoo.slots.{base.__name__}, "
+                f"which declares what the step reads from a {cls.slot} component",
+                f"write `class {cls.__name__}(policyzoo.slots.{base.__name__})`")
+    if not issubclass(cls.Params, base.Params):
+        missing = sorted(set(base.Params.model_fields) - set(cls.Params.model_fields))
+        return (f"its Params does not extend {base.__name__}.Params" + (f" (it lacks {', '.join(missing)})"
+                                                                        if missing else ""),
+                f"write `class Params({base.__name__}.Params):` (or `{cls.__name__}.Params` of a parent)")
+    if cls.slot == "baseline" and cls.needs_values and cls.value_loss is base.value_loss:
+        return ("needs_values is True but the class has no value_loss()",
+                "implement value_loss(values, old_values, returns, response_mask, totals)")
     fn = getattr(cls, cls.slot, None)
     if not callable(fn) or getattr(fn, "__isabstractmethod__", False) or not cls.name:
         what = "no name" if not cls.name else f"no method {cls.slot}()"
@@ -239,7 +244,7 @@ def resolve_bundles(table: dict[str, tuple[Bundle, Source]]) -> dict[str, tuple[
         if name in done:
             return done[name][0]
         bundle, src = table[name]
-        where = f"algorithm {name!r} ({src})"
+        where = f"algorithm {name!r} from {src}"
         parent = None
         if bundle.parent is not None and not bundle.complete:
             if bundle.parent in chain:

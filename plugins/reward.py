@@ -149,6 +149,11 @@ class Function(Reward):
         super().__init__(**params)
         self.fn = load_function(self.params.function, f"reward: function -> {self.params.function}")
 
+    @property
+    def label(self) -> str:
+        """The function's own name (``reward/<name>`` in the metrics), as TRL logs reward functions."""
+        return self.params.function.rpartition(":")[2].rpartition(".")[2]
+
     @staticmethod
     def _columns(rows: list[dict]) -> dict[str, list]:
         skip = {"prompt", "completion", "prompts", "completions"}

@@ -106,7 +106,7 @@ def test_function_reward_trl_style(reward_module):
     r = fn.reward(rollout=make_rollout([1, 1, 1], completions=["ab", "abcd", "x"],
                                       rows=[{"answer": "1", "prompt": "p"}, {"answer": "2"}, {"answer": "skip"}]))
     assert r[:2].tolist() == [2.0, 4.0] and math.isnan(r[2].item())  # None -> NaN
-    assert fn.params.weight == 0.5
+    assert fn.params.weight == 0.5 and fn.label == "by_length"  # metric key reward/by_length
 
 
 @pytest.mark.parametrize("target, phrase", [("no_such_module_pz:f", "cannot import"),

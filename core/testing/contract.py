@@ -4,6 +4,9 @@
 of ``grpo`` or another zoo bundle with the component in its slot), then runs these checks and
 raises :class:`ContractFailure` listing every one that failed:
 
+``base``         the class follows the slot contract as the catalog checks it: it derives from
+                 its slot's base class in :mod:`policyzoo.slots`, its ``Params`` extends the
+                 base's, its hook method takes only arguments the spec passes.
 ``docstring``    the class's own docstring names a source (an arXiv id, "Source:", a URL, a DOI,
                  or an "Author et al. YEAR" citation).
 ``params_json``  ``Component(**json.loads(json.dumps(params)))`` gives equal parameters.
@@ -42,7 +45,7 @@ import torch
 
 from ..assembly import assemble
 from ..batch import StepBatch
-from ..catalog import Catalog, load_catalog
+from ..catalog import Catalog, component_problem, load_catalog
 from ..components import Bundle, Component, use
 from ..errors import UserError
 from ..loss import micro_loss, prepare
@@ -51,7 +54,7 @@ from .toys import ToyBatch, toy_batch
 
 SOURCE = re.compile(r"arXiv:?\s*\d{4}\.\d{4,5}|\bSource[s]?:|https?://|\bdoi:|\bet al\.?,? \(?(19|20)\d\d",
                     re.IGNORECASE)
-CHECKS = ("docstring", "params_json", "shapes", "spec", "masked", "extreme", "no_mutation", "step")
+CHECKS = ("base", "docstring", "params_json", "shapes", "spec", "masked", "extreme", "no_mutation", "step")
 EXAMPLES = examples.EXAMPLES
 
 
@@ -220,6 +223,9 @@ def run_checks(cls, catalog: Catalog | None = None, params: dict | None = None,
     """Run every check; returns ``{check: None (passed) or the reason it failed}``."""
     catalog = catalog or load_catalog()
     result: dict[str, str | None] = dict.fromkeys(CHECKS)
+    problem = component_problem(cls)
+    if problem:
+        result["base"] = f"{problem[0]} (fix: {problem[1]})"
     doc = cls.__dict__.get("__doc__") or ""
     if not SOURCE.search(doc):
         result["docstring"] = "the class docstring names no source (arXiv id, 'Source:', URL or 'X et al. YEAR')"
@@ -229,13 +235,13 @@ def run_checks(cls, catalog: Catalog | None = None, params: dict | None = None,
         try:
             comp = cls(**params)
         except (UserError, TypeError, ValueError) as e:
-            return {k: v or (f"cannot build the component: {e}" if k != "docstring" else None)
+            return {k: v or (f"cannot build the component: {e}" if k not in ("base", "docstring") else None)
                     for k, v in result.items()}
         result["params_json"] = _json_problem(cls, comp)
         try:
             run, comp = build_run(cls, params, catalog)
         except UserError as e:
-            return {k: v or (f"cannot build a run: {e}" if k not in ("docstring", "params_json") else None)
+            return {k: v or (f"cannot build a run: {e}" if k not in ("base", "docstring", "params_json") else None)
                     for k, v in result.items()}
         ctx = examples.context(cls.slot)
         checks = {

@@ -9,8 +9,8 @@ import math
 import torch
 from torch import Tensor
 
+from .. import boundary
 from ..batch import Rollout
-from ..hookspecs import Advantages, Keep, Surrogate
 from .toys import ToyBatch, toy_batch
 
 #: slots whose output is a per-token (or reduced) part of the differentiable loss.
@@ -51,62 +51,18 @@ def extreme_batch(seed: int = 0) -> ToyBatch:
 
 
 def check_output(slot: str, out, tb: ToyBatch, prompts=None) -> list[str]:
-    """Shape/type problems of a slot's output (empty list = fine)."""
+    """Shape/type problems of a slot's output on the toy batch (empty list = fine): the step's own
+    boundary check (:func:`policyzoo.boundary.problems`), plus, for ``sample``, P groups of G."""
     b, t = tb.shape
-    bad: list[str] = []
-
-    def tensor(x, shape, what, dtype_kind="float"):
-        if not isinstance(x, Tensor):
-            bad.append(f"{what} is {type(x).__name__}, not a Tensor")
-        elif tuple(x.shape) != tuple(shape):
-            bad.append(f"{what} has shape {tuple(x.shape)}, expected {tuple(shape)}")
-        elif dtype_kind == "float" and not x.is_floating_point():
-            bad.append(f"{what} has dtype {x.dtype}, expected a float dtype")
-        elif dtype_kind == "bool" and x.dtype != torch.bool:
-            bad.append(f"{what} has dtype {x.dtype}, expected torch.bool")
-
     if slot == "sample":
-        if not isinstance(out, Rollout):
-            return [f"sample returned {type(out).__name__}, not a Rollout"]
-        rows, p = len(out), len(prompts or [])
-        if p and (rows % p or len(out.group_ids.unique()) != p):
+        p = len(prompts or [])
+        rows = len(out) if isinstance(out, Rollout) else b
+        bad = boundary.problems(slot, out, rows)
+        if not bad and p and (rows % p or len(out.group_ids.unique()) != p):
             bad.append(f"{rows} rows and {len(out.group_ids.unique())} group ids for {p} prompts "
                        "(expected P x G rows in P groups)")
-        width = out.response_ids.shape[1] if out.response_ids.dim() == 2 else -1
-        tensor(out.response_mask, (rows, width), "response_mask", "bool")
-        tensor(out.rollout_logprobs, (rows, width), "rollout_logprobs")
-        tensor(out.group_ids, (rows,), "group_ids", "any")
-        tensor(out.truncated, (rows,), "truncated", "bool")
-    elif slot == "reward":
-        x = torch.as_tensor(out) if not isinstance(out, Tensor) else out
-        tensor(x if x.is_floating_point() else x.float(), (b,), "rewards")
-    elif slot == "filter":
-        if not isinstance(out, Keep):
-            return [f"filter returned {type(out).__name__}, not a Keep"]
-        if tuple(out.keep.shape) not in ((b,), (b, t)):
-            bad.append(f"keep has shape {tuple(out.keep.shape)}, expected ({b},) or ({b}, {t})")
-        tensor(out.keep, out.keep.shape, "keep", "bool")
-        if not all(isinstance(v, int) for v in out.reasons.values()):
-            bad.append(f"reasons must count rows as ints, got {out.reasons!r}")
-    elif slot == "baseline":
-        if not isinstance(out, Advantages):
-            return [f"baseline returned {type(out).__name__}, not Advantages"]
-        tensor(out.advantages, (b, t), "advantages")
-        if out.returns is not None:
-            tensor(out.returns, (b, t), "returns")
-    elif slot in ("ratio", "kl"):
-        tensor(out, (b, t), slot)
-    elif slot == "clip":
-        if not isinstance(out, Surrogate):
-            return [f"clip returned {type(out).__name__}, not a Surrogate"]
-        tensor(out.loss, (b, t), "loss")
-        for name in ("clipped_low", "clipped_high"):
-            if getattr(out, name) is not None:
-                tensor(getattr(out, name), (b, t), name, "bool")
-    elif slot == "reduce":
-        if not isinstance(out, Tensor) or out.dim() != 0:
-            bad.append(f"reduce returned {getattr(out, 'shape', type(out).__name__)}, expected a scalar tensor")
-    return bad
+        return bad
+    return boundary.problems(slot, out, b, t)
 
 
 def per_token(slot: str, out) -> Tensor | None:
