@@ -1,6 +1,9 @@
 """The hook reference: every extension point of one policy-gradient step.
 
-This module is the contract. ``docs/hooks.md`` is checked against it by a test.
+This module and the slot base classes of :mod:`policyzoo.slots` (what the step reads from a
+component of each slot: its declared parameters and attributes) are the whole contract.
+``docs/hooks.md`` is checked against both by a test. Every hook result is checked at the boundary
+(:mod:`policyzoo.boundary`): a wrong type or shape is an error naming the component.
 
 Conventions for every step hook
 -------------------------------
@@ -27,9 +30,15 @@ Call types
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import pluggy
 from torch import Tensor
+
+if TYPE_CHECKING:  # annotations only (these modules import this one)
+    from .batch import Rollout
+    from .components import Bundle
+    from .policy import Policy
 
 PROJECT = "policyzoo"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -96,20 +105,20 @@ class Spec:
 
     # ------------------------------------------------------------------ registration hooks
     @hookspec
-    def register_components(self, register):
+    def register_components(self, register: Callable[[type], None]) -> None:
         """Add named components to the catalog. Call ``register(ComponentClass)`` once per class.
 
         A name already taken in the same slot raises :class:`policyzoo.PluginError` naming both
         sources; nothing is overwritten."""
 
     @hookspec
-    def register_bundles(self, register):
+    def register_bundles(self, register: Callable[[Bundle], None]) -> None:
         """Add algorithm bundles. Call ``register(bundle)`` with a :class:`policyzoo.Bundle`.
         Bundle names share one namespace; duplicates fail like components."""
 
     # ------------------------------------------------------------------ step hooks
     @hookspec(firstresult=True)
-    def sample(self, policy, prompts, seed):
+    def sample(self, policy: Policy, prompts: list[dict], seed: int) -> Rollout:
         """single. Generate G responses per prompt.
 
         Args: ``policy`` (an engine exposing ``generate``), ``prompts`` (P data rows, each a dict
@@ -118,7 +127,7 @@ class Spec:
         G is the component's ``n`` (1 for PPO and REINFORCE++)."""
 
     @hookspec
-    def reward(self, rollout):
+    def reward(self, rollout: Rollout) -> Tensor:
         """collect. Score each row: returns ``rewards [B]`` float.
 
         The step sums the components' results, each times its ``weight`` parameter. NaN means
@@ -126,14 +135,15 @@ class Spec:
         any component makes the sum NaN)."""
 
     @hookspec
-    def filter(self, rollout, rewards):
+    def filter(self, rollout: Rollout, rewards: Tensor) -> Keep:
         """collect. Returns :class:`Keep`. Row masks ``[B]`` of all filters are ANDed; a row
         dropped by any filter leaves the step; rows are never reordered. A filter whose
         ``resample`` parameter is True makes the step sample again until the batch is full
-        (dynamic sampling), up to ``train.max_sample_rounds`` rounds."""
+        (dynamic sampling), up to the filter's own ``max_sample_rounds`` rounds (``train.max_sample_rounds``
+        overrides it)."""
 
     @hookspec(firstresult=True)
-    def kl(self, logprobs, ref_logprobs, response_mask):
+    def kl(self, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor) -> Tensor:
         """optional single. Per-token KL estimate ``[B, T]`` of the policy from the reference
         (k1 = log r, k2 = (log r)^2 / 2, k3 = exp(-log r) - 1 + log r with log r = logprobs -
         ref_logprobs; Schulman 2020). The component's ``beta`` and ``placement`` decide its use:
@@ -141,7 +151,8 @@ class Spec:
         ``loss`` adds beta x KL to the per-token loss. Absent: no reference model is loaded."""
 
     @hookspec(firstresult=True)
-    def baseline(self, rewards, group_ids, response_mask, token_rewards, values):
+    def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,
+                 values: Tensor | None) -> Advantages:
         """single. Returns :class:`Advantages` ``[B, T]``.
 
         Args: ``rewards [B]`` (sequence rewards, NaN = unscorable), ``group_ids [B]``,
@@ -151,7 +162,8 @@ class Spec:
         advantage 0."""
 
     @hookspec(firstresult=True)
-    def ratio(self, logprobs, old_logprobs, rollout_logprobs, response_mask):
+    def ratio(self, logprobs: Tensor, old_logprobs: Tensor, rollout_logprobs: Tensor,
+              response_mask: Tensor) -> Tensor:
         """single. Importance ratio ``[B, T]`` between the current and the sampling policy
         (per token, or a sequence-level ratio broadcast over T). Must be exactly 1 where
         ``logprobs == old_logprobs == rollout_logprobs`` (a component that also corrects the
@@ -159,11 +171,12 @@ class Spec:
         only where all three agree). Gradient flows through ``logprobs``."""
 
     @hookspec(firstresult=True)
-    def clip(self, ratio, advantages, logprobs, old_logprobs, response_mask):
+    def clip(self, ratio: Tensor, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,
+             response_mask: Tensor) -> Surrogate:
         """single. Per-token surrogate loss (to minimise): returns :class:`Surrogate`."""
 
     @hookspec(firstresult=True)
-    def reduce(self, loss, response_mask, totals):
+    def reduce(self, loss: Tensor, response_mask: Tensor, totals: StepTotals) -> Tensor:
         """single. Per-token loss ``[B, T]`` -> scalar for this micro-batch. ``totals``
         (:class:`StepTotals`) are the whole optimizer step's counts, so summing the micro-batch
         results gives the full-batch loss exactly, whatever the split and the padding width."""

@@ -158,3 +158,18 @@ def test_the_first_plugin_is_complete_short_and_works():
     assert run.sources["clip"].startswith("capped_pg from (in-process)")
     assert "[project.entry-points.policyzoo]" in text
     sys.modules.pop("capped_pg", None)
+
+
+def test_hooks_page_lists_every_slot_base_and_what_it_declares():
+    from policyzoo.slots import BASES
+
+    table = _sections((DOCS / "hooks.md").read_text())["Slot base classes"]
+    rows = {r.split("|")[1].strip(): r for r in table.splitlines() if r.startswith("| ") and "base class" not in r}
+    assert set(rows) == set(BASES)
+    for slot, base in BASES.items():
+        assert f"`policyzoo.slots.{base.__name__}`" in rows[slot]
+        for field in base.Params.model_fields:
+            assert f"`{field}`" in rows[slot], f"{slot}: parameter {field} not on the page"
+        declared = [k for k in vars(base) if not k.startswith("_") and k not in (slot, "slot", "Params")]
+        for attr in declared:
+            assert f"`{attr}" in rows[slot], f"{slot}: attribute {attr} not on the page"
