@@ -32,12 +32,6 @@ def extensions_dir() -> Path:
     return cache_dir() / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}-{tag}"
 
 
-def has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,14 +84,3 @@ def check_vllm_threads(threads: int | None) -> None:
                           f"OpenMP thread count is {omp or cpu_count()} (fixed at start-up, before the config is read)",
                           f"start the process with OMP_NUM_THREADS={threads} in the environment, drop "
                           "engine.threads, or use engine.rollout=transformers")
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
