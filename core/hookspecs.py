@@ -100,6 +100,29 @@ class StepTotals:
     sequences: int
 
 
+class Collective:
+    """Reductions over the data-parallel ranks that share one optimizer step, for statistics that
+    span more than one group (batch whitening, a batch std, covariance selection): with them, N
+    ranks give exactly what one rank gives with the whole batch. This one-process instance is the
+    identity; the engine passes one backed by ``torch.distributed`` (``policyzoo.engine.dist``).
+
+    ``sum(x)``: elementwise sum of ``x`` (same shape on every rank) over the ranks.
+    ``gather(x)``: ``x`` of every rank concatenated along dim 0, in rank order (shapes may differ
+    in dim 0 only). ``world_size``: the number of ranks."""
+
+    world_size: int = 1
+
+    def sum(self, x: Tensor) -> Tensor:
+        return x
+
+    def gather(self, x: Tensor) -> Tensor:
+        return x
+
+
+#: the one-process :class:`Collective` (identities).
+LOCAL = Collective()
+
+
 class Spec:
     """Hook specifications (the methods' bodies are empty on purpose)."""
 
@@ -152,12 +175,14 @@ class Spec:
 
     @hookspec(firstresult=True)
     def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,
-                 values: Tensor | None) -> Advantages:
+                 values: Tensor | None, collective: Collective) -> Advantages:
         """single. Returns :class:`Advantages` ``[B, T]``.
 
         Args: ``rewards [B]`` (sequence rewards, NaN = unscorable), ``group_ids [B]``,
         ``response_mask [B, T]``, ``token_rewards [B, T]`` (per-token rewards such as a KL
-        penalty in reward placement; zeros if none), ``values [B, T]`` (critic values, or None).
+        penalty in reward placement; zeros if none), ``values [B, T]`` (critic values, or None),
+        ``collective`` (:class:`Collective`: statistics over more than one group must be reduced
+        over the data-parallel ranks with it, so N ranks equal one).
         Rows with no trainable token and rows with NaN reward do not enter any statistic and get
         advantage 0."""
 
@@ -172,8 +197,10 @@ class Spec:
 
     @hookspec(firstresult=True)
     def clip(self, ratio: Tensor, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,
-             response_mask: Tensor) -> Surrogate:
-        """single. Per-token surrogate loss (to minimise): returns :class:`Surrogate`."""
+             response_mask: Tensor, collective: Collective) -> Surrogate:
+        """single. Per-token surrogate loss (to minimise): returns :class:`Surrogate`.
+        ``collective`` reduces statistics that span rows (e.g. covariance selection) over the
+        data-parallel ranks (:class:`Collective`)."""
 
     @hookspec(firstresult=True)
     def reduce(self, loss: Tensor, response_mask: Tensor, totals: StepTotals) -> Tensor:

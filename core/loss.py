@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .batch import StepBatch
-from .hookspecs import StepTotals
+from .hookspecs import LOCAL, Collective, StepTotals
 
 
 def step_totals(batch: StepBatch) -> StepTotals:
@@ -20,7 +20,8 @@ def step_totals(batch: StepBatch) -> StepTotals:
     return StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()))
 
 
-def prepare(run, batch: StepBatch, scored: Tensor | None = None) -> tuple[StepBatch, dict]:
+def prepare(run, batch: StepBatch, scored: Tensor | None = None,
+            collective: Collective = LOCAL) -> tuple[StepBatch, dict]:
     """Per-token rewards (KL in reward placement), then advantages through ``baseline``.
 
     ``scored [B, T]``: the trainer's log-probs at sampling time (no grad), needed for a KL in
@@ -35,7 +36,7 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None) -> tuple[StepBa
         if run.kl.params.placement == "reward":
             token_rewards = torch.where(mask, -run.kl.params.beta * kl, torch.zeros_like(kl))
     out = run.call("baseline", *mask.shape, rewards=batch.rewards, group_ids=batch.rollout.group_ids,
-                   response_mask=mask, token_rewards=token_rewards, values=batch.values)
+                   response_mask=mask, token_rewards=token_rewards, values=batch.values, collective=collective)
     batch.token_rewards, batch.advantages, batch.returns = token_rewards, out.advantages, out.returns
     metrics["zero_std_frac"] = run.baseline.zero_std_fraction(batch.rewards, batch.rollout.group_ids, mask)
     metrics["advantage_mean"] = masked_mean(out.advantages, mask)
@@ -47,8 +48,8 @@ def masked_mean(x: Tensor, mask: Tensor) -> float:
     return float((x.detach() * mask).sum() / n) if n > 0 else 0.0
 
 
-def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals,
-               entropy: Tensor | None = None) -> tuple[Tensor, dict[str, tuple[float, float]]]:
+def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy: Tensor | None = None,
+               collective: Collective = LOCAL) -> tuple[Tensor, dict[str, tuple[float, float]]]:
     """Reduced loss of one micro-batch and its metric sums.
 
     ``logprobs [B, T]`` carry grad. ``mb.old_logprobs`` None means on-policy (first update after
@@ -61,7 +62,7 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals,
     ratio = run.call("ratio", *shape, logprobs=logprobs, old_logprobs=old,
                      rollout_logprobs=mb.rollout.rollout_logprobs, response_mask=mask)
     sur = run.call("clip", *shape, ratio=ratio, advantages=mb.advantages, logprobs=logprobs, old_logprobs=old,
-                   response_mask=mask)
+                   response_mask=mask, collective=collective)
     per_token = sur.loss
     n = float(mask.sum())
     sums: dict[str, tuple[float, float]] = {}

@@ -12,11 +12,14 @@ from typing import Protocol, runtime_checkable
 from torch import Tensor
 
 from .batch import Rollout
-from .hookspecs import StepTotals
+from .hookspecs import Collective, StepTotals
 
 
 @runtime_checkable
 class Policy(Protocol):
+    #: reductions over the data-parallel ranks (``policyzoo.hookspecs.LOCAL`` for one process)
+    collective: Collective
+
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float,
                  seed: int) -> Rollout:
         """Sample ``n`` responses for each prompt row (B = len(prompts) x n rows, grouped by

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from .batch import Rollout
 from .components import Component
-from .hookspecs import Advantages, Keep, StepTotals, Surrogate
+from .hookspecs import Advantages, Collective, Keep, StepTotals, Surrogate
 
 
 class Sample(Component):
@@ -134,7 +134,7 @@ class Baseline(Component):
 
     @abstractmethod
     def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,
-                 values: Tensor | None) -> Advantages:
+                 values: Tensor | None, collective: Collective) -> Advantages:
         """Advantages ``[B, T]`` (and returns for a critic)."""
 
     def value_loss(self, values: Tensor, old_values: Tensor, returns: Tensor, response_mask: Tensor,
@@ -179,7 +179,7 @@ class Clip(Component):
 
     @abstractmethod
     def clip(self, ratio: Tensor, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,
-             response_mask: Tensor) -> Surrogate:
+             response_mask: Tensor, collective: Collective) -> Surrogate:
         """Per-token surrogate loss ``[B, T]``."""
 
 

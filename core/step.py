@@ -139,7 +139,7 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     # log-probs detached, so the first ratio is exactly 1 without a second forward.
     old = scored if settings.updates_per_batch > 1 else None
     batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values)
-    batch, adv_metrics = prepare(run, batch, scored)
+    batch, adv_metrics = prepare(run, batch, scored, policy.collective)
     metrics.update(adv_metrics)
     totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
 
@@ -156,7 +156,7 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
             fault = _bad_rows("logprobs", (~torch.isfinite(logprobs.detach()) & mb.response_mask).any(-1), mb.rollout)
             if fault is not None:
                 break
-            loss, mb_sums = micro_loss(run, mb, logprobs, totals, entropy)
+            loss, mb_sums = micro_loss(run, mb, logprobs, totals, entropy, policy.collective)
             value_loss = None
             if run.baseline.needs_values:
                 value_loss = run.baseline.value_loss(values=policy.values(mb.rollout, grad=True),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 from ..errors import UserError
+from ..hookspecs import Collective
 
 #: metrics that add up over ranks; ``time_*`` and flags take the max; the rest are means
 SUMMED = {"loss", "value_loss", "rows", "sampled_rows", "rollout_tokens", "rollout_tokens_per_s",
@@ -114,6 +115,36 @@ def sum_ints(values: list[int]) -> list[int]:
         t = t.cuda()
     d.all_reduce(t)
     return [int(round(v)) for v in t.tolist()]
+
+
+class DistCollective(Collective):
+    """:class:`~policyzoo.hookspecs.Collective` over the launcher's process group (float64 sums,
+    object gathers of CPU tensors); the identity for one rank."""
+
+    @property
+    def world_size(self) -> int:
+        return world_size()
+
+    def sum(self, x):
+        d = _dist()
+        if d is None:
+            return x
+        import torch
+
+        t = x.detach().to(torch.float64).clone()
+        if torch.cuda.is_available():
+            t = t.cuda()
+        d.all_reduce(t)
+        return t.to(device=x.device, dtype=x.dtype)
+
+    def gather(self, x):
+        d = _dist()
+        if d is None:
+            return x
+        import torch
+
+        parts = gather(x.detach().cpu())
+        return torch.cat(parts, dim=0).to(x.device)
 
 
 def check_same_catalog(catalog) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from ..batch import Rollout
 from ..errors import UserError
+from .dist import DistCollective
 
 
 class SyncError(UserError):
@@ -59,6 +60,7 @@ class LMPolicy:
         self.stats = {"tokens": 0, "seconds": 0.0}
         #: global index of this rank's first prompt in the step (data parallel; 0 on one rank)
         self.first_index = 0
+        self.collective = DistCollective()
 
     # --------------------------------------------------------------------- Policy protocol
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int,

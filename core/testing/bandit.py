@@ -49,7 +49,7 @@ from ..batch import Rollout
 from ..components import use
 from ..errors import ConfigError, DataError
 from ..slots import Reward
-from ..hookspecs import hookimpl
+from ..hookspecs import LOCAL, hookimpl
 
 __all__ = ["Bandit", "BanditCorrect", "bandit_catalog", "bandit_run", "step_settings", "train"]
 
@@ -221,6 +221,8 @@ class Bandit:
         self.opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
         return out
+
+    collective = LOCAL  # one process
 
     def reduce_totals(self, totals):
         """One process: the step's totals are already global."""

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..batch import Rollout
-from ..hookspecs import StepTotals
+from ..hookspecs import LOCAL, StepTotals
 
 LENGTHS = (5, 3, 1, 4, 0, 2)
 GROUP_IDS = (7, 3, 7, 3, 7, 3)  # two prompts, rows interleaved, ids not 0..P-1
@@ -59,7 +59,7 @@ class ToyBatch:
         """All hook argument names -> values (``ratio`` is the token ratio of the batch)."""
         kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         kw["ratio"] = torch.exp(self.logprobs - self.old_logprobs)
-        kw["policy"], kw["prompts"], kw["seed"] = None, [], 0
+        kw["policy"], kw["prompts"], kw["seed"], kw["collective"] = None, [], 0, LOCAL
         return kw
 
     def clone(self) -> "ToyBatch":
