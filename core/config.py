@@ -107,9 +107,13 @@ def load_config(path: str | None = None, algo: str | None = None, overrides: lis
         if not p.is_file():
             raise ConfigError(str(path), "config file not found", "check the path given to --config")
         try:
-            tree = yaml.load(p.read_text(), Loader=_StrictLoader) or {}
+            tree = yaml.load(p.read_text(), Loader=_StrictLoader)
         except yaml.YAMLError as e:
             raise ConfigError(str(path), f"not valid YAML: {e}", "fix the YAML syntax") from None
+        if tree is None or tree == {}:  # an empty file (or comments only) would train the full default run
+            raise ConfigError(str(path), "the config file holds no settings (it is empty or only comments)",
+                              "write the run's settings into it (e.g. `algorithm: grpo`), or drop --config and "
+                              "use --algo NAME for the defaults")
         if not isinstance(tree, dict):
             raise ConfigError(str(path), "the top level must be a mapping", "write `key: value` lines")
     if algo:  # --algo names the base; slot overrides in the file are kept

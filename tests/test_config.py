@@ -199,3 +199,14 @@ def test_a_non_boolean_for_a_switch_says_to_give_true_or_false():
 def test_a_name_in_the_wrong_case_is_suggested():
     msg = _err(path=None, algo="GRPO")
     assert "did you mean 'grpo'" in msg
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "{}\n"])
+def test_an_empty_config_file_is_refused_not_a_default_run(tmp_path, text):
+    f = tmp_path / "empty.yaml"
+    f.write_text(text)
+    msg = _err(path=str(f))
+    assert f"error at {f}:" in msg and "holds no settings" in msg and "--algo" in msg
+    out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--config", str(f), "--dry-run"],
+                         capture_output=True, text=True, env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
+    assert out.returncode == 2 and "holds no settings" in out.stderr and "Traceback" not in out.stderr
