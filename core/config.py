@@ -46,6 +46,8 @@ class TrainSettings(Section):
     seed: int = 0
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     eval_every: int = Field(0, ge=0, description="held-out greedy accuracy every N steps (0: first and last)")
+    export_every: int = Field(0, ge=0, description="every N steps write a checkpoint with a save_pretrained export "
+                              "(safetensors) in its hf/ folder (0: only final/ and on Ctrl-C)")
 
 
 class EngineSettings(Section):

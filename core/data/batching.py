@@ -5,7 +5,9 @@ The rows are visited epoch by epoch; epoch ``e`` is a permutation of all rows dr
 so the order is the same in every process and Python version >= 3.2, whatever PYTHONHASHSEED).
 Batch ``s`` holds the rows at positions ``s*P .. s*P + P - 1`` of the concatenated epochs, so a
 batch may span an epoch boundary (the tail of one epoch and the head of the next), and batch
-``s`` depends on nothing but (rows, P, seed, s): resuming at step ``s`` is exact.
+``s`` depends on nothing but (rows, P, seed, s): resuming at step ``s`` is exact. The training
+loop draws by position (:func:`rows_at`) and records the number of rows drawn, so a resume with
+another P continues at the same row.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ def epoch_order(n: int, seed: int, epoch: int) -> tuple[int, ...]:
 
 
 def batch_at(rows: list[dict], P: int, seed: int, step: int) -> list[dict]:
-    """Batch number ``step`` (0-based): ``P`` shallow copies of rows."""
+    """Batch number ``step`` (0-based): ``P`` shallow copies of rows (``rows_at(rows, seed, step * P, P)``)."""
+    return rows_at(rows, seed, step * P, P)
+
+
+def rows_at(rows: list[dict], seed: int, position: int, P: int) -> list[dict]:
+    """``P`` shallow copies of the rows at positions ``position .. position + P - 1`` of the
+    concatenated epochs. A run records the position (rows drawn so far), not a batch count, so
+    that a resume with another P continues exactly where the stream stopped: no row of the epoch
+    is skipped or drawn twice."""
     n = len(rows)
     if n == 0:
         raise DataError("data", "no training rows to draw prompts from",
@@ -35,7 +45,7 @@ def batch_at(rows: list[dict], P: int, seed: int, step: int) -> list[dict]:
         raise DataError("data", f"prompts per step must be >= 1, got {P}",
                         "set the number of prompts per step to 1 or more")
     out: list[dict] = []
-    pos = step * P
+    pos = position
     while len(out) < P:
         epoch, offset = divmod(pos, n)
         order = epoch_order(n, seed, epoch)

@@ -6,6 +6,7 @@ Layout::
     RUN_DIR/resolved.yaml        resolved config (every slot's component, parameters, source)
     RUN_DIR/metrics.jsonl        one JSON object per optimizer step (and eval records)
     RUN_DIR/checkpoints/step-000010/   DeepSpeed checkpoint (policy, critic) + state.json
+    RUN_DIR/checkpoints/step-000010/hf/   save_pretrained export (train.export_every, Ctrl-C)
     RUN_DIR/checkpoints/latest.json    {"step": 10, "path": "step-000010"}: the last complete one
     RUN_DIR/final/               save_pretrained export (safetensors + tokenizer)
     RUN_DIR/summary.json         held-out accuracy before/after, steps, timings
@@ -123,7 +124,10 @@ class RunDir:
             _atomic_write(self.metrics_file, "".join(json.dumps(r) + "\n" for r in keep))
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, trainer, step: int, state: dict, keep: int) -> Path:
+    def save_checkpoint(self, trainer, step: int, state: dict, keep: int, export: bool = False) -> Path:
+        """Write ``checkpoints/step-N`` (DeepSpeed files + ``state.json``; with ``export`` also
+        ``hf/``, a save_pretrained export that transformers and vLLM load), atomically: it is
+        written under a temporary name and renamed when complete. Keeps the last ``keep``."""
         name = f"step-{step:06d}"
         tmp = self.ckpt / f".tmp-{name}"
         final = self.ckpt / name
@@ -132,6 +136,8 @@ class RunDir:
             tmp.mkdir(parents=True)
         dist.barrier()
         trainer.save(str(tmp), client_state={"policyzoo": state})  # every rank writes its shards
+        if export:
+            trainer.export(str(tmp / "hf"))  # every rank takes part in the ZeRO-3 gather, rank 0 writes
         dist.barrier()
         if dist.rank() != 0:
             dist.barrier()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import threading
@@ -14,13 +13,12 @@ from rich.console import Console
 
 from ..errors import ConfigError, Interrupted, TrainingError
 from . import dist
+from .resume import FINGERPRINT_KEYS, check_resume, checkpoint_state, old_train_settings, optimizer_notes, rows_drawn
 from .rundir import ResumeError, RunDir
 
 
 
 SEED_STRIDE = 1_000_003
-#: what a checkpoint must share with the config it is resumed with (train.* and engine.* may change)
-FINGERPRINT_KEYS = ("algorithm", "rewards", "model", "data")
 
 
 class Session:
@@ -76,21 +74,12 @@ class Session:
                 raise ResumeError(str(resume), "no complete checkpoint in this run directory",
                                   "start a new run (drop --resume), or set train.save_every to save checkpoints")
             self.resume_from, self.state = found
-            if config.train.steps <= self.state["step"]:
-                raise ResumeError(str(resume), f"the run is already at step {self.state['step']} and train.steps is "
-                                  f"{config.train.steps}: resuming would rewind it and overwrite its checkpoints",
-                                  f"set train.steps above {self.state['step']}, e.g. "
-                                  f"`policyzoo train --resume {resume} train.steps={self.state['step'] + 10}`")
-            old_print = json.dumps(self.state.get("fingerprint"), sort_keys=True)
-            same = old_print == json.dumps(self.fingerprint, sort_keys=True)
-            if not same and force_resume:
-                self.console.print(f"--force-resume: loading {self.resume_from} although it was written with another "
-                                   "algorithm, reward, model or data config")
-            elif not same:
-                raise ResumeError(str(self.resume_from), "the checkpoint was written with another algorithm, "
-                                  "reward, model or data config than the one given",
-                                  "resume with the run's own config (`--resume RUN_DIR` alone), start a new run, "
-                                  "or pass --force-resume to load its weights anyway")
+            for line in check_resume(str(self.resume_from), self.state, config, self.fingerprint,
+                                     dist.world_size(), force_resume, str(resume)):
+                self.console.print(line, markup=False, highlight=False)
+            old_train = old_train_settings(self.state, self.rundir.path)
+            self.rows_drawn = rows_drawn(self.state, old_train, config.train.prompts_per_step)
+            self.resume_notes = optimizer_notes(old_train, config)
         else:
             out = dist.broadcast(config.output_dir or f"runs/{bundle.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
             self.rundir = RunDir(out)
@@ -98,7 +87,7 @@ class Session:
                 raise ResumeError(out, "this run directory already holds a run",
                                   "pass --resume to continue it, or choose another --output-dir")
             self.rundir.check_new()
-            self.resume_from, self.state = None, {"step": 0, "batches": 0}
+            self.resume_from, self.state, self.rows_drawn, self.resume_notes = None, {"step": 0, "batches": 0}, 0, []
         return self
 
     def start(self) -> None:
@@ -130,6 +119,11 @@ class Session:
         if self.resume_from is not None:
             self.rundir.remove_partial()
             self.trainer.load(str(self.resume_from))
+            # the restored optimizer holds the checkpoint's lr / weight decay: use the configured ones
+            self.trainer.set_optimizer(lr=c.train.lr, weight_decay=c.train.weight_decay,
+                                       critic_lr=c.engine.critic_lr or 10 * c.train.lr)
+            for line in self.resume_notes:
+                self.console.print(line, markup=False, highlight=False)
             self.policy.sync()
             self.rundir.truncate_metrics(self.state["step"])
             self.console.print(f"resumed from {self.resume_from} (step {self.state['step']})")
@@ -154,19 +148,19 @@ class Session:
         return rec
 
     def train(self) -> dict:
-        from ..data import batch_at
+        from ..data import rows_at
         from ..step import train_step
         from .progress import progress_bar
 
         c = self.config
         steps, start = c.train.steps, self.state["step"]
         P = c.train.prompts_per_step
-        batches = self.state["batches"]
+        batches, self.rows_drawn = self.state["batches"], self.rows_drawn
 
         def next_prompts():  # this rank's share: P / N whole prompts, the same slice every round
             nonlocal batches
-            rows = batch_at(self.task.train_rows, P, self.task.seed, batches)
-            batches += 1
+            rows = rows_at(self.task.train_rows, self.task.seed, self.rows_drawn, P)
+            batches, self.rows_drawn = batches + 1, self.rows_drawn + P
             return rows[dist.rank() * self.share:(dist.rank() + 1) * self.share]
 
         before = self._evaluate(0) if start == 0 else {}
@@ -194,12 +188,13 @@ class Session:
                                         "train.max_consecutive_skips")
                 bar.advance(m)
                 if stop:
-                    self._save(step, batches)
+                    folder = self._save(step, batches, export=True)
                     raise Interrupted(f"step {step}", f"stopped by Ctrl-C; checkpoint of step {step} saved in "
-                                      f"{self.rundir.ckpt}", f"continue with `policyzoo train --resume "
-                                      f"{self.rundir.path}`")
-                if c.train.save_every and step % c.train.save_every == 0 and step < steps:
-                    self._save(step, batches)
+                                      f"{folder}, with a save_pretrained export of its weights in {folder / 'hf'}",
+                                      f"continue with `policyzoo train --resume {self.rundir.path}`")
+                export = bool(c.train.export_every) and step % c.train.export_every == 0
+                if (export or c.train.save_every and step % c.train.save_every == 0) and step < steps:
+                    self._save(step, batches, export=export)
                     last_saved = step
                 if c.train.eval_every and step % c.train.eval_every == 0 and step < steps:
                     self._evaluate(step)
@@ -245,11 +240,13 @@ class Session:
                 return r.get("eval_accuracy")
         return math.nan
 
-    def _save(self, step: int, batches: int) -> None:
+    def _save(self, step: int, batches: int, export: bool = False):
+        """Write the checkpoint of ``step`` (with ``export``: also a save_pretrained export in
+        its ``hf/`` folder); returns the checkpoint folder."""
         if not self.trainer.weights_finite():  # never write NaN/inf weights over a good checkpoint
             latest = self.rundir.latest()
             raise TrainingError(f"step {step}", "the trained weights hold NaN or inf values; no checkpoint was "
                                 f"written (last complete checkpoint: {latest[0] if latest else 'none'})",
                                 "lower train.lr or train.grad_clip, then resume from the last checkpoint")
-        state = {"step": step, "batches": batches, "fingerprint": self.fingerprint}
-        self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints)
+        state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size())
+        return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)

@@ -32,6 +32,9 @@ from ..errors import ConfigError
 from .prefix import shared_prompt_logprobs, token_logprobs
 
 
+BETAS = (0.9, 0.999)
+
+
 def ds_config(stage: int, lr: float, weight_decay: float, grad_clip: float, dtype: str) -> dict:
     return {
         "train_micro_batch_size_per_gpu": 1,
@@ -39,7 +42,7 @@ def ds_config(stage: int, lr: float, weight_decay: float, grad_clip: float, dtyp
         "managed_gradient_accumulation": False,
         "gradient_clipping": float(grad_clip),
         "zero_optimization": {"stage": int(stage)},
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay, "betas": [0.9, 0.999],
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay, "betas": list(BETAS),
                                                   "eps": 1e-8, "torch_adam": True,
                                                   "fused": True}},
         "bf16": {"enabled": dtype == "bfloat16"},
@@ -298,6 +301,17 @@ class Trainer:
         if self.critic is not None:
             self.critic.load_checkpoint(folder, tag="critic", load_optimizer_states=True)
         return client or {}
+
+    def set_optimizer(self, lr: float, weight_decay: float, critic_lr: float) -> None:
+        """Set every parameter group's ``lr``, ``weight_decay`` and ``betas`` (:data:`BETAS`) to
+        the configured values. Called after :meth:`load`: DeepSpeed restores the optimizer's
+        parameter groups as saved, so without this a resume with another ``train.lr`` would go
+        on at the checkpoint's rate. The Adam moments and step counts are kept."""
+        for eng, rate in ((self.engine, lr), (self.critic, critic_lr)):
+            if eng is None:
+                continue
+            for group in eng.optimizer.param_groups:
+                group.update(lr=rate, weight_decay=weight_decay, betas=BETAS)
 
     def export(self, folder: str) -> None:
         """``save_pretrained`` (safetensors) of the trained policy and its tokenizer (rank 0 writes;

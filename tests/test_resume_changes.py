@@ -1,0 +1,156 @@
+"""Resuming with a changed config: checks made before any model loads (ZeRO stage, ranks, the
+keys that differ), a changed learning rate reaching the restored optimizer, and a changed P
+continuing the row stream where it stopped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from _engine_helpers import TINY_OVERRIDES, engine_env, tiny_model
+from policyzoo.config import load_config
+from policyzoo.data import rows_at
+from policyzoo.engine.rundir import ResumeError, RunDir
+
+
+def _config(out, *extra):
+    return load_config(None, "grpo", [f"model.path={tiny_model()}", *TINY_OVERRIDES, f"output_dir={out}", *extra])
+
+
+def _prepare(config, resume=None, force=False):
+    from policyzoo.engine.session import Session
+
+    return Session.prepare(config, str(resume) if resume else None, force)
+
+
+@pytest.fixture(scope="module")
+def fingerprint(tmp_path_factory):
+    """The fingerprint of the tiny run's config (a fresh prepare: nothing is loaded but the tokenizer)."""
+    return _prepare(_config(tmp_path_factory.mktemp("fresh") / "run")).fingerprint
+
+
+def _checkpoint(tmp_path, fingerprint, **state):
+    """A run directory whose latest checkpoint (step 2) records ``state``; config.yaml is the tiny run's."""
+    rd = RunDir(tmp_path / "run")
+    rd.create(_config(rd.path).model_dump(), {})
+    (rd.ckpt / "step-000002").mkdir()
+    (rd.ckpt / "step-000002" / "state.json").write_text(json.dumps(
+        {"step": 2, "batches": 2, "fingerprint": fingerprint, **state}))
+    (rd.ckpt / "latest.json").write_text(json.dumps({"step": 2, "path": "step-000002"}))
+    return rd.path
+
+
+def test_another_zero_stage_or_rank_count_is_refused_before_loading(tmp_path, fingerprint):
+    run = _checkpoint(tmp_path, fingerprint, zero_stage=2, world_size=1)
+    with pytest.raises(ResumeError) as e:
+        _prepare(_config(run, "train.steps=5", "engine.zero_stage=0"), run)
+    assert "written at ZeRO stage 2 and engine.zero_stage is 0" in str(e.value)
+    assert "engine.zero_stage=2" in e.value.fix
+
+    run = _checkpoint(tmp_path / "b", fingerprint, zero_stage=2, world_size=2)
+    with pytest.raises(ResumeError) as e:  # this process is one rank
+        _prepare(_config(run, "train.steps=5", "engine.zero_stage=2"), run)
+    assert "written by 2 data-parallel rank(s) at ZeRO stage 2" in str(e.value) and "has 1" in str(e.value)
+    assert "launch 2 rank(s)" in e.value.fix
+
+    run = _checkpoint(tmp_path / "c", fingerprint, zero_stage=0, world_size=2)  # stage 0: any rank count
+    assert _prepare(_config(run, "train.steps=5"), run).resume_from.name == "step-000002"
+
+
+def test_a_config_mismatch_names_every_key_that_differs(tmp_path, fingerprint):
+    run = _checkpoint(tmp_path, fingerprint, zero_stage=0, world_size=1)
+    cfg = _config(run, "train.steps=5", "data.seed=3", "algorithm.clip.eps_high=0.3")
+    with pytest.raises(ResumeError) as e:
+        _prepare(cfg, run)
+    msg = str(e.value)
+    assert "these keys differ (checkpoint -> now):" in msg
+    assert "  data.seed: 0 -> 3" in msg  # the data section's seed: default 0, now 3
+    assert "algorithm.clip.components[0].eps_high: 0.2 -> 0.3" in msg  # grpo: ppo_clip eps_high 0.2
+    assert "rewards" not in msg and "model." not in msg  # the keys that did not change are not listed
+    # --force-resume loads anyway and prints the same list
+    assert _prepare(cfg, run, force=True).resume_from.name == "step-000002"
+
+
+def test_a_changed_lr_is_reported_and_the_row_stream_continues(tmp_path, fingerprint):
+    # a checkpoint of the current format: 4 rows drawn (2 steps of P = 2), trained at lr 1e-3
+    run = _checkpoint(tmp_path, fingerprint, rows=4, zero_stage=0, world_size=1,
+                      train={"lr": 1e-3, "weight_decay": 0.0, "prompts_per_step": 2})
+    s = _prepare(_config(run, "train.steps=5", "train.lr=2e-3", "train.prompts_per_step=4"), run)
+    assert s.rows_drawn == 4
+    assert s.resume_notes == ["resume: train.lr 0.001 -> 0.002 since the checkpoint: the restored optimizer uses "
+                              "the new value (its Adam moments are kept)"]
+    # an older checkpoint counts batches only: 2 batches x P = 2 (config.yaml of the run) = 4 rows, not 2 x 4
+    run = _checkpoint(tmp_path / "old", fingerprint)
+    s = _prepare(_config(run, "train.steps=5", "train.prompts_per_step=4"), run)
+    assert s.rows_drawn == 4 and s.resume_notes == []
+
+
+def test_drawing_by_row_position_visits_each_row_once_per_epoch_whatever_p():
+    rows = [{"i": i} for i in range(8)]
+
+    def drawn(sizes):
+        pos, out = 0, []
+        for p in sizes:
+            out += [r["i"] for r in rows_at(rows, 0, pos, p)]
+            pos += p
+        return out
+    # P = 2 for two steps, then P = 4 (a resume with another P): 2 + 2 + 4 = 8 rows, one epoch
+    assert sorted(drawn([2, 2, 4])) == list(range(8))
+    # P = 4, then 2 + 2: again each row once
+    assert sorted(drawn([4, 2, 2])) == list(range(8))
+    # and the order is the uninterrupted one at P = 1
+    assert drawn([2, 2, 4]) == drawn([1] * 8) == drawn([4, 2, 2])
+
+
+SCRIPT = r'''
+import json, sys, tempfile
+from policyzoo.engine.env import setup_process
+setup_process(1, 0.1)
+from policyzoo.engine.models import resolve_model
+from policyzoo.engine.trainer import Trainer
+info = resolve_model(sys.argv[1])
+folder = tempfile.mkdtemp()
+
+def trainer(lr):
+    return Trainer(info, dtype="float32", zero_stage=0, lr=lr, weight_decay=0.0, grad_clip=1e6,
+                   need_ref=False, need_critic=False, critic_lr=lr)
+
+def weight(tr):
+    return dict(tr.engine.module.named_parameters())["model.norm.weight"]
+
+first = trainer(1e-3)
+first.backward(3.0 * weight(first).sum())
+first.step()
+first.save(folder, client_state={})
+deltas = {}
+for name, lr, apply in (("old", 1e-3, True), ("new_unapplied", 2e-3, False), ("new", 2e-3, True)):
+    tr = trainer(lr)
+    tr.load(folder)
+    if apply:
+        tr.set_optimizer(lr=lr, weight_decay=0.0, critic_lr=lr)
+    w = weight(tr)
+    before = w.detach().clone()
+    tr.backward(w.sum())
+    tr.step()
+    deltas[name] = (w.detach() - before).tolist()
+print("@@" + json.dumps(deltas))
+'''
+
+
+def test_a_changed_lr_reaches_the_restored_optimizer():
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model())], env=engine_env(), capture_output=True,
+                       text=True, timeout=300)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("@@")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    d = json.loads(lines[-1][2:])
+    # AdamW, second step, gradient 3 then 1 on each weight of the final norm (weight decay 0):
+    # m = 0.9 * 0.3 + 0.1 * 1 = 0.37, v = 0.999 * 0.009 + 0.001 * 1 = 0.009991,
+    # m_hat = 0.37 / 0.19 = 1.947368, v_hat = 0.009991 / 0.001999 = 4.998000,
+    # update = lr * 1.947368 / sqrt(4.998000) = lr * 0.871063
+    assert all(abs(x + 0.871063e-3) < 1e-7 for x in d["old"])
+    assert all(abs(x + 2 * 0.871063e-3) < 2e-7 for x in d["new"])
+    # without set_optimizer the loaded state keeps the checkpoint's lr (what a resume did before)
+    assert d["new_unapplied"] == d["old"]
