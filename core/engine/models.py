@@ -141,16 +141,32 @@ def resolve_model(path: str | None, trust_remote_code: bool = False, where: str 
     except Exception as e:  # noqa: BLE001 - any tokenizer failure is reported the same way
         raise ModelError(where, f"the tokenizer does not load: {type(e).__name__}: {e}",
                          "save the tokenizer into the model folder (tokenizer.save_pretrained)") from None
-    eos = cfg.get("eos_token_id", tok.eos_token_id)
-    eos_ids = [int(x) for x in (eos if isinstance(eos, list) else [eos]) if x is not None]
-    if tok.eos_token_id is not None and tok.eos_token_id not in eos_ids:
-        eos_ids.append(int(tok.eos_token_id))
+    eos_ids = end_of_sequence_ids(folder, cfg, tok, where)
     if not eos_ids:
         raise ModelError(where, "neither config.json nor the tokenizer names an end-of-sequence token",
                          "set eos_token_id in config.json")
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
     ctx = int(cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048)
     return ModelInfo(folder, tok, ctx, eos_ids, int(pad), archs[0])
+
+
+def end_of_sequence_ids(folder: Path, cfg: dict, tok, where: str = "model.path") -> list[int]:
+    """Every end-of-sequence id of a model, in this order without repeats: ``config.json``'s
+    ``eos_token_id`` (an id or a list), ``generation_config.json``'s (e.g. ``[2, 79]``: a chat
+    model's end-of-turn token as a second stop), the tokenizer's. vLLM stops on all of the
+    generation config's ids; the transformers rollout is given this whole list, so both engines
+    stop on the same tokens."""
+    gen_file = folder / "generation_config.json"
+    try:
+        gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"{where}/generation_config.json", f"cannot read it: {e}", "re-save the model") from None
+    out: list[int] = []
+    for eos in (cfg.get("eos_token_id"), gen.get("eos_token_id"), tok.eos_token_id):
+        for x in eos if isinstance(eos, list) else [eos]:
+            if x is not None and int(x) not in out:
+                out.append(int(x))
+    return out
 
 
 def encode_prompt(tokenizer, prompt) -> list[int]:

@@ -13,6 +13,8 @@ Conventions (both engines):
   when it was generated, and is built from each response's length, never by comparing ids with
   the pad id (SmolLM2 has ``eos == pad``).
 * ``truncated [B]`` is True when a response hit ``max_tokens`` without an end-of-sequence token.
+* End of sequence: every id of ``ModelInfo.eos_token_ids`` (config.json, generation_config.json
+  and the tokenizer, merged) stops a response in both engines (vLLM: ``stop_token_ids``).
 * ``rollout_logprobs [B, T]`` are the log-probabilities (nats) of the sampled tokens under the
   distribution actually sampled from: logits divided by the temperature (and renormalised over
   the nucleus when ``top_p < 1``). vLLM is run with ``logprobs_mode="processed_logprobs"`` for
@@ -101,6 +103,7 @@ class VLLMRollout(_Base):
 
         prompt_ids, texts = self.encode(rows)
         params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
+                                 stop_token_ids=list(self.info.eos_token_ids),
                                  seed=request_seed(seed, first_index + i, n)) for i in range(len(rows))]
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
         responses, lps, trunc, comps = [], [], [], []
@@ -120,7 +123,8 @@ class VLLMRollout(_Base):
 
         prompt_ids, texts = self.encode(rows)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
-                                 SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+                                 SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                stop_token_ids=list(self.info.eos_token_ids)), use_tqdm=False)
         responses = [list(o.outputs[0].token_ids) for o in outs]
         return build_rollout(prompt_ids, responses, [[] for _ in outs],
                              [o.outputs[0].finish_reason == "length" for o in outs], rows, texts,

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from ..errors import ConfigError, Interrupted, TrainingError
 from . import dist
+from .checks import ZeroSignalWatch, check_chat_template, sampling_warning, system_turn_warning
 from .resume import FINGERPRINT_KEYS, check_resume, checkpoint_state, old_train_settings, optimizer_notes, rows_drawn
 from .rundir import ResumeError, RunDir
 
@@ -56,6 +57,10 @@ class Session:
             raise ConfigError("algorithm.sample.max_tokens", f"{self.max_tokens} response tokens leave no room for a "
                               f"prompt in the model's {self.model.max_context}-token context",
                               "lower sample.max_tokens")
+        tok = self.model.tokenizer
+        check_chat_template(tok, self.task.train_rows + self.task.eval_rows, f"model.path ({self.model.path})")
+        self.warnings = [w for w in (system_turn_warning(tok, self.task.train_rows),
+                                     sampling_warning(getattr(sp, "temperature", 1.0), self.n)) if w]
         count = lambda msgs: len(encode_prompt(self.model.tokenizer, msgs))  # noqa: E731
         lengths = check_prompt_lengths(self.task.train_rows, count, budget, "data (training rows)")
         lengths += check_prompt_lengths(self.task.eval_rows, count, budget, "data (held-out rows)")
@@ -97,6 +102,8 @@ class Session:
         from .trainer import Trainer
 
         c = self.config
+        for w in self.warnings:
+            self.console.print(f"warning: {w}", markup=False, highlight=False, style="yellow")
         t0 = time.perf_counter()
         self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
                                weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
@@ -164,7 +171,7 @@ class Session:
             return rows[dist.rank() * self.share:(dist.rank() + 1) * self.share]
 
         before = self._evaluate(0) if start == 0 else {}
-        skips, last_saved = 0, start
+        skips, last_saved, watch = 0, start, ZeroSignalWatch()
         self.stop_requested = False
         with progress_bar(self.console, steps, start) as bar, self._deferred_sigint():
             for step in range(start + 1, steps + 1):
@@ -180,6 +187,8 @@ class Session:
                 stop = bool(m.pop("stop_requested"))
                 self.rundir.log(m)
                 skips = skips + 1 if m.get("skipped") else 0
+                if (w := watch.update(m)) is not None:
+                    self.console.print(f"warning: step {step}: {w}", markup=False, highlight=False, style="yellow")
                 if skips >= c.train.max_consecutive_skips:
                     raise TrainingError(f"step {step}", f"{skips} optimizer steps in a row were skipped (last reason: "
                                         f"{m.get('skip_reason', 'non-finite loss or gradient')}); no weights were "

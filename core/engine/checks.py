@@ -1,0 +1,92 @@
+"""Checks of the model's tokenizer and the sampling settings against the task, made before any
+model loads (errors) or at start-up and during the run (warnings).
+
+* :func:`check_chat_template`: the task's prompts are chat messages, so the tokenizer must have a
+  chat template; without one ``apply_chat_template`` fails in the first prompt's encoding.
+* :func:`template_system_turn`: some templates (SmolLM2's, Qwen2.5's) insert their own default
+  system message when a conversation has none, so ``data.system_prompt: ""`` does not remove
+  it. Detected by rendering a one-message conversation and looking for a system turn before it.
+* :func:`sampling_warning`: a temperature near 0 with G > 1 samples G (nearly) identical
+  responses: every group has reward std 0, every advantage is 0, nothing is learned.
+* :class:`ZeroSignalWatch`: the same seen during the run (``zero_std_frac`` 1.0 for several
+  steps in a row), whatever its cause.
+"""
+
+from __future__ import annotations
+
+from .models import ModelError
+
+#: below this temperature, samples of one prompt are expected to coincide (warned with G > 1)
+LOW_TEMPERATURE = 0.1
+#: steps in a row with every group at reward std 0 before the run warns
+ZERO_SIGNAL_STEPS = 3
+_PROBE = "policyzoo-probe-7f3a"
+
+
+def check_chat_template(tokenizer, rows: list[dict], where: str) -> None:
+    """Raise :class:`ModelError` when a prompt is a list of chat messages and the tokenizer has
+    no chat template."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    if any(isinstance(r.get("prompt"), list) for r in rows):
+        raise ModelError(where, "the tokenizer has no chat template, and the task's prompts are chat messages "
+                         "(system, few-shot examples, the question) that only a template turns into tokens",
+                         "add a chat template to the model folder (set tokenizer.chat_template to a Jinja "
+                         "template and call tokenizer.save_pretrained(FOLDER)), or use a chat model")
+
+
+def template_system_turn(tokenizer) -> str | None:
+    """The text the chat template puts before a lone user message when it holds a system turn
+    (the template's own default system message), else None. Heuristic: the rendered text before
+    the user's content mentions ``system``."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": _PROBE}], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that cannot render this is checked elsewhere
+        return None
+    head = str(text).split(_PROBE)[0]
+    return head.strip() if "system" in head.lower() else None
+
+
+def system_turn_warning(tokenizer, rows: list[dict]) -> str | None:
+    """A warning when the rows carry no system message but the template adds its own."""
+    bare = [r for r in rows if not (isinstance(r.get("prompt"), list) and r["prompt"]
+                                    and r["prompt"][0].get("role") == "system")]
+    if not bare:
+        return None
+    added = template_system_turn(tokenizer)
+    if added is None:
+        return None
+    excerpt = " ".join(added.split())[:160]
+    return (f"the prompts have no system message, and the model's chat template adds its own: {excerpt!r}; "
+            "data.system_prompt: \"\" cannot remove it. Set data.system_prompt to the text you want instead, "
+            "or edit the template's default (tokenizer.chat_template) in a copy of the model folder")
+
+
+def sampling_warning(temperature: float, n: int) -> str | None:
+    if n > 1 and temperature < LOW_TEMPERATURE:
+        return (f"sampling temperature {temperature:g} with {n} samples per prompt: the samples of a prompt will be "
+                "(nearly) identical, every group's reward std 0 and every advantage 0, so nothing is learned; "
+                f"use a temperature >= {LOW_TEMPERATURE:g} (e.g. algorithm.sample.temperature=1.0)")
+    return None
+
+
+class ZeroSignalWatch:
+    """Counts steps in a row whose ``zero_std_frac`` is 1.0 (every group's rewards equal);
+    :meth:`update` returns a warning once, when the count reaches :data:`ZERO_SIGNAL_STEPS`."""
+
+    def __init__(self, steps: int = ZERO_SIGNAL_STEPS):
+        self.steps, self.run, self.warned = steps, 0, False
+
+    def update(self, metrics: dict) -> str | None:
+        frac = metrics.get("zero_std_frac")
+        self.run = self.run + 1 if frac is not None and frac >= 1.0 else 0
+        if self.run < self.steps or self.warned:
+            return None
+        self.warned = True
+        return (f"zero_std_frac has been 1.0 for {self.run} steps in a row: in every group all samples got the "
+                "same reward, so every advantage is 0 and the loss and gradient are 0. Raise "
+                "algorithm.sample.temperature, check that the reward can tell responses apart, or use an "
+                "easier task")
