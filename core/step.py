@@ -206,4 +206,4 @@ def _bad_rows(what: str, bad, rollout: Rollout) -> dict | None:
         return None
     rows = bad.nonzero().flatten().tolist()
     return {"skip_reason": f"non-finite {what}", "skip_groups": sorted(set(rollout.group_ids[rows].tolist())),
-            "skip_prompts": [str(rollout.prompts[i])[:80] for i in rows[:4]] if rollout.prompts else []}
+            "skip_prompts": [rollout.prompt_excerpt(i) for i in rows[:4]] if rollout.prompts else []}

@@ -172,7 +172,7 @@ class Function(Reward):
             result = self._call(rollout.prompts, rollout.completions, rows)
         except Exception as e:
             row = self._failing_row(rollout, rows)
-            prompt = rollout.prompts[row][:60] if row is not None and row < len(rollout.prompts) else ""
+            prompt = rollout.prompt_excerpt(row, 60) if row is not None else ""
             at = f"row {row} (prompt {prompt!r})" if row is not None else "the batch"
             raise RewardFunctionError(f"reward: function {name}", f"{name} raised {type(e).__name__}: {e} "
                                       f"on {at}", f"fix {name} or the data row; return None for rows it "

@@ -165,6 +165,27 @@ def test_prompt_longer_than_the_context_names_the_row():
     assert e.value.where == "data.path (x.jsonl), row 1" and "5 tokens, longer than the 4" in e.value.why
 
 
+def test_an_over_long_prompt_is_named_by_the_file_and_its_own_row(tmp_path):
+    from policyzoo.data import check_prompt_lengths
+
+    rows = [*ROWS[:10], {"q": "word " * 50, "a": "1", "level": 0}, *ROWS[10:]]  # the long prompt is row 10
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    task = load(path, eval_size=3, few_shot=1)
+    # every origin names the file and the row's index in it; the rows partition the file but
+    # for the one few-shot example (the first remaining row)
+    origins = task.train_origins + task.eval_origins
+    assert all(o.startswith(f"data.path ({path}), row ") for o in origins)
+    assert len(origins) == 12 and len(set(origins)) == 12  # 13 rows, 1 used as the example
+    # data.seed 0 holds out rows 1, 2 and 9 (the seeded shuffle), row 0 is the example, so the
+    # training rows are 3-8 and 10-12 and the long row is training row 6
+    assert [int(o.rsplit(" ", 1)[1]) for o in task.train_origins] == [3, 4, 5, 6, 7, 8, 10, 11, 12]
+    assert task.train_rows[6]["q"].startswith("word")
+    words = lambda messages: sum(len(m["content"].split()) for m in messages)  # noqa: E731
+    with pytest.raises(DataError) as e:
+        check_prompt_lengths(task.train_rows, words, 40, "data (training rows)", task.train_origins)
+    assert e.value.where == f"data.path ({path}), row 10"  # not "data (training rows), row 6"
+
+
 def test_eval_split_of_a_single_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="has no splits"):
         load(write_jsonl(tmp_path / "d.jsonl", ROWS), eval_split="test")

@@ -23,7 +23,7 @@ import time
 import torch
 from safetensors.torch import load_file
 
-from _engine_helpers import ROOT, engine_env, metrics, train_cmd
+from _engine_helpers import ROOT, engine_env, metrics, tiny_model, train_cmd
 
 FAST = ["engine.rollout=transformers", "engine.threads=1"]
 _TRAIN_CALLS = [0]
@@ -100,8 +100,9 @@ def test_a_raising_reward_function_names_itself_and_the_row(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     # the function is re-run row by row: rows 0-7 (prompt 0) pass alone, row 8 is the first to raise
     err = " ".join(r.stderr.split())
-    assert "error at reward: function test_faults_engine:raise_on_second_prompt" in err
-    assert "ValueError: cannot parse this completion on row 8 (prompt" in err
+    assert "error at step 1, reward: function test_faults_engine:raise_on_second_prompt" in err
+    # the excerpt is the row's own question (arithmetic: "What is A op B?"), not the system prompt
+    assert "ValueError: cannot parse this completion on row 8 (prompt 'What is " in err
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
@@ -122,6 +123,18 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert "stopped by Ctrl-C" in err and "Traceback" not in err
     done = metrics(out)[-1]["step"]
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == done
+    # the checkpoint holds a save_pretrained export that transformers loads, with the trained weights
+    from transformers import AutoModelForCausalLM
+
+    export = out / "checkpoints" / f"step-{done:06d}" / "hf"
+    assert "save_pretrained export of its weights in" in " ".join(err.split())
+    model = AutoModelForCausalLM.from_pretrained(str(export))
+    trained = load_file(export / "model.safetensors")
+    initial = load_file(tiny_model() / "model.safetensors")
+    assert torch.equal(model.state_dict()["model.norm.weight"], trained["model.norm.weight"])
+    common = set(trained) & set(initial)
+    assert "model.norm.weight" in common
+    assert max((trained[k] - initial[k]).abs().max().item() for k in common) > 0  # lr 1e-3 moved them
     r = _run(train_cmd(out, algo=None)[:4] + ["--resume", str(out), f"train.steps={done + 1}"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert [x["step"] for x in metrics(out)] == list(range(1, done + 2))

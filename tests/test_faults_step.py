@@ -92,9 +92,11 @@ def test_non_finite_weights_are_never_written_over_the_last_checkpoint(tmp_path)
         def save(self, folder, client_state):
             self.saved.append(client_state["policyzoo"]["step"])
 
+    from policyzoo.config import load_config
+
     session = Session.__new__(Session)
-    session.trainer, session.rundir, session.fingerprint = Trainer(), RunDir(tmp_path), {}
-    session.config = type("C", (), {"engine": type("E", (), {"keep_checkpoints": 2})})()
+    session.trainer, session.rundir, session.fingerprint, session.rows_drawn = Trainer(), RunDir(tmp_path), {}, 8
+    session.config = load_config(None, "grpo", ["engine.keep_checkpoints=2"])
     session.rundir.ckpt.mkdir(parents=True)
     session._save(2, 2)
     session.trainer.finite = False
@@ -136,3 +138,16 @@ def test_a_raising_reward_component_is_named(catalog):
     with pytest.raises(ComponentError, match=msg):
         train_step(run, bandit, lambda: bandit.prompts(2), seed=0, settings=step_settings(run))
     assert len(bandit.opt.state) == 0  # nothing was trained
+
+
+def test_prompt_excerpts_show_the_rows_own_question_not_the_shared_system_prompt():
+    from _engine_helpers import make_rollout
+
+    r = make_rollout([[1, 2], [1, 3]], [[4], [5]])
+    system = {"role": "system", "content": "Solve the arithmetic problem. Reply with the result only."}
+    shot = [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "Answer: 2"}]
+    r.rows = [{"prompt": [system, *shot, {"role": "user", "content": "What is 23 + 45?"}]}, {"prompt": "plain text"}]
+    r.prompts = ["<|im_start|>system\nSolve the arithmetic problem...", "plain text"]
+    assert r.prompt_excerpt(0) == "What is 23 + 45?"  # the last user message, not the system prompt or shot
+    assert r.prompt_excerpt(0, 7) == "What is"
+    assert r.prompt_excerpt(1) == "plain text"  # no chat messages: the prompt text

@@ -5,12 +5,13 @@ continuing the row stream where it stopped."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from _engine_helpers import TINY_OVERRIDES, engine_env, tiny_model
+from _engine_helpers import ROOT, TINY_OVERRIDES, engine_env, tiny_model, train_cmd
 from policyzoo.config import load_config
 from policyzoo.data import rows_at
 from policyzoo.engine.rundir import ResumeError, RunDir
@@ -154,3 +155,37 @@ def test_a_changed_lr_reaches_the_restored_optimizer():
     assert all(abs(x + 2 * 0.871063e-3) < 2e-7 for x in d["new"])
     # without set_optimizer the loaded state keeps the checkpoint's lr (what a resume did before)
     assert d["new_unapplied"] == d["old"]
+
+
+def record_questions(prompts, completions, question=None, **_):
+    """spread_reward, and the distinct questions of each training batch (more rows than the 4
+    held-out ones) appended as one JSON line to $RECORD_QUESTIONS."""
+    if len(completions) > 4:
+        with open(os.environ["RECORD_QUESTIONS"], "a") as f:
+            f.write(json.dumps(sorted(set(question))) + "\n")
+    return [len(set(c)) / (len(c) + 1) for c in completions]
+
+
+def test_a_resume_with_another_p_and_lr_visits_each_row_once_and_exports_checkpoints(tmp_path):
+    out, record = tmp_path / "run", tmp_path / "questions.jsonl"
+    env = {**engine_env(), "RECORD_QUESTIONS": str(record),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    reward = 'rewards=[{use: function, function: "test_resume_changes:record_questions"}]'
+    common = ["engine.rollout=transformers", "engine.threads=1", "data.limit=8", reward]
+    r = subprocess.run(train_cmd(out, *common, "train.steps=2", "train.export_every=1"), env=env,
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # export_every 1: the step-1 checkpoint carries a save_pretrained export that transformers loads
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(str(out / "checkpoints" / "step-000001" / "hf")) is not None
+    r = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--resume", str(out), "train.steps=3",
+                        "train.prompts_per_step=4", "train.lr=2e-3"], env=env, capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "train.lr 0.001 -> 0.002 since the checkpoint" in " ".join(r.stderr.split())
+    batches = [json.loads(x) for x in record.read_text().splitlines()]
+    # steps 1-2 draw 2 rows each, step 3 (after the resume) 4: 8 rows, the whole epoch of the 8
+    # training rows, each exactly once (drawing batch 2 of P = 4 would have skipped rows 4-7)
+    assert [len(b) for b in batches] == [2, 2, 4]
+    assert len({q for b in batches for q in b}) == 8

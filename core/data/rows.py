@@ -104,16 +104,18 @@ def build_prompts(rows: list[dict], prompt_column: str, system_prompt: str | Non
 
 
 def check_prompt_lengths(rows: list[dict], count_tokens: Callable[[list[dict]], int], max_prompt_tokens: int,
-                         where: str = "data") -> list[int]:
+                         where: str = "data", origins: list[str] | None = None) -> list[int]:
     """Token count of every row's ``prompt`` (``count_tokens(messages)``, e.g. the length of
     ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``); raises
     :class:`DataError` naming the first row longer than ``max_prompt_tokens`` (the model's
-    context minus the response budget)."""
+    context minus the response budget): by ``origins[i]`` when given (the file and the file's
+    own row, ``Task.train_origins``), else as ``"{where}, row {i}"``."""
     counts = []
     for i, row in enumerate(rows):
         n = int(count_tokens(row["prompt"]))
         if n > max_prompt_tokens:
-            raise DataError(f"{where}, row {i}", f"the prompt is {n} tokens, longer than the {max_prompt_tokens} "
+            at = origins[i] if origins else f"{where}, row {i}"
+            raise DataError(at, f"the prompt is {n} tokens, longer than the {max_prompt_tokens} "
                             "the context leaves for it (context length minus the response's max tokens)",
                             "shorten or drop the row, lower data.few_shot, or lower the response's max tokens")
         counts.append(n)

@@ -51,6 +51,10 @@ class Task:
     eval_rows: list[dict]
     default_rewards: list[Use] = field(default_factory=list)
     seed: int = 0
+    #: where each training / held-out row came from, e.g. ``"data.path (d.jsonl), row 17"``: the
+    #: row's 0-based index in its source file or split (as :func:`check_rows` counts), for messages
+    train_origins: list[str] = field(default_factory=list)
+    eval_origins: list[str] = field(default_factory=list)
 
     def batches(self, P: int, start: int = 0) -> Iterator[list[dict]]:
         """``prompt_batches(self.train_rows, P, self.seed, start)``: P training rows per step."""
@@ -118,15 +122,18 @@ def _load_arithmetic(s: DataSettings) -> Task:
     def build(raw: list[dict]) -> list[dict]:
         rows = check_rows(raw, "question", "answer", "number", "data (arithmetic)") if raw else []
         return build_prompts(rows, "question", system, examples, arithmetic.solved)
-    return Task("arithmetic", build(train), build(held), [use("answer_match")], s.seed)
+    return Task("arithmetic", build(train), build(held), [use("answer_match")], s.seed,
+                [f"data (arithmetic), generated training problem {i}" for i in range(len(train))],
+                [f"data (arithmetic), generated held-out problem {i}" for i in range(len(held))])
 
 
 def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], solved: Callable[[dict], str],
                default_prompt_column: str, default_eval_split: str | None, system: str | None) -> Task:
     pc = s.prompt_column or default_prompt_column
     has_splits = s.path is None or Path(s.path).is_dir()
-    rows = check_rows(read(s.split), pc, s.answer_column, s.answer_type,
-                      f"{where}, split {s.split!r}" if has_splits else where)
+    train_where = f"{where}, split {s.split!r}" if has_splits else where
+    rows = check_rows(read(s.split), pc, s.answer_column, s.answer_type, train_where)
+    origin = {id(r): f"{train_where}, row {i}" for i, r in enumerate(rows)}  # the source's own row numbers
     eval_split = s.eval_split or default_eval_split
     if s.eval_split is not None and not has_splits:
         raise ConfigError("data.eval_split", f"{s.path} is a single file, it has no splits",
@@ -135,6 +142,7 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     if eval_split is not None and eval_split != s.split:
         held = check_rows(read(eval_split), pc, s.answer_column, s.answer_type,
                           f"{where}, split {eval_split!r}")[:s.eval_size]
+        origin.update({id(r): f"{where}, split {eval_split!r}, row {i}" for i, r in enumerate(held)})
         pool = rows
     else:
         order = list(range(len(rows)))
@@ -152,4 +160,5 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     system = system if s.system_prompt is None else s.system_prompt
     name = s.name if s.path is None else s.path
     return Task(name, build_prompts(train, pc, system, examples, solved),
-                build_prompts(held, pc, system, examples, solved), [use("math_verify")], s.seed)
+                build_prompts(held, pc, system, examples, solved), [use("math_verify")], s.seed,
+                [origin[id(r)] for r in train], [origin[id(r)] for r in held])

@@ -22,6 +22,12 @@ from .rundir import ResumeError, RunDir
 SEED_STRIDE = 1_000_003
 
 
+def _at_step(error: UserError, step: int) -> None:
+    """Put ``step N, `` before ``error``'s ``where`` (in place: its class and cause are kept)."""
+    error.where = f"step {step}, {error.where}"
+    error.args = (error.render(),)
+
+
 class Session:
     """Holds the checked pieces of a run: ``config``, ``task``, ``run`` (components), ``model``
     (a checked folder), ``rundir``; after :meth:`start` also ``trainer``, ``rollout``, ``policy``."""
@@ -62,8 +68,10 @@ class Session:
         self.warnings = [w for w in (system_turn_warning(tok, self.task.train_rows),
                                      sampling_warning(getattr(sp, "temperature", 1.0), self.n)) if w]
         count = lambda msgs: len(encode_prompt(self.model.tokenizer, msgs))  # noqa: E731
-        lengths = check_prompt_lengths(self.task.train_rows, count, budget, "data (training rows)")
-        lengths += check_prompt_lengths(self.task.eval_rows, count, budget, "data (held-out rows)")
+        lengths = check_prompt_lengths(self.task.train_rows, count, budget, "data (training rows)",
+                                       self.task.train_origins)
+        lengths += check_prompt_lengths(self.task.eval_rows, count, budget, "data (held-out rows)",
+                                        self.task.eval_origins)
         self.max_model_len = min(self.model.max_context, max(lengths) + self.max_tokens + 8)
         row = (self.task.eval_rows or self.task.train_rows)[0]
         answer = self.model.tokenizer(str(row.get("answer", "")), add_special_tokens=False).input_ids[:self.max_tokens]
@@ -177,8 +185,12 @@ class Session:
             for step in range(start + 1, steps + 1):
                 t0 = time.perf_counter()
                 tok0, sec0 = self.policy.stats["tokens"], self.policy.stats["seconds"]
-                m = train_step(self.run, self.policy, next_prompts, seed=c.train.seed * SEED_STRIDE + step,
-                               settings=self.settings)
+                try:
+                    m = train_step(self.run, self.policy, next_prompts, seed=c.train.seed * SEED_STRIDE + step,
+                                   settings=self.settings)
+                except UserError as e:  # a reward or component error: say which step it stopped
+                    _at_step(e, step)
+                    raise
                 toks, secs = self.policy.stats["tokens"] - tok0, self.policy.stats["seconds"] - sec0
                 m.update(step=step, kind="train", time_step=time.perf_counter() - t0, rollout_tokens=toks,
                          rollout_tokens_per_s=toks / secs if secs > 0 else 0.0,
