@@ -73,3 +73,53 @@ print("RESULT " + json.dumps({
     "completions": r.completions, "temperature": r.temperature,
     "max_tokens": r.max_tokens,
 }))
+
+# The sync check and vLLM's prefix cache: a 250-token prefix (two 128-token CPU blocks, the first
+# one full and cacheable) is scored through the generation path; its first block is cached by the
+# first check. After a weight push that keeps the reset, the check passes; with the reset removed,
+# the cached block holds keys/values of the old weights and the check must fail.
+import contextlib  # noqa: E402
+
+from policyzoo.engine.policy import LMPolicy, SyncError  # noqa: E402
+from policyzoo.engine.trainer import Trainer  # noqa: E402
+
+
+class HFTrainer:
+    engine, device = hf, torch.device("cpu")
+    score_sequence, next_logprobs = Trainer.score_sequence, Trainer.next_logprobs
+
+    @contextlib.contextmanager
+    def full_weights(self):
+        yield list(hf.named_parameters())
+
+
+long_ids = (seq * (250 // len(seq) + 1))[:250]
+policy = LMPolicy(engine, HFTrainer(), check=True, tolerance=1e-4, timeout_s=120, check_ids=seq, cached_ids=long_ids)
+first_check = policy.check_now()  # in sync; leaves the prefix's first block in the cache
+with torch.no_grad():
+    for p in hf.parameters():
+        p.add_(0.05 * torch.randn_like(p))
+reset_check = policy.sync()["sync_max_diff"]
+engine.llm.reset_prefix_cache = lambda *a, **k: True  # the reset removed
+with torch.no_grad():
+    for p in hf.parameters():
+        p.add_(0.05 * torch.randn_like(p))
+try:
+    policy.sync()
+    no_reset_error = ""
+except SyncError as e:
+    no_reset_error = str(e)
+prompt_path_only = float((engine.score(seq) - hf_score(seq)).abs().max())  # what the check saw before
+print("CACHE " + json.dumps({"first_check": first_check, "reset_check": reset_check, "no_reset_error": no_reset_error,
+                             "prompt_path_only": prompt_path_only, "seq_len": len(seq)}))
+
+# A second end-of-sequence id (as generation_config.json's [2, 79]): vLLM stops on every id the
+# model info lists, like the transformers rollout. The id here: the first greedy token.
+import dataclasses  # noqa: E402
+
+g = engine.greedy(rows[:1], max_tokens=6)
+first_token = int(g.response_ids[0, 0])
+engine.info = dataclasses.replace(info, eos_token_ids=[*info.eos_token_ids, first_token])
+stopped = engine.greedy(rows[:1], max_tokens=6)
+print("EOS " + json.dumps({"first": first_token, "eos": info.eos_token_ids, "before": int(g.response_mask.sum()),
+                           "after": int(stopped.response_mask.sum()), "truncated": bool(stopped.truncated[0])}))

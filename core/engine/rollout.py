@@ -36,6 +36,8 @@ from ..batch import Rollout
 from .models import encode_prompt
 
 SEED_MOD = 2**62
+#: tokens whose next-token log-probs the sync check compares on the cached path
+NEXT_TOP_K = 5
 
 
 def request_seed(seed: int, i: int, n: int) -> int:
@@ -135,10 +137,23 @@ class VLLMRollout(_Base):
         q/k/v and gate/up itself), then rebuild the CPU GEMM kernels of layers that keep their
         weight tensor (the tied lm_head: its pre-packed copy is not refreshed by the reload, so
         without this a model with tied embeddings samples from stale output weights), and drop
-        the prefix cache (its keys and values were computed with the old weights)."""
+        the prefix cache (its keys and values were computed with the old weights; the sync
+        check's :meth:`score_next` reads through it, so a cache left stale fails the check)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
         self.llm.collective_rpc(_refresh_cpu_kernels)
         self.llm.reset_prefix_cache()
+
+    def score_next(self, ids: list[int], k: int = NEXT_TOP_K) -> dict[int, float]:
+        """Log-probs (temperature 1) of the ``k`` most likely tokens after ``ids`` and of one
+        sampled token, through the path generation takes: blocks of ``ids``' prefix that are in
+        vLLM's prefix cache are read from it. :meth:`score` cannot see a stale cache (vLLM
+        computes prompt log-probs without reading the prefix cache), this can: the sync check
+        uses both."""
+        from vllm import SamplingParams
+
+        out = self.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=1.0, logprobs=k,
+                                                                           seed=0), use_tqdm=False)[0]
+        return {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[0].items()}
 
     def score(self, ids: list[int]) -> torch.Tensor:
         """Log-probs ``[len(ids) - 1]`` of tokens 1.. of ``ids`` at temperature 1 (prompt logprobs)."""
@@ -216,6 +231,14 @@ class HFRollout(_Base):
         params = dict(self.model.named_parameters())
         for name, t in named_tensors:
             params[name].copy_(t)
+
+    @torch.no_grad()
+    def score_next(self, ids: list[int], k: int = NEXT_TOP_K) -> dict[int, float]:
+        """Log-probs of the ``k`` most likely tokens after ``ids`` (temperature 1; no cache here)."""
+        x = torch.tensor([ids], device=self.model.device)
+        lp = self.model(x).logits[0, -1].float().log_softmax(-1).cpu()
+        top = lp.topk(k)
+        return {int(t): float(v) for t, v in zip(top.indices, top.values)}
 
     @torch.no_grad()
     def score(self, ids: list[int]) -> torch.Tensor:

@@ -127,8 +127,9 @@ class Session:
                                        c.engine.gpu_memory_utilization)
         else:
             self.rollout = HFRollout(self.model, c.model.dtype, c.model.trust_remote_code)
+        cached = (self.check_ids * (self.max_model_len // len(self.check_ids) + 1))[:self.max_model_len - 1]
         self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check, tolerance=c.engine.sync_tolerance,
-                               timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids)
+                               timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids, cached_ids=cached)
         self.share = c.train.prompts_per_step // dist.world_size()
         self.policy.first_index = dist.rank() * self.share
         if self.resume_from is not None:

@@ -208,6 +208,12 @@ class Trainer:
         logits = self.engine(input_ids=x).logits[0, :-1]
         return token_logprobs(logits[None], x[:, 1:], 1.0, False)[0][0].cpu()
 
+    @torch.no_grad()
+    def next_logprobs(self, ids: list[int]) -> torch.Tensor:
+        """Log-probs ``[V]`` of every token after ``ids`` at temperature 1 (for the sync check)."""
+        x = torch.tensor([ids], device=self.device)
+        return self.engine(input_ids=x).logits[0, -1].float().log_softmax(-1).cpu()
+
     # ---------------------------------------------------------------------------- updates
     def backward(self, loss: torch.Tensor, value_loss: torch.Tensor | None = None) -> None:
         """Accumulate one micro-batch. A non-finite loss is not back-propagated and marks the
