@@ -98,3 +98,18 @@ def test_zero_signal_for_three_steps_in_a_row_warns_once():
     # the run of 1.0 is broken at step 3; steps 4, 5, 6 are three in a row -> warned at step 6 only
     assert [i + 1 for i, w in enumerate(got) if w] == [6]
     assert "1.0 for 3 steps in a row" in got[5]
+
+
+def test_a_run_at_temperature_near_zero_warns_at_start_and_when_no_group_has_signal(tmp_path):
+    from _engine_helpers import metrics, run_train
+
+    out = tmp_path / "run"
+    r = run_train(out, "engine.rollout=transformers", "engine.threads=1", "train.steps=3",
+                  "algorithm.sample.temperature=0.01")
+    assert r.returncode == 0, r.stderr[-3000:]
+    err = " ".join(r.stderr.split())
+    assert "warning: sampling temperature 0.01 with 8 samples per prompt" in err
+    # at T = 0.01 the 8 samples of a prompt coincide: every group has reward std 0 in all 3 steps,
+    # the loss is 0 and the run says so after the third step
+    assert [m["zero_std_frac"] for m in metrics(out)] == [1.0, 1.0, 1.0]
+    assert "warning: step 3: zero_std_frac has been 1.0 for 3 steps in a row" in err
