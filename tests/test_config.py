@@ -207,6 +207,7 @@ def test_an_empty_config_file_is_refused_not_a_default_run(tmp_path, text):
     f.write_text(text)
     msg = _err(path=str(f))
     assert f"error at {f}:" in msg and "holds no settings" in msg and "--algo" in msg
+    env = {"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"}
     out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--config", str(f), "--dry-run"],
-                         capture_output=True, text=True, env={"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"})
+                         capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "holds no settings" in out.stderr and "Traceback" not in out.stderr

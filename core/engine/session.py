@@ -11,13 +11,11 @@ from datetime import datetime, timezone
 
 from rich.console import Console
 
-from ..errors import ConfigError, Interrupted, TrainingError
+from ..errors import ConfigError, Interrupted, TrainingError, UserError
 from . import dist
 from .checks import ZeroSignalWatch, check_chat_template, sampling_warning, system_turn_warning
 from .resume import FINGERPRINT_KEYS, check_resume, checkpoint_state, old_train_settings, optimizer_notes, rows_drawn
 from .rundir import ResumeError, RunDir
-
-
 
 SEED_STRIDE = 1_000_003
 
