@@ -116,7 +116,7 @@ info = resolve_model(sys.argv[1])
 folder = tempfile.mkdtemp()
 
 def trainer(lr):
-    return Trainer(info, dtype="float32", zero_stage=0, lr=lr, weight_decay=0.0, grad_clip=1e6,
+    return Trainer(info, dtype="float32", zero_stage=int(sys.argv[2]), lr=lr, weight_decay=0.0, grad_clip=1e6,
                    need_ref=False, need_critic=False, critic_lr=lr)
 
 def weight(tr):
@@ -141,9 +141,10 @@ print("@@" + json.dumps(deltas))
 '''
 
 
-def test_a_changed_lr_reaches_the_restored_optimizer():
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model())], env=engine_env(), capture_output=True,
-                       text=True, timeout=300)
+@pytest.mark.parametrize("stage", [0, 2])  # the torch optimizer itself, and DeepSpeed's ZeRO wrapper around it
+def test_a_changed_lr_reaches_the_restored_optimizer(stage):
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model()), str(stage)], env=engine_env(),
+                       capture_output=True, text=True, timeout=300)
     lines = [x for x in r.stdout.splitlines() if x.startswith("@@")]
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     d = json.loads(lines[-1][2:])
