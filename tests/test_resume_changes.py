@@ -190,3 +190,14 @@ def test_a_resume_with_another_p_and_lr_visits_each_row_once_and_exports_checkpo
     # training rows, each exactly once (drawing batch 2 of P = 4 would have skipped rows 4-7)
     assert [len(b) for b in batches] == [2, 2, 4]
     assert len({q for b in batches for q in b}) == 8
+
+
+def test_config_diff_lists_changed_added_and_removed_keys():
+    from policyzoo.engine.resume import config_diff
+
+    old = {"data": {"seed": 0, "limit": None}, "rewards": [{"use": "a", "weight": 1.0}]}
+    new = {"data": {"seed": 3, "limit": None}, "rewards": [{"use": "a", "weight": 1.0}, {"use": "b"}],
+           "model": {"betas": (0.9, 0.999)}}
+    assert config_diff({**old, "model": {"betas": [0.9, 0.999]}}, new) == [
+        'data.seed: 0 -> 3', 'rewards[1].use: (absent) -> "b"']  # a tuple equals the list JSON stored
+    assert config_diff(new, new) == []

@@ -64,10 +64,14 @@ def flatten(tree, prefix: str = "") -> dict:
 
 
 def config_diff(old, new) -> list[str]:
-    """Every dotted key whose value differs: ``"key: OLD -> NEW"`` (``(absent)`` for a missing key)."""
-    a, b = flatten(old), flatten(new)
-    missing = "(absent)"
-    return [f"{k}: {json.dumps(a.get(k, missing))} -> {json.dumps(b.get(k, missing))}"
+    """Every dotted key whose value differs: ``"key: OLD -> NEW"`` (``(absent)`` for a missing key).
+    Both sides are compared as JSON would store them (a tuple equals a list)."""
+    a, b = (flatten(json.loads(json.dumps(x, default=str))) for x in (old, new))
+    missing = object()
+
+    def show(v) -> str:
+        return "(absent)" if v is missing else json.dumps(v)
+    return [f"{k}: {show(a.get(k, missing))} -> {show(b.get(k, missing))}"
             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
 
 
