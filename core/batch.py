@@ -49,13 +49,16 @@ class Rollout:
 
     def prompt_excerpt(self, i: int, width: int = 80) -> str:
         """The first ``width`` characters of row ``i``'s own question, for messages: the content
-        of the last user message of its data row's chat prompt (not the system prompt and
-        few-shot examples every row shares), else the prompt text."""
+        of the last user message of its data row's chat prompt, or the last paragraph of a plain
+        text prompt (not the system prompt and few-shot examples every row shares); else the
+        prompt text."""
         prompt = self.rows[i].get("prompt") if i < len(self.rows) else None
         if isinstance(prompt, list):
             users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
             if users:
                 return str(users[-1])[:width]
+        if isinstance(prompt, str) and prompt.strip():
+            return prompt.strip().split("\n\n")[-1][:width]
         return str(self.prompts[i])[:width] if i < len(self.prompts) else ""
 
     def select(self, keep: Tensor) -> "Rollout":

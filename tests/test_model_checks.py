@@ -54,7 +54,26 @@ def test_a_tokenizer_without_chat_template_is_refused_before_loading(tmp_path):
         _prepare(tmp_path, model)
     assert f"model.path ({model})" in e.value.where
     assert "no chat template" in e.value.why and "tokenizer.chat_template" in e.value.fix
+    assert "data.prompt_format: plain" in e.value.fix
     assert not (tmp_path / "run").exists()
+
+
+def test_a_model_without_chat_template_trains_on_plain_prompts(tmp_path):
+    from _engine_helpers import metrics, run_train
+
+    model = _copy(tmp_path, template=None)
+    s = _prepare(tmp_path, model, "data.prompt_format=plain", "data.few_shot=1")
+    # arithmetic, one solved example: system prompt, the example's question and answer, the question
+    row = s.task.train_rows[0]
+    ex = s.task.eval_rows[0]["prompt"].split("\n\n")[1]  # the example is shared by every row
+    assert row["prompt"] == ("Solve the arithmetic problem. Reply with the result only, in the form 'Answer: <n>' "
+                             f"where <n> is an integer.\n\n{ex}\n\n{row['question']}\n")
+    assert ex.startswith("What is ") and "?\nAnswer: " in ex
+    out = tmp_path / "run2"
+    r = run_train(out, "engine.rollout=transformers", "engine.threads=1", "train.steps=1", "data.prompt_format=plain",
+                  model=model)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [m["step"] for m in metrics(out)] == [1]
 
 
 def test_a_template_that_adds_its_own_system_turn_is_reported(tmp_path):

@@ -37,6 +37,10 @@ class DataSettings(pydantic.BaseModel):
         "number", description="'number': every answer must be a number (checked at load); 'text': any string")
     system_prompt: str | None = pydantic.Field(
         None, description="system message; None = the task's default, '' = no system message")
+    prompt_format: Literal["chat", "plain"] = pydantic.Field(
+        "chat", description="'chat': chat messages through the tokenizer's chat template; 'plain': one text "
+                            "(system prompt, solved examples and the question joined by blank lines) tokenized as "
+                            "is, for models without a chat template")
     few_shot: int | None = pydantic.Field(
         None, ge=0, le=16, description="solved examples put before each prompt (None = 2 for arithmetic, else 0)")
     eval_size: int = pydantic.Field(100, ge=0, description="number of held-out rows for evaluation")

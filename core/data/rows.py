@@ -83,10 +83,18 @@ def as_messages(value) -> list[dict]:
 
 
 def build_prompts(rows: list[dict], prompt_column: str, system_prompt: str | None, examples: list[dict],
-                  solved: Callable[[dict], str]) -> list[dict]:
+                  solved: Callable[[dict], str], plain: bool = False) -> list[dict]:
     """Set ``row["prompt"]`` to the chat messages: system, solved examples, the row's prompt.
 
-    ``solved(example_row)`` is the assistant's text for a few-shot example (e.g. ``Answer: 68``)."""
+    ``solved(example_row)`` is the assistant's text for a few-shot example (e.g. ``Answer: 68``).
+    ``plain`` (``data.prompt_format: plain``): one string instead, for models without a chat
+    template: the messages' contents joined by blank lines, except that each example's question
+    and answer, and the row's own question and the reply to come, are joined by one newline::
+
+        SYSTEM\n\nQUESTION 1\nANSWER 1\n\nQUESTION\n"""
+    if plain:
+        chats = build_prompts(rows, prompt_column, system_prompt, examples, solved)
+        return [{**row, "prompt": _plain(row["prompt"])} for row in chats]
     shots: list[dict] = []
     for ex in examples:
         shots += [m for m in as_messages(ex[prompt_column]) if m["role"] != "system"]
@@ -101,6 +109,16 @@ def build_prompts(rows: list[dict], prompt_column: str, system_prompt: str | Non
             head = [{"role": "system", "content": system_prompt}]
         out.append({**row, "prompt": head + shots + own})
     return out
+
+
+def _plain(messages: list[dict]) -> str:
+    parts: list[str] = []
+    for m in messages:
+        if m["role"] == "assistant" and parts:
+            parts[-1] += "\n" + m["content"]
+        else:
+            parts.append(m["content"])
+    return "\n\n".join(parts) + "\n"
 
 
 def check_prompt_lengths(rows: list[dict], count_tokens: Callable[[list[dict]], int], max_prompt_tokens: int,

@@ -121,7 +121,7 @@ def _load_arithmetic(s: DataSettings) -> Task:
 
     def build(raw: list[dict]) -> list[dict]:
         rows = check_rows(raw, "question", "answer", "number", "data (arithmetic)") if raw else []
-        return build_prompts(rows, "question", system, examples, arithmetic.solved)
+        return build_prompts(rows, "question", system, examples, arithmetic.solved, s.prompt_format == "plain")
     return Task("arithmetic", build(train), build(held), [use("answer_match")], s.seed,
                 [f"data (arithmetic), generated training problem {i}" for i in range(len(train))],
                 [f"data (arithmetic), generated held-out problem {i}" for i in range(len(held))])
@@ -159,6 +159,7 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
                         "lower data.eval_size or data.few_shot, or set data.eval_split")
     system = system if s.system_prompt is None else s.system_prompt
     name = s.name if s.path is None else s.path
-    return Task(name, build_prompts(train, pc, system, examples, solved),
-                build_prompts(held, pc, system, examples, solved), [use("math_verify")], s.seed,
+    plain = s.prompt_format == "plain"
+    return Task(name, build_prompts(train, pc, system, examples, solved, plain),
+                build_prompts(held, pc, system, examples, solved, plain), [use("math_verify")], s.seed,
                 [origin[id(r)] for r in train], [origin[id(r)] for r in held])

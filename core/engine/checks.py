@@ -31,8 +31,9 @@ def check_chat_template(tokenizer, rows: list[dict], where: str) -> None:
     if any(isinstance(r.get("prompt"), list) for r in rows):
         raise ModelError(where, "the tokenizer has no chat template, and the task's prompts are chat messages "
                          "(system, few-shot examples, the question) that only a template turns into tokens",
-                         "add a chat template to the model folder (set tokenizer.chat_template to a Jinja "
-                         "template and call tokenizer.save_pretrained(FOLDER)), or use a chat model")
+                         "set data.prompt_format: plain (the prompt as one text, for models without a "
+                         "template), or add a chat template to the model folder (set tokenizer.chat_template "
+                         "to a Jinja template and call tokenizer.save_pretrained(FOLDER))")
 
 
 def template_system_turn(tokenizer) -> str | None:
@@ -52,8 +53,8 @@ def template_system_turn(tokenizer) -> str | None:
 
 def system_turn_warning(tokenizer, rows: list[dict]) -> str | None:
     """A warning when the rows carry no system message but the template adds its own."""
-    bare = [r for r in rows if not (isinstance(r.get("prompt"), list) and r["prompt"]
-                                    and r["prompt"][0].get("role") == "system")]
+    bare = [r for r in rows if isinstance(r.get("prompt"), list) and r["prompt"]
+            and r["prompt"][0].get("role") != "system"]  # plain-text prompts use no template
     if not bare:
         return None
     added = template_system_turn(tokenizer)
