@@ -49,7 +49,11 @@ def test_another_zero_stage_or_rank_count_is_refused_before_loading(tmp_path, fi
     with pytest.raises(ResumeError) as e:
         _prepare(_config(run, "train.steps=5", "engine.zero_stage=0"), run)
     assert "written at ZeRO stage 2 and engine.zero_stage is 0" in str(e.value)
-    assert "engine.zero_stage=2" in e.value.fix
+    assert "engine.zero_stage=1 or 2" in e.value.fix
+    with pytest.raises(ResumeError, match="written at ZeRO stage 2 and engine.zero_stage is 3"):
+        _prepare(_config(run, "train.steps=5", "engine.zero_stage=3"), run)
+    # stages 1 and 2 share one checkpoint layout (DeepSpeed 0.19 loads either at the other)
+    assert _prepare(_config(run, "train.steps=5", "engine.zero_stage=1"), run).resume_from.name == "step-000002"
 
     run = _checkpoint(tmp_path / "b", fingerprint, zero_stage=2, world_size=2)
     with pytest.raises(ResumeError) as e:  # this process is one rank
@@ -115,14 +119,14 @@ from policyzoo.engine.trainer import Trainer
 info = resolve_model(sys.argv[1])
 folder = tempfile.mkdtemp()
 
-def trainer(lr):
-    return Trainer(info, dtype="float32", zero_stage=int(sys.argv[2]), lr=lr, weight_decay=0.0, grad_clip=1e6,
+def trainer(lr, stage=int(sys.argv[3])):
+    return Trainer(info, dtype="float32", zero_stage=stage, lr=lr, weight_decay=0.0, grad_clip=1e6,
                    need_ref=False, need_critic=False, critic_lr=lr)
 
 def weight(tr):
     return dict(tr.engine.module.named_parameters())["model.norm.weight"]
 
-first = trainer(1e-3)
+first = trainer(1e-3, int(sys.argv[2]))
 first.backward(3.0 * weight(first).sum())
 first.step()
 first.save(folder, client_state={})
@@ -141,9 +145,11 @@ print("@@" + json.dumps(deltas))
 '''
 
 
-@pytest.mark.parametrize("stage", [0, 2])  # the torch optimizer itself, and DeepSpeed's ZeRO wrapper around it
-def test_a_changed_lr_reaches_the_restored_optimizer(stage):
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model()), str(stage)], env=engine_env(),
+# ZeRO 0: the torch optimizer itself; 2: DeepSpeed's ZeRO wrapper around it; 1 -> 2: a checkpoint of
+# stage 1 resumed at stage 2 (one layout, see policyzoo.engine.resume.LAYOUT) continues exactly
+@pytest.mark.parametrize("saved, loaded", [(0, 0), (2, 2), (1, 2)])
+def test_a_changed_lr_reaches_the_restored_optimizer(saved, loaded):
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model()), str(saved), str(loaded)], env=engine_env(),
                        capture_output=True, text=True, timeout=300)
     lines = [x for x in r.stdout.splitlines() if x.startswith("@@")]
     assert r.returncode == 0 and lines, r.stderr[-3000:]
