@@ -66,6 +66,25 @@ def test_two_ranks_equal_one_rank_on_the_whole_batch(tmp_path, one_rank, stage):
     assert json.loads((out / "plugins.json").read_text())[0]["distribution"] == "policyzoo"
 
 
+def test_a_zero_0_checkpoint_of_one_rank_continues_on_two(tmp_path):
+    # ZeRO 0 keeps the whole optimizer state with the weights (no per-rank partition), so the
+    # resume check lets another number of ranks load it; the run goes on as one rank would
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    _train(full, 1, "engine.zero_stage=0", "train.steps=3")
+    _train(cut, 1, "engine.zero_stage=0")  # 2 steps
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           "-m", "policyzoo.cli", "train", "--resume", str(cut), "train.steps=3"]
+    env = engine_env()
+    env.pop("RANK", None)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = load_file(full / "final" / "model.safetensors"), load_file(cut / "final" / "model.safetensors")
+    for k in a:  # fp32 rounding of the split sums, as above
+        torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=0)
+    assert [r["step"] for r in metrics(cut)] == [1, 2, 3]
+    assert metrics(cut)[2]["loss"] == pytest.approx(metrics(full)[2]["loss"], abs=1e-6)
+
+
 def test_prompts_must_split_into_whole_groups(tmp_path):
     cmd = train_cmd(tmp_path / "odd", *DP_SETTINGS, "train.prompts_per_step=3")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
