@@ -50,6 +50,13 @@ def raise_on_second_prompt(prompts, completions, **_):
     return [0.0] * len(completions)
 
 
+def raise_on_held_out(prompts, completions, **_):
+    """Raises on the held-out batches (4 greedy rows; training batches have 16)."""
+    if len(completions) == 4:
+        raise ValueError("no score for held-out rows")
+    return [0.0] * len(completions)
+
+
 def _env():
     env = engine_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
@@ -103,6 +110,13 @@ def test_a_raising_reward_function_names_itself_and_the_row(tmp_path):
     assert "error at step 1, reward: function test_faults_engine:raise_on_second_prompt" in err
     # the excerpt is the row's own question (arithmetic: "What is A op B?"), not the system prompt
     assert "ValueError: cannot parse this completion on row 8 (prompt 'What is " in err
+
+
+def test_a_reward_error_in_the_held_out_evaluation_names_it(tmp_path):
+    r = _run(train_cmd(tmp_path / "run", *FAST, _reward("raise_on_held_out"), "train.steps=1"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    err = " ".join(r.stderr.split())  # the first evaluation runs before step 1
+    assert "error at held-out evaluation at step 0, reward: function test_faults_engine:raise_on_held_out" in err
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):

@@ -20,9 +20,9 @@ from .rundir import ResumeError, RunDir
 SEED_STRIDE = 1_000_003
 
 
-def _at_step(error: UserError, step: int) -> None:
-    """Put ``step N, `` before ``error``'s ``where`` (in place: its class and cause are kept)."""
-    error.where = f"step {step}, {error.where}"
+def _at_step(error: UserError, step: str) -> None:
+    """Put ``step`` (e.g. ``step 3``) before ``error``'s ``where`` (in place: its class and cause are kept)."""
+    error.where = f"{step}, {error.where}"
     error.args = (error.render(),)
 
 
@@ -155,7 +155,11 @@ class Session:
         if dist.rank() != 0:  # held-out accuracy is measured once, by rank 0's rollout engine
             return {}
         t0 = time.perf_counter()
-        rec = evaluate(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows, self.max_tokens)
+        try:
+            rec = evaluate(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows, self.max_tokens)
+        except UserError as e:  # a reward error on a held-out row
+            _at_step(e, f"held-out evaluation at step {step}")
+            raise
         if rec:
             rec.update(step=step, kind="eval", time_eval=time.perf_counter() - t0)
             self.rundir.log(rec)
@@ -188,7 +192,7 @@ class Session:
                     m = train_step(self.run, self.policy, next_prompts, seed=c.train.seed * SEED_STRIDE + step,
                                    settings=self.settings)
                 except UserError as e:  # a reward or component error: say which step it stopped
-                    _at_step(e, step)
+                    _at_step(e, f"step {step}")
                     raise
                 toks, secs = self.policy.stats["tokens"] - tok0, self.policy.stats["seconds"] - sec0
                 m.update(step=step, kind="train", time_step=time.perf_counter() - t0, rollout_tokens=toks,
