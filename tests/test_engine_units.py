@@ -171,15 +171,21 @@ def test_sync_guard_times_out_and_checks():
         run_with_timeout(lambda: time.sleep(3), 0.2, "pushing weights")
 
     class Engine:
-        def __init__(self, shift):
-            self.shift = shift
+        def __init__(self, shift, cached_shift=0.0):
+            self.shift, self.cached_shift = shift, cached_shift
 
-        def score(self, ids):
+        def score(self, ids):  # prompt log-probs: vLLM reads no prefix cache for them
             return torch.tensor([-1.0, -2.0]) + self.shift
+
+        def score_next(self, ids):  # next-token log-probs through the (possibly stale) cache
+            return {7: -0.5 + self.cached_shift}
 
     class Trainer:
         def score_sequence(self, ids):
             return torch.tensor([-1.0, -2.0])
+
+        def next_logprobs(self, ids):
+            return torch.full((9,), -3.0).index_fill(0, torch.tensor([7]), -0.5)
 
     ok = LMPolicy(Engine(5e-5), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
     assert ok.check_now() == pytest.approx(5e-5, abs=1e-7)  # float32 rounding of -2 + 5e-5
@@ -189,6 +195,14 @@ def test_sync_guard_times_out_and_checks():
     nan = LMPolicy(Engine(float("nan")), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
     with pytest.raises(SyncError):
         nan.check_now()
+    # the prompt path agrees, the cached path is off by 0.2 nats (a stale prefix cache): it fails
+    stale = LMPolicy(Engine(0.0, 0.2), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
+    with pytest.raises(SyncError, match="differ from the trainer's by up to 0.2"):
+        stale.check_now()
+    stale_nan = LMPolicy(Engine(0.0, float("nan")), Trainer(), check=True, tolerance=1e-4, timeout_s=5,
+                         check_ids=[1, 2, 3])
+    with pytest.raises(SyncError):
+        stale_nan.check_now()
 
 
 def test_plot_draws_the_six_curves_to_a_png(tmp_path):
