@@ -13,13 +13,13 @@ from .batch import Rollout, StepBatch
 from .catalog import get_catalog, load_catalog
 from .components import Bundle, Component, Params, Use, use
 from .errors import ConfigError, DataError, PluginError, UserError
-from .hookspecs import Advantages, Keep, StepTotals, Surrogate, hookimpl
+from .hookspecs import Advantages, Importance, Keep, StepTotals, Surrogate, hookimpl
 from .slots import KL, Baseline, Clip, Filter, Ratio, Reduce, Reward, Sample
 
 __version__ = "0.1.0"
 __all__ = [
-    "KL", "Advantages", "Baseline", "Bundle", "Clip", "Component", "ConfigError", "DataError", "Filter", "Keep",
-    "Params", "PluginError", "Ratio", "Reduce", "Reward", "Rollout", "Run", "Sample", "StepBatch", "StepTotals",
+    "KL", "Advantages", "Baseline", "Bundle", "Clip", "Component", "ConfigError", "DataError", "Filter", "Importance",
+    "Keep", "Params", "PluginError", "Ratio", "Reduce", "Reward", "Rollout", "Run", "Sample", "StepBatch", "StepTotals",
     "Surrogate", "Use", "UserError", "assemble", "get_catalog", "hookimpl", "load_catalog", "resolve_algorithm",
     "use",
 ]

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .batch import Rollout
 from .errors import ComponentError
-from .hookspecs import Advantages, Keep, Surrogate
+from .hookspecs import Advantages, Importance, Keep, Surrogate
 
 
 def _shape(x: Any) -> str:
@@ -87,6 +87,15 @@ def problems(slot: str, out: Any, rows: int, width: int | None = None) -> list[s
         _tensor(bad, out.advantages, (b, t), "advantages")
         if out.returns is not None:
             _tensor(bad, out.returns, (b, t), "returns")
+    elif slot == "ratio" and isinstance(out, Importance):
+        _tensor(bad, out.ratio, (b, t), "the ratio")
+        if out.weight is not None:
+            _tensor(bad, out.weight, (b, t), "weight")
+            if isinstance(out.weight, Tensor) and out.weight.requires_grad:
+                bad.append("weight requires grad; detach it (a weight on the loss is a constant)")
+        for name in ("truncated", "masked"):
+            if getattr(out, name) is not None:
+                _tensor(bad, getattr(out, name), (b, t), name, "bool")
     elif slot in ("ratio", "kl"):
         _tensor(bad, out, (b, t), f"the {slot}")
     elif slot == "clip":

@@ -88,6 +88,25 @@ class Surrogate:
     clipped_high: Tensor | None = None
 
 
+@dataclass
+class Importance:
+    """What a ``ratio`` may return instead of a bare ``[B, T]`` tensor: the ratio plus a weight on the
+    loss, for rollout/trainer mismatch corrections (TRL ``vllm_importance_sampling_correction``,
+    verl ``rollout_is``/``rollout_rs``).
+
+    ``ratio [B, T]``: handed to the clip (grad through ``logprobs``), as a bare result would be.
+    ``weight [B, T]`` or None: detached (no grad; the boundary refuses one that requires grad),
+    multiplied by the step onto the clip's per-token ``loss`` before the KL term and the reduce --
+    the TRL/verl placement; 0 removes a token's loss but keeps it in the reduce's normalisers.
+    ``truncated`` / ``masked`` ``[B, T]`` bool or None: tokens whose weight was capped / set to 0,
+    reported as ``mismatch/truncated_frac`` and ``mismatch/masked_frac``."""
+
+    ratio: Tensor
+    weight: Tensor | None = None
+    truncated: Tensor | None = None
+    masked: Tensor | None = None
+
+
 @dataclass(frozen=True)
 class StepTotals:
     """Normalisers over the whole optimizer step: all micro-batches and all data-parallel ranks.
@@ -188,12 +207,15 @@ class Spec:
 
     @hookspec(firstresult=True)
     def ratio(self, logprobs: Tensor, old_logprobs: Tensor, rollout_logprobs: Tensor,
-              response_mask: Tensor) -> Tensor:
+              response_mask: Tensor, advantages: Tensor) -> Tensor | Importance:
         """single. Importance ratio ``[B, T]`` between the current and the sampling policy
-        (per token, or a sequence-level ratio broadcast over T). Must be exactly 1 where
-        ``logprobs == old_logprobs == rollout_logprobs`` (a component that also corrects the
-        sampler/trainer mismatch, e.g. truncated IS, weighs by pi_old / pi_rollout, so it is 1
-        only where all three agree). Gradient flows through ``logprobs``."""
+        (per token, or a sequence-level ratio broadcast over T), or an :class:`Importance` that
+        also carries a detached ``weight [B, T]`` for the clip's per-token loss. Must be exactly 1
+        (ratio and weight) where ``logprobs == old_logprobs == rollout_logprobs`` (a component that
+        also corrects the sampler/trainer mismatch, e.g. truncated IS, weighs by pi_old /
+        pi_rollout, so it is 1 only where all three agree). Gradient flows through ``logprobs``.
+        ``advantages [B, T]`` (constants) are there for rules that depend on their sign
+        (off-policy sequence masking)."""
 
     @hookspec(firstresult=True)
     def clip(self, ratio: Tensor, advantages: Tensor, logprobs: Tensor, old_logprobs: Tensor,

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .batch import StepBatch
-from .hookspecs import LOCAL, Collective, StepTotals
+from .hookspecs import LOCAL, Collective, Importance, StepTotals
 
 
 def step_totals(batch: StepBatch) -> StepTotals:
@@ -53,19 +53,29 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy
     """Reduced loss of one micro-batch and its metric sums.
 
     ``logprobs [B, T]`` carry grad. ``mb.old_logprobs`` None means on-policy (first update after
-    sampling): old = ``logprobs.detach()``, so every ratio is exactly 1.
+    sampling): old = ``logprobs.detach()``, so every ratio is exactly 1. A ratio that returns an
+    :class:`Importance` with a ``weight`` has the clip's per-token loss multiplied by it (before the
+    KL term); ``mismatch/*`` report mean |old - rollout| and the truncated / masked token fractions.
     Metrics are ``{name: (sum, count)}`` over masked tokens, so they add up across micro-batches.
     """
     mask = mb.response_mask
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
     shape = mask.shape
-    ratio = run.call("ratio", *shape, logprobs=logprobs, old_logprobs=old,
-                     rollout_logprobs=mb.rollout.rollout_logprobs, response_mask=mask)
+    rollout_lp = mb.rollout.rollout_logprobs
+    imp = run.call("ratio", *shape, logprobs=logprobs, old_logprobs=old, rollout_logprobs=rollout_lp,
+                   response_mask=mask, advantages=mb.advantages)
+    imp = imp if isinstance(imp, Importance) else Importance(imp)
+    ratio = imp.ratio
     sur = run.call("clip", *shape, ratio=ratio, advantages=mb.advantages, logprobs=logprobs, old_logprobs=old,
                    response_mask=mask, collective=collective)
-    per_token = sur.loss
+    per_token = sur.loss if imp.weight is None else sur.loss * imp.weight  # TRL/verl: weight on the clipped loss
     n = float(mask.sum())
     sums: dict[str, tuple[float, float]] = {}
+    # the trainer/sampler mismatch |old - rollout| per token (nats), every step, and what the ratio did about it
+    gap = torch.where(mask, (old.detach() - rollout_lp.to(old.dtype)).abs(), torch.zeros_like(old))
+    sums["mismatch/log_ratio_abs_mean"] = (float(gap.sum()), n)
+    for name, hit in (("mismatch/truncated_frac", imp.truncated), ("mismatch/masked_frac", imp.masked)):
+        sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
     if run.kl is not None and run.kl.params.placement == "loss":
         kl = run.call("kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask)
         per_token = per_token + run.kl.params.beta * kl

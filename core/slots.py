@@ -16,6 +16,7 @@ kl          ``beta``, ``placement``                     ``kl(logprobs, ref_logpr
 baseline    ``needs_values``, ``value_loss()``,         ``baseline(rewards, group_ids, ...)``
             ``zero_std_fraction()``                     -> Advantages
 ratio       ``level`` ("token" / "sequence")            ``ratio(logprobs, old_logprobs, ...)``
+                                                        -> ``[B, T]`` or Importance
 clip        --                                          ``clip(ratio, advantages, ...)`` -> Surrogate
 reduce      ``averages_per_sequence``                   ``reduce(loss, response_mask, totals)``
 ==========  ==========================================  =========================================
@@ -35,7 +36,7 @@ from torch import Tensor
 
 from .batch import Rollout
 from .components import Component
-from .hookspecs import Advantages, Collective, Keep, StepTotals, Surrogate
+from .hookspecs import Advantages, Collective, Importance, Keep, StepTotals, Surrogate
 
 
 class Sample(Component):
@@ -157,7 +158,9 @@ class Baseline(Component):
 
 
 class Ratio(Component):
-    """Base of ``ratio`` components: importance ratio ``[B, T]`` (grad through ``logprobs``).
+    """Base of ``ratio`` components: importance ratio ``[B, T]`` (grad through ``logprobs``), or an
+    :class:`~policyzoo.hookspecs.Importance` that adds a detached ``weight [B, T]`` which the step
+    multiplies onto the clip's per-token loss (rollout/trainer mismatch corrections).
 
     Declared: ``level`` -- "token" (one ratio per token) or "sequence" (one per row, broadcast over
     T); reduces that sum a sequence-level ratio over tokens check it."""
@@ -167,8 +170,8 @@ class Ratio(Component):
 
     @abstractmethod
     def ratio(self, logprobs: Tensor, old_logprobs: Tensor, rollout_logprobs: Tensor,
-              response_mask: Tensor) -> Tensor:
-        """Importance ratio ``[B, T]``, exactly 1 where the three log-probs agree."""
+              response_mask: Tensor, advantages: Tensor) -> Tensor | Importance:
+        """Importance ratio ``[B, T]`` (or an Importance), exactly 1 where the three log-probs agree."""
 
 
 class Clip(Component):

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .. import boundary
 from ..batch import Rollout
+from ..hookspecs import Importance
 from .toys import ToyBatch, toy_batch
 
 #: slots whose output is a per-token (or reduced) part of the differentiable loss.
@@ -67,6 +68,8 @@ def check_output(slot: str, out, tb: ToyBatch, prompts=None) -> list[str]:
 
 def per_token(slot: str, out) -> Tensor | None:
     """The differentiable per-token tensor of a loss-path output (None for others)."""
+    if slot == "ratio" and isinstance(out, Importance):  # what reaches the loss: ratio x weight
+        return out.ratio if out.weight is None else out.ratio * out.weight
     if slot in ("ratio", "kl"):
         return out
     if slot == "clip":
@@ -116,9 +119,9 @@ def spec_problems(comp, slot: str, ctx) -> list[str]:
     if slot == "ratio":
         same = tb.logprobs.detach()
         tb.old_logprobs, tb.rollout_logprobs = same.clone(), torch.where(m, same, torch.zeros_like(same))
-        r = call(comp, tb, *ctx).detach()
+        r = per_token(slot, call(comp, tb, *ctx)).detach()
         if not torch.allclose(r[m], torch.ones_like(r[m]), rtol=0, atol=1e-6):
-            bad.append("ratio is not 1 where logprobs == old_logprobs == rollout_logprobs")
+            bad.append("ratio (times its weight) is not 1 where logprobs == old_logprobs == rollout_logprobs")
     elif slot == "clip":
         lp = tb.logprobs
         kw = dict(tb.hook_kwargs(), ratio=torch.exp(lp - lp.detach()), old_logprobs=lp.detach())
