@@ -98,7 +98,7 @@ def test_autoload_off_loads_no_entry_point(site, monkeypatch):
     monkeypatch.setenv("POLICYZOO_DISABLE_PLUGIN_AUTOLOAD", "1")
     catalog = load_catalog()  # the broken distribution is not even imported
     assert [p.dist for p in catalog.plugins] == ["policyzoo", "policyzoo"]
-    assert "sapo" not in catalog.components["clip"] and "tis" not in catalog.components["ratio"]
+    assert "sapo" not in catalog.components["clip"] and "geo_tis" not in catalog.components["ratio"]
     assert "sapo" not in catalog.bundles
     assert "pz_broken" not in sys.modules
 
@@ -107,7 +107,7 @@ def test_allowlist_loads_only_the_named_distributions(site, monkeypatch):
     make_dist(site, "policyzoo-broken", "pz_broken", "raise RuntimeError('must not be imported')\n")
     monkeypatch.setenv("POLICYZOO_PLUGINS", "policyzoo-tis")
     catalog = load_catalog()
-    assert "tis" in catalog.components["ratio"]
+    assert "geo_tis" in catalog.components["ratio"]
     assert "sapo" not in catalog.components["clip"] and "sapo" not in catalog.bundles
     assert {p.dist for p in catalog.plugins} == {"policyzoo", "policyzoo-tis"}
 
@@ -116,7 +116,7 @@ def test_with_everything_installed_both_contrib_distributions_load(site):
     catalog = load_catalog()
     by_dist = {p.dist: p for p in catalog.plugins}
     assert by_dist["policyzoo-sapo"].components == ["clip:sapo"] and by_dist["policyzoo-sapo"].bundles == ["sapo"]
-    assert by_dist["policyzoo-tis"].components == ["ratio:tis"] and by_dist["policyzoo-tis"].version == "0.1.0"
+    assert by_dist["policyzoo-tis"].components == ["ratio:geo_tis"] and by_dist["policyzoo-tis"].version == "0.2.0"
     assert catalog.components["clip"]["sapo"][1].dist == "policyzoo-sapo"
 
 
@@ -133,7 +133,7 @@ def test_cli_reports_a_broken_plugin_without_a_traceback(site):
 def test_allowlist_names_compare_as_pip_does(site, monkeypatch):
     # policyzoo_tis / PolicyZoo.TIS mean the distribution policyzoo-tis (PEP 503 normalisation)
     monkeypatch.setenv("POLICYZOO_PLUGINS", "PolicyZoo_TIS")
-    assert "tis" in load_catalog().components["ratio"]
+    assert "geo_tis" in load_catalog().components["ratio"]
 
 
 def test_allowlist_name_that_matches_nothing_is_an_error(site, monkeypatch):

@@ -19,7 +19,7 @@ def test_the_suite_covers_builtins_and_contrib():
     # one of each built-in slot and both contrib distributions (installed with pip, see the Makefile)
     assert {"sample:group", "reward:overlong_penalty", "filter:nonconstant_groups", "kl:k3",
             "baseline:group_norm", "ratio:token", "clip:ppo_clip", "reduce:token_mean"} <= names
-    assert {"clip:sapo", "ratio:tis"} <= names, "pip install ./contrib/policyzoo-sapo ./contrib/policyzoo-tis"
+    assert {"clip:sapo", "ratio:geo_tis"} <= names, "pip install ./contrib/policyzoo-sapo ./contrib/policyzoo-tis"
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

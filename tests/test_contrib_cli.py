@@ -40,7 +40,7 @@ def test_plugins_lists_each_distribution_with_version_hooks_and_components(capsy
     assert "0.1.0" in rows["policyzoo-sapo"] and "clip:sapo" in rows["policyzoo-sapo"]
     assert "register_components" in rows["policyzoo-sapo"] and "register_bundles" in rows["policyzoo-sapo"]
     assert "sapo" in rows["policyzoo-sapo"].split("clip:sapo", 1)[1]  # the bundle column
-    assert "ratio:tis" in rows["policyzoo-tis"] and "0.1.0" in rows["policyzoo-tis"]
+    assert "ratio:geo_tis" in rows["policyzoo-tis"] and "0.2.0" in rows["policyzoo-tis"]
 
 
 def test_components_and_zoo_show_plugin_entries_with_their_source(capsys):
@@ -53,14 +53,14 @@ def test_components_and_zoo_show_plugin_entries_with_their_source(capsys):
 
 def test_dry_run_shows_where_each_slot_of_a_hybrid_came_from(capsys):
     out = _run(capsys, "train", "--dry-run", "--algo", "grpo", "algorithm.clip.use=sapo",
-               "algorithm.ratio.use=tis", "algorithm.ratio.cap=3.0")
+               "algorithm.ratio.use=geo_tis", "algorithm.ratio.cap=3.0")
     view = yaml.safe_load(out)["algorithm"]
     assert view["base"] == "grpo"
     assert view["slots"]["clip"]["from"] == "override" and view["slots"]["baseline"]["from"] == "grpo default"
-    assert view["slots"]["ratio"]["components"] == [{"use": "tis", "cap": 3.0, "level": "sequence",
+    assert view["slots"]["ratio"]["components"] == [{"use": "geo_tis", "cap": 3.0, "placement": "loss",
                                                     "max_log_ratio": 20.0}]
     assert view["sources"]["clip"].startswith("sapo from policyzoo-sapo 0.1.0")
-    assert view["sources"]["ratio"].startswith("tis from policyzoo-tis 0.1.0")
+    assert view["sources"]["ratio"].startswith("geo_tis from policyzoo-tis 0.2.0")
     assert view["sources"]["kl"].startswith("k3 from policyzoo 0.1.0")
 
 

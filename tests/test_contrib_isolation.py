@@ -23,7 +23,7 @@ def _signature(run):
 
 
 def test_the_plugins_are_really_loaded_in_one_catalog_only():
-    assert "sapo" in WITH.components["clip"] and "tis" in WITH.components["ratio"] and "sapo" in WITH.bundles
+    assert "sapo" in WITH.components["clip"] and "geo_tis" in WITH.components["ratio"] and "sapo" in WITH.bundles
     assert "sapo" not in BARE.components["clip"] and "sapo" not in BARE.bundles
 
 

@@ -50,11 +50,11 @@ def test_kl_null_removes_the_reference_model():
 
 
 def test_hybrids_with_contrib_parts_name_their_sources():
-    run = assemble({"base": "sapo", "ratio": {"use": "tis", "cap": 3.0}}, catalog=CATALOG)
+    run = assemble({"base": "sapo", "ratio": {"use": "geo_tis", "cap": 3.0}}, catalog=CATALOG)
     assert run.sources["clip"].startswith("sapo from policyzoo-sapo 0.1.0")
-    assert run.sources["ratio"].startswith("tis from policyzoo-tis 0.1.0")
+    assert run.sources["ratio"].startswith("geo_tis from policyzoo-tis 0.2.0")
     assert run.sources["baseline"].startswith("group_norm from policyzoo 0.1.0")
-    b = DAPO.replace(ratio=use("tis"))
+    b = DAPO.replace(ratio=use("tis", placement="ratio"))
     with pytest.warns(UserWarning, match="acts on r x w"):  # cap 2 (the default) > 1 + DAPO's 0.28
         assert assemble(b, catalog=CATALOG).ratio.params.cap == 2.0
 
@@ -80,6 +80,7 @@ def test_a_hybrid_the_components_reject_fails_before_training():
     {"base": "dapo", "ratio": {"use": "tis", "cap": 1.28}},
     {"base": "rloo", "ratio": {"use": "tis"}},
     {"base": "sapo", "ratio": {"use": "tis", "level": "token"}},
+    {"base": "grpo", "ratio": {"use": "geo_tis", "placement": "ratio", "cap": 1.2}},
     "sapo",
 ], ids=str)
 def test_hybrid_trains_two_steps_on_the_bandit(algorithm):

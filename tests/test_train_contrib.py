@@ -13,7 +13,7 @@ from _engine_helpers import metrics, run_train
 CASES = {
     "sapo bundle": ("sapo", []),
     "grpo with sapo's clip": (None, ["algorithm.clip.use=sapo"]),
-    "rloo with truncated IS": ("rloo", ["algorithm.ratio.use=tis"]),
+    "rloo with geometric-mean TIS": ("rloo", ["algorithm.ratio.use=geo_tis"]),
 }
 
 

@@ -226,3 +226,17 @@ def test_ratio_placement_with_a_narrow_clip_warns():
         assemble({"base": "dapo", "ratio": {"use": "tis"}})  # on the loss: the clip sees r alone
         assemble({"base": "dapo", "ratio": {"use": "tis", "placement": "ratio", "cap": 1.28}})
         assemble({"base": "rloo", "ratio": {"use": "mis", "placement": "ratio"}})  # no clip range
+
+
+@pytest.mark.parametrize("ratio", [{"use": "tis"}, {"use": "mis", "level": "token"}, {"use": "icepop"},
+                                   {"use": "opsm"}, {"use": "tis", "placement": "ratio", "cap": 1.2}], ids=str)
+def test_grpo_with_each_correction_trains_two_steps_on_the_bandit(ratio):
+    from policyzoo.testing.training import tiny_run
+
+    result = tiny_run({"base": "grpo", "ratio": ratio}, steps=2, updates_per_batch=2)
+    assert len(result.history) == 2 and result.weights_changed
+    for h in result.history:
+        assert math.isfinite(h["loss"]) and h["skipped"] == 0
+        # the bandit's sampler holds a copy of the trainer's logits: no engine mismatch to correct
+        assert h["mismatch/log_ratio_abs_mean"] < 1e-6
+        assert h["mismatch/truncated_frac"] == 0.0 and h["mismatch/masked_frac"] == 0.0

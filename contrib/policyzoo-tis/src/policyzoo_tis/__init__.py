@@ -1,20 +1,19 @@
-"""policyzoo-tis: truncated importance sampling for the rollout/trainer mismatch.
+"""policyzoo-tis: a worked plugin example for the rollout/trainer mismatch.
 
-Adds the ``ratio`` component ``tis`` (:class:`TruncatedIS`). The sampler (vLLM) and the trainer
-(DeepSpeed) compute slightly different probabilities for the same weights, so "on-policy" samples
-are off-policy; TIS re-weights each response by the capped trainer-vs-sampler likelihood ratio.
-Sources: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"
-(token level, cap C = 2); the sequence-level form as analysed by Qi et al. 2025, "Defeating the
-Training-Inference Mismatch via FP16" (arXiv:2510.26788), and Liu, Li et al. 2025, "When Speed
-Kills Stability".
+Adds the ``ratio`` component ``geo_tis`` (:class:`GeometricTIS`): truncated importance sampling
+with the geometric mean of the token weights of a response. The built-in ``tis``, ``mis``,
+``icepop`` and ``opsm`` (``policyzoo.plugins.mismatch``) cover the token and sequence levels; this
+distribution shows how a variant of them is written against the public contract alone.
+Sources: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+Training"; Liu, Li et al. 2025, "When Speed Kills Stability".
 """
 
 from policyzoo import hookimpl
 
-from .ratio import TruncatedIS
+from .geometric import GeometricTIS
 
-__version__ = "0.1.0"
-COMPONENTS = (TruncatedIS,)
+__version__ = "0.2.0"
+COMPONENTS = (GeometricTIS,)
 
 
 @hookimpl
