@@ -105,7 +105,8 @@ def finite_problems(slot: str, out, tb: ToyBatch) -> list[str]:
 def spec_problems(comp, slot: str, ctx) -> list[str]:
     """What the hook reference promises for the slot, checked on the toy batch:
 
-    * ``ratio``: exactly 1 at valid positions when logprobs == old_logprobs == rollout_logprobs;
+    * ``ratio``: exactly 1 at valid positions when logprobs == old_logprobs == rollout_logprobs
+      (for an :class:`~policyzoo.hookspecs.Importance`, the ratio times its weight);
     * ``clip``: on-policy (ratio = exp(logprobs - logprobs.detach()) = 1) the gradient of the
       summed surrogate is the policy gradient, d/d logprobs = -A at valid positions;
     * ``kl``: 0 where logprobs == ref_logprobs;
