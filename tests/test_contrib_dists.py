@@ -7,6 +7,7 @@ import importlib.metadata as md
 import json
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -59,7 +60,8 @@ def test_wheel_holds_only_its_own_package(dist, tmp_path):
                    timeout=300)
     (wheel,) = tmp_path.glob("*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert tops == {_package(dist), f"{_package(dist)}-0.1.0.dist-info"}
+    version = tomllib.loads((ROOT / "contrib" / dist / "pyproject.toml").read_text())["project"]["version"]
+    assert tops == {_package(dist), f"{_package(dist)}-{version}.dist-info"}
 
 
 def test_their_own_test_suites_pass_against_the_installed_copies():
