@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from abc import abstractmethod
 from typing import Literal
 
 import torch
@@ -67,11 +68,11 @@ class Mismatch(Ratio):
                                 "'ratio': the clip sees r x w")
         max_log_ratio: float = Field(20.0, gt=0, description="|log r_t| clamp of the token ratio before exp (> 0)")
 
+    @abstractmethod
     def correction(self, logprobs: Tensor, old_logprobs: Tensor, rollout_logprobs: Tensor, response_mask: Tensor,
                    advantages: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """``(w, truncated, masked)``: weight ``[B, T]`` >= 0 and bool ``[B, T]`` flags (or None);
         called without grad, ``logprobs`` detached."""
-        raise NotImplementedError
 
     def bound(self) -> float | None:
         """The largest weight the rule lets through (None: unbounded), for :meth:`check`."""
