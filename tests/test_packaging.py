@@ -37,7 +37,7 @@ def test_built_wheel_has_only_policyzoo(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"policyzoo"}
-    assert "policyzoo/plugins/clip.py" in names and "policyzoo/zoo/grpo.py" in names
+    assert "policyzoo/plugins/clip/__init__.py" in names and "policyzoo/zoo/grpo.py" in names
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                     str(wheel)], check=True, capture_output=True)

@@ -1,0 +1,24 @@
+"""``clip`` components: the per-token surrogate loss (to minimise) from ratio and advantages.
+
+Inputs: ``ratio [B, T]`` (with grad), ``advantages [B, T]`` (constants, higher is better),
+``logprobs [B, T]`` (with grad, nats). Output: :class:`~policyzoo.hookspecs.Surrogate` with
+``loss [B, T]`` and bool masks ``clipped_low`` / ``clipped_high`` of the tokens whose gradient the
+clip cut or capped (counted over ``response_mask`` by the step for the clip-fraction metrics).
+
+Clip-fraction convention (TRL's; verl counts ``clipped loss > unclipped loss`` instead, which is
+the same set except for ties): a token counts only where the clip actually removes its gradient,
+i.e. low = ratio < 1 - eps_low and A < 0, high = ratio > 1 + eps_high and A > 0 (plus, with dual
+clip, ratio > c and A < 0). On the first update after sampling every ratio is 1, so both are 0.
+"""
+
+from __future__ import annotations
+
+from . import cispo, ppo
+from .cispo import CISPO
+from .ppo import NoClip, PPOClip
+
+#: one module per family of surrogates
+MODULES = (ppo, cispo)
+COMPONENTS = tuple(cls for module in MODULES for cls in module.COMPONENTS)
+
+__all__ = ["CISPO", "COMPONENTS", "NoClip", "PPOClip"]
