@@ -127,9 +127,11 @@ class Collective:
 
     ``sum(x)``: elementwise sum of ``x`` (same shape on every rank) over the ranks.
     ``gather(x)``: ``x`` of every rank concatenated along dim 0, in rank order (shapes may differ
-    in dim 0 only). ``world_size``: the number of ranks."""
+    in dim 0 only). ``world_size``: the number of ranks; ``rank``: this process's index in that
+    order (0 .. world_size - 1), so a rank can find its own rows in a gathered tensor."""
 
     world_size: int = 1
+    rank: int = 0
 
     def sum(self, x: Tensor) -> Tensor:
         return x
@@ -185,12 +187,15 @@ class Spec:
         overrides it)."""
 
     @hookspec(firstresult=True)
-    def kl(self, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor) -> Tensor:
+    def kl(self, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, ratio: Tensor) -> Tensor:
         """optional single. Per-token KL estimate ``[B, T]`` of the policy from the reference
         (k1 = log r, k2 = (log r)^2 / 2, k3 = exp(-log r) - 1 + log r with log r = logprobs -
-        ref_logprobs; Schulman 2020). The component's ``beta`` and ``placement`` decide its use:
-        ``reward`` subtracts beta x KL from per-token rewards at sampling time (no grad);
-        ``loss`` adds beta x KL to the per-token loss. Absent: no reference model is loaded."""
+        ref_logprobs; Schulman 2020). ``ratio [B, T]``: the ratio slot's importance ratio of this
+        micro-batch (with grad) in ``loss`` placement, ones in ``reward`` placement (sampling time);
+        for estimators weighted by the ratio (TRL ``use_bias_correction_kl``). The component's ``beta``
+        and ``placement`` decide its use: ``reward`` subtracts beta x KL from per-token rewards at
+        sampling time (no grad); ``loss`` adds beta x KL to the per-token loss. Absent: no reference
+        model is loaded."""
 
     @hookspec(firstresult=True)
     def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,

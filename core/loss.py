@@ -31,7 +31,8 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None,
     token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     if run.kl is not None and batch.ref_logprobs is not None:
         now = scored if scored is not None else batch.rollout.rollout_logprobs
-        kl = run.call("kl", *mask.shape, logprobs=now, ref_logprobs=batch.ref_logprobs, response_mask=mask)
+        kl = run.call("kl", *mask.shape, logprobs=now, ref_logprobs=batch.ref_logprobs, response_mask=mask,
+                      ratio=torch.ones_like(now))
         metrics["kl_ref"] = masked_mean(kl, mask)
         if run.kl.params.placement == "reward":
             token_rewards = torch.where(mask, -run.kl.params.beta * kl, torch.zeros_like(kl))
@@ -77,7 +78,8 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy
     for name, hit in (("mismatch/truncated_frac", imp.truncated), ("mismatch/masked_frac", imp.masked)):
         sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
     if run.kl is not None and run.kl.params.placement == "loss":
-        kl = run.call("kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask)
+        kl = run.call("kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask,
+                      ratio=ratio)
         per_token = per_token + run.kl.params.beta * kl
         sums["kl_loss"] = (float((kl.detach() * mask).sum()), n)
     per_token = torch.where(mask, per_token, torch.zeros_like(per_token))  # no NaN leaks from padding

@@ -12,7 +12,7 @@ slot        declared (read by the step / engine)        hook method -> result
 sample      ``n`` (G), ``max_tokens`` (L_max)           ``sample(policy, prompts, seed)`` -> Rollout
 reward      ``weight``; ``label`` (metric key)          ``reward(rollout)`` -> ``[B]`` float
 filter      ``resample``, ``max_sample_rounds``         ``filter(rollout, rewards)`` -> Keep
-kl          ``beta``, ``placement``                     ``kl(logprobs, ref_logprobs, response_mask)``
+kl          ``beta``, ``placement``                     ``kl(logprobs, ref_logprobs, response_mask, ratio)``
 baseline    ``needs_values``, ``value_loss()``,         ``baseline(rewards, group_ids, ...)``
             ``zero_std_fraction()``                     -> Advantages
 ratio       ``level`` ("token" / "sequence")            ``ratio(logprobs, old_logprobs, ...)``
@@ -115,7 +115,7 @@ class KL(Component):
                                 "'loss': +beta x KL added to the per-token loss")
 
     @abstractmethod
-    def kl(self, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor) -> Tensor:
+    def kl(self, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, ratio: Tensor) -> Tensor:
         """Per-token KL of the policy from the reference, ``[B, T]``."""
 
 

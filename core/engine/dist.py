@@ -125,6 +125,10 @@ class DistCollective(Collective):
     def world_size(self) -> int:
         return world_size()
 
+    @property
+    def rank(self) -> int:
+        return rank()
+
     def sum(self, x):
         d = _dist()
         if d is None:

@@ -108,7 +108,9 @@ def spec_problems(comp, slot: str, ctx) -> list[str]:
     * ``ratio``: exactly 1 at valid positions when logprobs == old_logprobs == rollout_logprobs
       (for an :class:`~policyzoo.hookspecs.Importance`, the ratio times its weight);
     * ``clip``: on-policy (ratio = exp(logprobs - logprobs.detach()) = 1) the gradient of the
-      summed surrogate is the policy gradient, d/d logprobs = -A at valid positions;
+      summed surrogate is the policy gradient, d/d logprobs = -A at valid positions, except on
+      tokens the surrogate itself reports as cut (``clipped_low`` / ``clipped_high``: a selection
+      such as Clip-Cov's may cut tokens even on-policy, and then says so in its clip fractions);
     * ``kl``: 0 where logprobs == ref_logprobs;
     * ``reduce``: exact under micro-batching (the sum over a 2- and a 3-way split of the rows,
       with the step's totals, equals the full result) and independent of right padding;
@@ -130,7 +132,11 @@ def spec_problems(comp, slot: str, ctx) -> list[str]:
         names = [p for p in inspect.signature(method).parameters if p != "self"]
         out = method(**{n: kw[n] for n in names if n in kw})
         (grad,) = torch.autograd.grad(out.loss.sum(), lp)
-        if not torch.allclose(grad[m], -tb.advantages[m], rtol=1e-5, atol=1e-6):
+        check = m.clone()
+        for cut in (out.clipped_low, out.clipped_high):
+            if cut is not None:
+                check &= ~cut
+        if not torch.allclose(grad[check], -tb.advantages[check], rtol=1e-5, atol=1e-6):
             bad.append("on-policy, d loss / d logprobs is not -A (the policy gradient)")
     elif slot == "kl":
         tb.ref_logprobs = tb.logprobs.detach().clone()
