@@ -13,12 +13,16 @@ clip, ratio > c and A < 0). On the first update after sampling every ratio is 1,
 
 from __future__ import annotations
 
-from . import cispo, ppo
+from . import cispo, covariance, divergence, dro, ppo, sequence
 from .cispo import CISPO
+from .covariance import ClipCov, KLCov
+from .divergence import DPPOKL, DPPOTV
+from .dro import DRO
 from .ppo import NoClip, PPOClip
+from .sequence import GMPO, VESPO
 
 #: one module per family of surrogates
-MODULES = (ppo, cispo)
+MODULES = (ppo, cispo, covariance, divergence, sequence, dro)
 COMPONENTS = tuple(cls for module in MODULES for cls in module.COMPONENTS)
 
-__all__ = ["CISPO", "COMPONENTS", "NoClip", "PPOClip"]
+__all__ = ["CISPO", "COMPONENTS", "DPPOKL", "DPPOTV", "DRO", "GMPO", "VESPO", "ClipCov", "KLCov", "NoClip", "PPOClip"]
