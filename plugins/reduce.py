@@ -7,12 +7,17 @@ of right padding. ``loss`` must already be 0 on masked positions (the step guara
 reduces mask again anyway. With totals of 0 (nothing to train on) the result is 0 x sum, which
 keeps the graph and gives zero gradients instead of NaN.
 
-The four conventions (l_it the per-token loss, |y_i| row i's token count, N = totals.sequences):
+The conventions (l_it the per-token loss, |y_i| row i's token count, N = totals.sequences):
 
 * ``token_mean``:           sum_it l_it / sum_i |y_i|                    (DAPO eq. 12, PPO)
 * ``seq_mean_token_mean``:  1/N sum_i (1/|y_i|) sum_t l_it               (GRPO eq. 3, GSPO)
 * ``seq_mean_token_sum``:   1/N sum_i sum_t l_it                         (REINFORCE / RLOO)
 * ``token_sum_norm``:       1/(N x C) sum_it l_it, C a configured constant (Dr. GRPO)
+* ``token_sum``:            sum_it l_it, no normaliser                   (verl ``token-sum``)
+
+A sequence-level ratio (GSPO) with a reduce that sums tokens (``token_sum``, ``token_sum_norm``)
+multiplies each response's term by its length: allowed, with a warning from ``check``.
+``seq_mean_token_sum`` with a sequence ratio is LUSPO's rule (arXiv:2602.05261) and stays silent.
 
 Under ``seq_mean_token_mean`` a token of a short answer weighs more than one of a long answer
 (1/|y_i|): with the same advantage, a 4-token and an 18-token answer weigh 18/4 = 4.5 to 1 per
@@ -20,6 +25,8 @@ token; under ``token_mean`` and ``token_sum_norm`` every token weighs the same (
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from pydantic import Field
@@ -34,17 +41,19 @@ def _safe_div(x: torch.Tensor, d: float) -> torch.Tensor:
 
 
 class _Reduce(Reduce):
+    #: warn when a sequence-level ratio meets this token-sum reduce (False: the pairing is a named rule)
+    warns_with_sequence_ratio = True
 
     def check(self, run) -> None:
         ratio = run.ratio
-        if ratio.level == "sequence" and not self.averages_per_sequence:
-            raise ConfigError(
-                f"algorithm.reduce ({self.name})",
-                f"the sequence-level ratio {ratio.name!r} (GSPO) gives every token of a response the same "
-                f"ratio s_i; '{self.name}' sums the loss over the response's tokens, so each response's "
-                "term is multiplied by its length |y_i|: long responses dominate the gradient and GSPO's "
-                "per-sequence objective (eq. 5: 1/G sum_i min(s_i A_i, clip(s_i) A_i)) is lost",
-                "use `reduce: seq_mean_token_mean` (GSPO's choice) with a sequence ratio, or `ratio: token`")
+        if ratio.level == "sequence" and not self.averages_per_sequence and self.warns_with_sequence_ratio:
+            warnings.warn(
+                f"algorithm.reduce ({self.name}): the sequence-level ratio {ratio.name!r} gives every token of a "
+                f"response the same ratio s_i, and '{self.name}' sums the loss over the response's tokens, so each "
+                "response's term is multiplied by its length |y_i| (long responses weigh more; `token_mean` "
+                "weighs rows by length the same way). GSPO's per-sequence objective (arXiv:2507.18071 eq. 5) "
+                "is `reduce: seq_mean_token_mean`; length weighting on purpose is LUSPO "
+                "(`reduce: seq_mean_token_sum`, bundle `luspo`).", UserWarning, stacklevel=2)
 
 
 class TokenMean(_Reduce):
@@ -80,6 +89,7 @@ class SeqMeanTokenSum(_Reduce):
 
     name = "seq_mean_token_sum"
     averages_per_sequence = False
+    warns_with_sequence_ratio = False  # with a sequence ratio this is LUSPO's rule (arXiv:2602.05261)
 
     @hookimpl
     def reduce(self, loss, response_mask, totals):
@@ -126,4 +136,19 @@ class TokenSumNorm(_Reduce):
         return _safe_div(total, self.constant * totals.sequences)
 
 
-COMPONENTS = (TokenMean, SeqMeanTokenMean, SeqMeanTokenSum, TokenSumNorm)
+class TokenSum(_Reduce):
+    """sum over every masked token of the step, no normaliser: the gradient grows with the number of
+    tokens in the batch (scale the learning rate accordingly). Exact under micro-batching and
+    across ranks by construction (a sum of sums). Source: verl ``loss_agg_mode: token-sum`` (which
+    multiplies by the data-parallel size because DDP averages gradients; our engine scales every
+    rank's loss the same way, so the value here is the plain sum)."""
+
+    name = "token_sum"
+    averages_per_sequence = False
+
+    @hookimpl
+    def reduce(self, loss, response_mask, totals):
+        return torch.where(response_mask, loss, torch.zeros_like(loss)).sum()
+
+
+COMPONENTS = (TokenMean, SeqMeanTokenMean, SeqMeanTokenSum, TokenSumNorm, TokenSum)

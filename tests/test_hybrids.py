@@ -69,9 +69,9 @@ def test_a_misspelled_or_misplaced_part_is_a_config_error():
 
 
 def test_a_hybrid_the_components_reject_fails_before_training():
-    # GSPO's sequence ratio with RLOO's token-sum reduce: the reduce's check explains why
+    # GSPO's sequence ratio under GMPO, which averages the token log-ratios itself: the clip's check explains why
     with pytest.raises(ConfigError, match="sequence-level ratio"):
-        assemble({"base": "rloo", "ratio": {"use": "sequence"}}, catalog=CATALOG)
+        assemble({"base": "grpo", "ratio": {"use": "sequence"}, "clip": {"use": "gmpo"}}, catalog=CATALOG)
 
 
 @pytest.mark.parametrize("algorithm", [

@@ -1,5 +1,7 @@
 """Reduces: length weighting by hand, and exactness under micro-batching and padding."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -8,9 +10,9 @@ from policyzoo.batch import Rollout, StepBatch
 from policyzoo.errors import ConfigError
 from policyzoo.hookspecs import StepTotals
 from policyzoo.loss import micro_loss, step_totals
-from policyzoo.plugins.reduce import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSumNorm
+from policyzoo.plugins.reduce import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSum, TokenSumNorm
 
-REDUCES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm"]
+REDUCES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm", "token_sum"]
 
 
 def lengths_mask(lengths, width):
@@ -23,10 +25,11 @@ def test_length_bias_per_token_weights():
     #   seq_mean_token_mean: 1 / (N x |y_i|) = 1/(2 x 4) = 0.125 vs 1/(2 x 18) = 0.027778 -> 4.5x
     #   token_mean:          1 / (4 + 18) = 1/22 for both
     #   token_sum_norm (C = 32): 1 / (2 x 32) = 1/64 for both
+    #   token_sum: 1 for both (no normaliser)
     mask = lengths_mask([4, 18], 20)
     totals = StepTotals(tokens=22, sequences=2)
     weights = {}
-    for comp in (SeqMeanTokenMean(), TokenMean(), TokenSumNorm(constant=32)):
+    for comp in (SeqMeanTokenMean(), TokenMean(), TokenSumNorm(constant=32), TokenSum()):
         loss = torch.ones(2, 20, requires_grad=True)
         comp.reduce(loss=loss, response_mask=mask, totals=totals).backward()
         weights[comp.name] = (loss.grad[0, 0].item(), loss.grad[1, 0].item())
@@ -36,6 +39,7 @@ def test_length_bias_per_token_weights():
     assert short / long == pytest.approx(4.5)
     assert weights["token_mean"] == pytest.approx((1 / 22, 1 / 22))
     assert weights["token_sum_norm"] == pytest.approx((1 / 64, 1 / 64))
+    assert weights["token_sum"] == (1.0, 1.0)
 
 
 def test_reduce_values_by_hand():
@@ -48,12 +52,13 @@ def test_reduce_values_by_hand():
     assert SeqMeanTokenMean().reduce(**kw).item() == pytest.approx((2 + 4) / 2)   # (6/3 + 4/1)/2
     assert SeqMeanTokenSum().reduce(**kw).item() == pytest.approx((6 + 4) / 2)    # (6 + 4)/2
     assert TokenSumNorm(constant=5).reduce(**kw).item() == pytest.approx(10 / (5 * 2))
+    assert TokenSum().reduce(**kw).item() == 10.0                                   # 1+2+3+4, padding ignored
 
 
 def test_zero_totals_give_zero_not_nan():
     loss = torch.ones(1, 2, requires_grad=True)
     mask = torch.zeros(1, 2, dtype=torch.bool)
-    for comp in (TokenMean(), SeqMeanTokenMean(), SeqMeanTokenSum(), TokenSumNorm(constant=4)):
+    for comp in (TokenMean(), SeqMeanTokenMean(), SeqMeanTokenSum(), TokenSumNorm(constant=4), TokenSum()):
         out = comp.reduce(loss=loss, response_mask=mask, totals=StepTotals(0, 0))
         assert out.item() == 0.0
         out.backward()
@@ -94,7 +99,7 @@ def loss_and_grad(run, batch, logprobs, n_micro, width=5):
     return total, theta.grad[:, :width]
 
 
-@pytest.mark.parametrize("clip", ["ppo_clip", "cispo", "none"])
+@pytest.mark.parametrize("clip", ["ppo_clip", "cispo", "none", "dppo_tv", "dppo_kl", "gmpo", "vespo"])
 @pytest.mark.parametrize("reduce", REDUCES)
 def test_micro_batches_and_padding_give_same_loss_and_grad(reduce, clip):
     run = run_with(reduce, clip)
@@ -123,12 +128,21 @@ def test_token_sum_norm_uses_configured_constant_not_padded_width():
     assert out.item() == pytest.approx(3 / 16)
 
 
-@pytest.mark.parametrize("reduce", ["token_sum_norm", "seq_mean_token_sum"])
-def test_sequence_ratio_with_token_sum_reduce_rejected(reduce):
-    with pytest.raises(ConfigError) as e:
-        policyzoo.assemble({"base": "gspo", "reduce": {"use": reduce}})
-    msg = str(e.value)
-    assert "sequence" in msg and "|y_i|" in msg and "seq_mean_token_mean" in msg and "fix:" in msg
+@pytest.mark.parametrize("reduce", ["token_sum_norm", "token_sum"])
+def test_sequence_ratio_with_token_sum_reduce_warns(reduce):
+    # allowed (token_mean weighs rows by length the same way and always was), with the reason
+    with pytest.warns(UserWarning) as w:
+        run = policyzoo.assemble({"base": "gspo", "reduce": {"use": reduce}})
+    msg = str(w[0].message)
+    assert run.reduce.name == reduce
+    assert "sequence-level ratio" in msg and "|y_i|" in msg and "seq_mean_token_mean" in msg and "luspo" in msg
+
+
+def test_sequence_ratio_with_seq_mean_token_sum_is_luspo_and_silent():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert policyzoo.assemble({"base": "gspo", "reduce": {"use": "seq_mean_token_sum"}}).reduce.name == \
+            "seq_mean_token_sum"
 
 
 def test_sequence_ratio_with_averaging_reduce_accepted():
