@@ -42,7 +42,8 @@ class Sequence(Ratio):
     Gradient flows to every token of the row through the mean (each token receives
     s_i x A_i / |y_i| x grad log pi, as in GSPO's gradient analysis); where the clamp is active
     the row gets no gradient. Pair it with a reduce that averages per sequence
-    (``seq_mean_token_mean``); token-sum reduces are rejected by their ``check``.
+    (``seq_mean_token_mean``); token-sum reduces warn in their ``check`` (``seq_mean_token_sum`` is
+    LUSPO's rule and stays silent).
     Source: Zheng et al. 2025, GSPO (arXiv:2507.18071) eq. 7."""
 
     name = "sequence"
@@ -61,4 +62,34 @@ class Sequence(Ratio):
         return torch.exp(seq).unsqueeze(-1).expand_as(logprobs)
 
 
-COMPONENTS = (Token, Sequence)
+class GSPOToken(Ratio):
+    """GSPO-token: s_it = sg(s_i) x pi(y_it) / sg(pi(y_it)), ``[B, T]``; s_i the ``sequence`` ratio.
+
+    In log space log s_it = sg(clamp(mean_t log r_it, +-max_log_ratio)) + logprobs_t - sg(logprobs_t):
+    every token's *value* is the sequence ratio s_i (so a clip acts on whole responses, as GSPO),
+    but token t's gradient is s_i x grad log pi_t alone, not s_i / |y_i| x sum_t' grad log pi_t'.
+    With an advantage constant over the response and ``seq_mean_token_mean`` both ratios give the
+    same gradient; when advantages vary per token (a critic, a per-token KL in the reward) GSPO-token
+    weights each token by its own A_it while ``sequence`` spreads the row's mean advantage over all
+    its tokens. Where the clamp is active the row gets no gradient (as ``sequence``); rows with no
+    token get 1. Source: Zheng et al. 2025, GSPO (arXiv:2507.18071) eq. 13-14; verl
+    ``policy_loss.loss_mode: gspo`` (which clamps only from above, after adding the token term)."""
+
+    name = "gspo_token"
+    level = "sequence"
+
+    class Params(Ratio.Params):
+        max_log_ratio: float = Field(10.0, gt=0, description="|mean log r| clamp before exp (> 0)")
+
+    @hookimpl
+    def ratio(self, logprobs, old_logprobs, response_mask):
+        m = self.params.max_log_ratio
+        zero = torch.zeros_like(logprobs)
+        log_r = torch.where(response_mask, logprobs - old_logprobs, zero).detach()
+        seq = (log_r.sum(-1) / response_mask.sum(-1).clamp(min=1)).unsqueeze(-1)
+        inside = seq.abs() <= m
+        token = torch.where(response_mask & inside, logprobs - logprobs.detach(), zero)
+        return torch.exp(seq.clamp(-m, m) + token)
+
+
+COMPONENTS = (Token, Sequence, GSPOToken)
