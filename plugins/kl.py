@@ -30,7 +30,13 @@ estimators" discussion). With d = grad log pi(y):
 
 Numerics: k3 clamps ``log r`` to [-20, 20] inside ``exp`` only (exp(20) ~ 4.9e8), so a token the
 reference finds impossible gives a large finite value, never inf/NaN (verl clamps k3 to +-10 after
-the fact instead; ours keeps the value exact for |log r| <= 20).
+the fact instead; ours keeps the value exact for |log r| <= 20 unless ``clamp: 10`` is set).
+
+Two switches on every estimator: ``straight_through`` (the estimator's value with k2's gradient,
+k2 - sg(k2) + sg(k): verl's ``k1+``, ``k3+`` / ``low_var_kl+``, ``abs+``; ``k2+`` / ``mse+`` is k2
+itself), which makes any estimator's gradient in the loss the unbiased reverse-KL gradient; and
+``times_ratio`` (the estimate times the ratio slot's importance ratio, with grad: TRL's
+``use_bias_correction_kl``, on by default there when beta > 0).
 """
 
 from __future__ import annotations
@@ -53,25 +59,47 @@ BAD_COMBINATIONS = {
     ("k2", "reward"): "k2 = (log r)^2/2 as a reward gives E[k2 grad log pi], which is not the gradient of "
                       "KL(pi||ref) (biased)",
     ("k3", "reward"): "k3 as a reward gives E[k3 grad log pi] = grad KL(pi||ref) - grad KL(ref||pi) (biased)",
+    ("abs", "loss"): "|log r| in the loss has gradient sign(log r) grad log pi, which is not the gradient of a KL",
+    ("abs", "reward"): "|log r| as a reward gives E[|log r| grad log pi], which is not the gradient of a KL",
 }
 GOOD_ALTERNATIVE = {"loss": "k2 (or k3, GRPO's choice) with placement: loss",
                     "reward": "k1 with placement: reward"}
 
 
 class _KL(KL):
+
+    class Params(KL.Params):
+        straight_through: bool = Field(False, description="value of this estimator, gradient of k2 "
+                                       "(verl's '+' variants: k1+, k3+, abs+)")
+        times_ratio: bool = Field(False, description="multiply the estimate by the ratio slot's importance "
+                                  "ratio, with grad (TRL use_bias_correction_kl; loss placement)")
+
     @hookimpl
-    def kl(self, logprobs, ref_logprobs, response_mask):
+    def kl(self, logprobs, ref_logprobs, response_mask, ratio):
         log_r = torch.where(response_mask, logprobs - ref_logprobs, torch.zeros_like(logprobs))
         out = self.estimate(log_r)
+        if self.params.straight_through:
+            k2 = 0.5 * log_r * log_r
+            out = k2 - k2.detach() + out.detach()
+        if self.params.times_ratio:
+            out = out * ratio
         return torch.where(response_mask, out, torch.zeros_like(out))
 
     def check(self, run) -> None:
-        why = BAD_COMBINATIONS.get((self.name, self.params.placement))
+        placement = self.params.placement
+        if self.params.times_ratio and placement == "reward":
+            warnings.warn(f"kl: {self.name} with times_ratio in placement 'reward': the ratio is 1 at sampling "
+                          "time, so times_ratio changes nothing there (it is meant for placement: loss)",
+                          UserWarning, stacklevel=2)
+        if self.params.straight_through and placement == "loss":
+            return  # the gradient is k2's, the correct one in the loss
+        why = BAD_COMBINATIONS.get((self.name, placement))
         if why:
-            other = "reward" if self.params.placement == "loss" else "loss"
-            warnings.warn(f"kl: {self.name} with placement {self.params.placement!r}: {why} "
+            other = "reward" if placement == "loss" else "loss"
+            warnings.warn(f"kl: {self.name} with placement {placement!r}: {why} "
                           f"(Tang & Munos 2025, arXiv:2506.09477). Use {GOOD_ALTERNATIVE[other]} "
-                          f"or {GOOD_ALTERNATIVE[self.params.placement]}.", UserWarning, stacklevel=2)
+                          f"or {GOOD_ALTERNATIVE[placement]}, or straight_through: true in the loss.",
+                          UserWarning, stacklevel=2)
 
 
 class K1(_KL):
@@ -108,13 +136,36 @@ class K2(_KL):
 class K3(_KL):
     """k3 = exp(-log r) - 1 + log r per token ``[B, T]`` (>= 0), 0 where masked; ``log r`` clamped
     to +-20 inside exp only. GRPO's estimator in the loss (DeepSeekMath eq. 4, beta 0.04); as a
-    reward it is biased and ``check`` warns. Source: Schulman 2020."""
+    reward it is biased and ``check`` warns. ``clamp`` c: the value is clamped to [-c, c] after the
+    fact (verl's ``low_var_kl`` always clamps at 10; no gradient where it acts); None (default)
+    keeps the exact value. ``times_ratio`` in the loss: d(r k3) = (k3 + 1 - ref/pi) grad log pi at
+    r = 1, whose expectation under pi is grad KL(pi||ref) -- the reverse KL's gradient (TRL's
+    default ``use_bias_correction_kl``, DeepSeek-V3.2 arXiv:2512.02556 eq. 7).
+    Source: Schulman 2020, "Approximating KL Divergence"."""
 
     name = "k3"
 
+    class Params(_KL.Params):
+        clamp: float | None = Field(None, gt=0, description="clamp the k3 value to [-clamp, clamp] (verl: 10); "
+                                    "None = exact")
+
+    def estimate(self, log_r):
+        k3 = torch.exp(-log_r.clamp(-EXP_CLAMP, EXP_CLAMP)) - 1.0 + log_r
+        c = self.params.clamp
+        return k3 if c is None else k3.clamp(-c, c)
+
+
+class Abs(_KL):
+    """|log r| per token ``[B, T]`` (nats), 0 where masked: a distance, not an estimator of a KL.
+    Its gradient is sign(log r) grad log pi in the loss and E[|log r| grad log pi] as a reward,
+    neither a KL gradient: ``check`` warns unless ``straight_through`` (k2's gradient) in the loss.
+    Source: verl ``kl_loss_type`` / ``kl_penalty: abs``."""
+
+    name = "abs"
+
     @staticmethod
     def estimate(log_r):
-        return torch.exp(-log_r.clamp(-EXP_CLAMP, EXP_CLAMP)) - 1.0 + log_r
+        return log_r.abs()
 
 
-COMPONENTS = (K1, K2, K3)
+COMPONENTS = (K1, K2, K3, Abs)

@@ -10,17 +10,20 @@ import policyzoo
 from policyzoo.errors import ConfigError
 from policyzoo.plugins.kl import K1, K2, K3
 
+ONES = torch.ones(1, 2)  # the ratio argument: 1 (sampling time, or an on-policy first update)
+
 
 def test_estimator_values_by_hand():
     # log r = logprobs - ref = [-1 - (-1.5), -2 - (-1)] = [0.5, -1.0]
     lp = torch.tensor([[-1.0, -2.0]])
     ref = torch.tensor([[-1.5, -1.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
-    assert torch.allclose(K1().kl(logprobs=lp, ref_logprobs=ref, response_mask=mask), torch.tensor([[0.5, -1.0]]))
+    kw = dict(logprobs=lp, ref_logprobs=ref, response_mask=mask, ratio=ONES)
+    assert torch.allclose(K1().kl(**kw), torch.tensor([[0.5, -1.0]]))
     # k2 = (log r)^2 / 2 = [0.125, 0.5]
-    assert torch.allclose(K2().kl(logprobs=lp, ref_logprobs=ref, response_mask=mask), torch.tensor([[0.125, 0.5]]))
+    assert torch.allclose(K2().kl(**kw), torch.tensor([[0.125, 0.5]]))
     # k3 = exp(-log r) - 1 + log r = [exp(-0.5) - 0.5, exp(1) - 2] = [0.106531, 0.718282]
-    k3 = K3().kl(logprobs=lp, ref_logprobs=ref, response_mask=mask)
+    k3 = K3().kl(**kw)
     assert torch.allclose(k3, torch.tensor([[math.exp(-0.5) - 0.5, math.e - 2.0]]))
 
 
@@ -30,7 +33,7 @@ def test_masked_positions_are_zero_and_carry_no_gradient():
     mask = torch.tensor([[True, False]])
     for comp in (K1(), K2(), K3()):
         lp.grad = None
-        out = comp.kl(logprobs=lp, ref_logprobs=ref, response_mask=mask)
+        out = comp.kl(logprobs=lp, ref_logprobs=ref, response_mask=mask, ratio=ONES)
         assert out[0, 1].item() == 0.0
         out.sum().backward()
         assert torch.isfinite(lp.grad).all() and lp.grad[0, 1].item() == 0.0
@@ -42,7 +45,7 @@ def test_k3_finite_for_extreme_log_ratio():
     # log r = -100: exp(100) = 2.7e43 overflows float32 (max 3.4e38) to inf; with log r clamped to
     # -20 inside exp only: k3 = exp(20) - 1 + (-100) = 4.851652e8 - 101
     out = K3().kl(logprobs=torch.tensor([[-100.0]]), ref_logprobs=torch.zeros(1, 1),
-                  response_mask=torch.ones(1, 1, dtype=torch.bool))
+                  response_mask=torch.ones(1, 1, dtype=torch.bool), ratio=torch.ones(1, 1))
     assert out.item() == pytest.approx(math.exp(20) - 101, rel=1e-6)
 
 
@@ -67,7 +70,8 @@ def exact_gradients():
            "KL(ref||pi)": grad(lambda: (log_ref.exp() * (log_ref - logpi())).sum())}
     for comp in (K1(), K2(), K3()):
         def est():
-            return comp.kl(logprobs=logpi().unsqueeze(0), ref_logprobs=log_ref.unsqueeze(0), response_mask=mask)[0]
+            return comp.kl(logprobs=logpi().unsqueeze(0), ref_logprobs=log_ref.unsqueeze(0), response_mask=mask,
+                           ratio=torch.ones(1, 4))[0]
         # loss placement: E_pi[grad k(y)] (the estimator differentiated, samples fixed)
         out[(comp.name, "loss")] = grad(lambda: (weights() * est()).sum())
         # reward placement: E_pi[k(y) grad log pi(y)] (score function, k as a constant reward)
