@@ -158,6 +158,7 @@ class TRLStandIn:
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._logprobs = logprobs
         self.get_off_policy_mask = GRPOTrainer.get_off_policy_mask
+        self.get_gamma_weights = GRPOTrainer.get_gamma_weights
         self.get_high_entropy_mask = getattr(GRPOTrainer, "get_high_entropy_mask", None)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kw):
@@ -274,6 +275,23 @@ CASES = [
      dict(), None, "equal",
      "TRL's default (loss_type='dapo', beta=0) is not the GRPO paper's loss: it equals our grpo with "
      "reduce token_mean and no kl"),
+    ("grpo, k3 times_ratio = TRL KL x ratio",
+     {"base": "grpo", "baseline": {"eps": 1e-4, "zero_std_tol": 0.0}, "kl": {"times_ratio": True}},
+     dict(loss_type="grpo", beta=0.04), None, "equal",
+     "our k3 with times_ratio: true multiplies by the ratio slot's ratio with grad, as TRL's default "
+     "use_bias_correction_kl=True multiplies by coef_1"),
+    ("gspo + k3 times_ratio = TRL sequence level with KL x ratio",
+     {"base": "gspo", "baseline": {"eps": 1e-4}, "kl": {"use": "k3", "beta": 0.04, "times_ratio": True}},
+     dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, beta=0.04),
+     None, "equal", "with a sequence ratio TRL's KL correction uses the sequence ratio coef_1 [B, 1]; ours the "
+     "ratio slot's output, the same s_i broadcast"),
+    ("luspo", {"base": "luspo", "baseline": {"eps": 1e-4}},
+     dict(loss_type="luspo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, beta=0.0),
+     None, "equal", "TRL 'luspo' = sequence ratio, PPO clip, per-row token sum, mean over rows = ours gspo's "
+     "ratio and clip with reduce seq_mean_token_sum (no empty row here: TRL divides by B, ours by N)"),
+    ("vespo", {"base": "grpo", "clip": "vespo", "reduce": "token_mean", "kl": None, "baseline": {"eps": 1e-4}},
+     dict(loss_type="vespo", beta=0.0), None, "equal",
+     "TRL 'vespo' (token-level IS, its default k/lambda) reduces like 'dapo' = ours token_mean"),
 ]
 
 

@@ -2,9 +2,9 @@
 
 from policyzoo.hookspecs import hookimpl
 
-from . import cispo, dapo, dr_grpo, grpo, gspo, ppo, reinforce_pp, rloo
+from . import cispo, clip_cov, dapo, dppo, dr_grpo, gmpo, grpo, gspo, kl_cov, luspo, ppo, reinforce_pp, rloo
 
-MODULES = (ppo, grpo, rloo, reinforce_pp, dapo, dr_grpo, gspo, cispo)
+MODULES = (ppo, grpo, rloo, reinforce_pp, dapo, dr_grpo, gspo, cispo, luspo, gmpo, dppo, clip_cov, kl_cov)
 
 
 @hookimpl
