@@ -15,7 +15,8 @@ from policyzoo.testing.bandit import Bandit, bandit_run, train
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo"]
+BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo", "luspo", "gmpo", "dppo",
+           "clip_cov", "kl_cov"]
 
 
 @pytest.fixture(scope="module")
