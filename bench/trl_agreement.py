@@ -1,6 +1,7 @@
 """Numeric agreement with TRL: loss and gradient w.r.t. the log-probs on identical tensors.
 
-For each bundle with a TRL counterpart (grpo, dapo, dr_grpo, gspo, cispo) this computes
+For each bundle with a TRL counterpart (grpo, dapo, dr_grpo, gspo, cispo, luspo), the ``vespo`` clip
+and the KL times the ratio (``kl: {times_ratio: true}``, TRL's ``use_bias_correction_kl``) this computes
 
 * ours:  rewards -> ``policyzoo.loss.prepare`` (the bundle's baseline) -> ``micro_loss``;
 * TRL's: rewards -> TRL's advantage formula -> ``GRPOTrainer._compute_loss``, TRL's own loss code,
