@@ -155,3 +155,22 @@ def test_a_clip_that_cuts_tokens_on_policy_passes_the_contract_when_it_reports_t
     # on-policy gradient is -A except on the tokens it reports in clipped_low / clipped_high.
     result = run_checks(ClipCov, params={"select_frac": 0.5, "cov_low": -100.0, "cov_high": 100.0})
     assert all(v is None for v in result.values()), result
+
+
+@pytest.mark.parametrize("spec", [
+    {"base": "grpo", "clip": {"use": "dro", "beta": 0.05}},
+    {"base": "grpo", "clip": "vespo", "reduce": "token_mean", "kl": None},
+    {"base": "gspo", "ratio": "gspo_token"},
+    {"base": "dr_grpo", "reduce": "token_sum"},
+    {"base": "grpo", "clip": "dppo_kl"},
+    {"base": "grpo", "kl": {"use": "k3", "straight_through": True, "clamp": 10.0, "times_ratio": True}},
+], ids=str)
+def test_hybrids_with_the_new_components_learn_on_the_bandit(spec, catalog):
+    # 40 steps of 8 prompts x G = 8 from 2 right answers in 5 (expected reward 0.4)
+    from policyzoo.testing.bandit import Bandit, bandit_run, train
+
+    torch.manual_seed(0)
+    bandit = Bandit.random(8, 5, right=2, seed=3, lr=0.05)
+    history = train(bandit_run(spec, catalog), bandit, 40, prompts_per_step=8, seed=3)
+    assert all(m["skipped"] == 0 and math.isfinite(m["loss"]) for m in history)
+    assert history[0]["expected_reward"] < 0.5 and history[-1]["expected_reward"] > 0.6
