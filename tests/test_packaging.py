@@ -38,6 +38,7 @@ def test_built_wheel_has_only_policyzoo(tmp_path):
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"policyzoo"}
     assert "policyzoo/plugins/clip/__init__.py" in names and "policyzoo/zoo/grpo.py" in names
+    assert "policyzoo/plugins/baseline/group.py" in names  # a slot package ships whole
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                     str(wheel)], check=True, capture_output=True)

@@ -1,0 +1,28 @@
+"""``baseline`` components: rewards -> advantages ``[B, T]`` (0 on masked positions).
+
+Conventions shared by the group baselines (``group_norm``, ``group_mean``, ``leave_one_out``):
+
+* The score of row i is s_i = rewards_i + sum_t token_rewards_it (the KL penalty in reward
+  placement enters here, as in RLOO / TRL's ``kl`` in reward).
+* Rows are grouped by the explicit ``group_ids`` (never by position): shuffled rows and uneven
+  group sizes give the same per-row advantages.
+* A row with no trainable token or a NaN score is *invalid*: it enters no mean or std and gets
+  advantage 0. A group with fewer than two valid rows gets 0 everywhere.
+* Statistics are computed in float64 and cast back to the rewards' dtype.
+* The per-row advantage is broadcast over the row's masked tokens.
+
+``batch_whiten`` and ``gae`` work per token and whiten over the batch (G may be 1).
+
+One module per family: :mod:`.group` (group baselines), :mod:`.batch` (batch whitening),
+:mod:`.critic` (GAE); shared helpers in :mod:`.common`.
+"""
+
+from .batch import BatchWhiten
+from .common import group_stats, reward_tokens, whiten
+from .critic import GAE
+from .group import GroupMean, GroupNorm, LeaveOneOut
+
+COMPONENTS = (GroupNorm, GroupMean, LeaveOneOut, BatchWhiten, GAE)
+
+__all__ = ["COMPONENTS", "GAE", "BatchWhiten", "GroupMean", "GroupNorm", "LeaveOneOut", "group_stats",
+           "reward_tokens", "whiten"]
