@@ -78,7 +78,8 @@ class StepBatch:
     All tensors are ``[B, T]`` or ``[B]`` and aligned with ``rollout``'s rows.
     ``old_logprobs`` are the trainer's log-probs at sampling time (no grad); ``ref_logprobs`` the
     reference model's (only when a ``kl`` component is active); ``values`` the critic's (only for
-    critic baselines). ``rewards`` is the weighted sum of reward components (NaN = unscorable).
+    critic baselines). ``rewards`` is the weighted sum of reward components (NaN = unscorable);
+    ``reward_components [B, K]`` each component's own values (None: ``rewards`` is the only one).
     """
 
     rollout: Rollout
@@ -89,6 +90,7 @@ class StepBatch:
     token_rewards: Tensor | None = None
     advantages: Tensor | None = None
     returns: Tensor | None = None
+    reward_components: Tensor | None = None
 
     @property
     def response_mask(self) -> Tensor:

@@ -199,14 +199,18 @@ class Spec:
 
     @hookspec(firstresult=True)
     def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,
-                 values: Tensor | None, collective: Collective) -> Advantages:
+                 values: Tensor | None, collective: Collective, reward_components: Tensor,
+                 reward_weights: Tensor) -> Advantages:
         """single. Returns :class:`Advantages` ``[B, T]``.
 
         Args: ``rewards [B]`` (sequence rewards, NaN = unscorable), ``group_ids [B]``,
         ``response_mask [B, T]``, ``token_rewards [B, T]`` (per-token rewards such as a KL
         penalty in reward placement; zeros if none), ``values [B, T]`` (critic values, or None),
         ``collective`` (:class:`Collective`: statistics over more than one group must be reduced
-        over the data-parallel ranks with it, so N ranks equal one).
+        over the data-parallel ranks with it, so N ranks equal one), ``reward_components [B, K]``
+        (each of the K reward components' own values before weighting, NaN where that component
+        could not score the row; ``rewards`` is their weighted sum) and ``reward_weights [K]`` (their
+        ``weight`` parameters), for baselines that normalise each reward separately (GDPO).
         Rows with no trainable token and rows with NaN reward do not enter any statistic and get
         advantage 0."""
 

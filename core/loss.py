@@ -36,8 +36,13 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None,
         metrics["kl_ref"] = masked_mean(kl, mask)
         if run.kl.params.placement == "reward":
             token_rewards = torch.where(mask, -run.kl.params.beta * kl, torch.zeros_like(kl))
+    parts = batch.reward_components  # [B, K]; a batch built without them has the rewards as its only one
+    weights = torch.tensor([float(c.params.weight) for c in run.reward]) if parts is not None else torch.ones(1)
+    parts = batch.rewards.unsqueeze(-1) if parts is None else parts
     out = run.call("baseline", *mask.shape, rewards=batch.rewards, group_ids=batch.rollout.group_ids,
-                   response_mask=mask, token_rewards=token_rewards, values=batch.values, collective=collective)
+                   response_mask=mask, token_rewards=token_rewards, values=batch.values, collective=collective,
+                   reward_components=parts, reward_weights=weights)
+    out = run.baseline.chain(out, batch.rewards, mask, collective)  # the declared composition (batch whitening)
     batch.token_rewards, batch.advantages, batch.returns = token_rewards, out.advantages, out.returns
     metrics["zero_std_frac"] = run.baseline.zero_std_fraction(batch.rewards, batch.rollout.group_ids, mask)
     metrics["advantage_mean"] = masked_mean(out.advantages, mask)

@@ -13,8 +13,9 @@ sample      ``n`` (G), ``max_tokens`` (L_max)           ``sample(policy, prompts
 reward      ``weight``; ``label`` (metric key)          ``reward(rollout)`` -> ``[B]`` float
 filter      ``resample``, ``max_sample_rounds``         ``filter(rollout, rewards)`` -> Keep
 kl          ``beta``, ``placement``                     ``kl(logprobs, ref_logprobs, response_mask, ratio)``
-baseline    ``needs_values``, ``value_loss()``,         ``baseline(rewards, group_ids, ...)``
-            ``zero_std_fraction()``                     -> Advantages
+baseline    ``whiten*`` parameters, ``chain()``,        ``baseline(rewards, group_ids, ...)``
+            ``needs_values``, ``value_loss()``,         -> Advantages
+            ``zero_std_fraction()``
 ratio       ``level`` ("token" / "sequence")            ``ratio(logprobs, old_logprobs, ...)``
                                                         -> ``[B, T]`` or Importance
 clip        --                                          ``clip(ratio, advantages, ...)`` -> Surrogate
@@ -36,7 +37,8 @@ from torch import Tensor
 
 from .batch import Rollout
 from .components import Component
-from .hookspecs import Advantages, Collective, Importance, Keep, StepTotals, Surrogate
+from .hookspecs import LOCAL, Advantages, Collective, Importance, Keep, StepTotals, Surrogate
+from .stats import whiten
 
 
 class Sample(Component):
@@ -122,6 +124,10 @@ class KL(Component):
 class Baseline(Component):
     """Base of ``baseline`` components: rewards -> :class:`~policyzoo.hookspecs.Advantages`.
 
+    Declared parameters: ``whiten``, ``whiten_over``, ``whiten_std``, ``whiten_eps`` -- the
+    composition: any baseline may be chained with batch whitening over the whole step, which the
+    step applies to the hook's result through :meth:`chain` (so a group baseline followed by
+    batch whitening is a parameter, not a new component per combination).
     Declared: ``needs_values`` (True: the engine loads a critic, passes ``values [B, T]`` to the
     hook and trains the critic with :meth:`value_loss`, which the component must then implement);
     ``std`` and ``zero_std_tol``, the std convention and tolerance by which
@@ -133,10 +139,44 @@ class Baseline(Component):
     std: Literal["sample", "population"] = "sample"
     zero_std_tol: float = 1e-6
 
+    class Params(Component.Params):
+        whiten: bool = Field(False, description="then whiten the advantages over the whole step (every rank): "
+                             "the chained batch normalisation, e.g. group_mean + whiten = REINFORCE++-baseline")
+        whiten_over: Literal["tokens", "rows"] = Field(
+            "tokens", description="whiten over every trainable token (verl masked_whiten) or once per row "
+                                  "(TRL normalize_then_sum, GDPO)")
+        whiten_std: Literal["population", "sample"] = Field(
+            "population", description="whitening std: 'population' (divide by n) or 'sample' (n-1, verl/TRL)")
+        whiten_eps: float = Field(1e-6, ge=0, description="added to the whitening std (>= 0)")
+
     @abstractmethod
     def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,
-                 values: Tensor | None, collective: Collective) -> Advantages:
+                 values: Tensor | None, collective: Collective, reward_components: Tensor,
+                 reward_weights: Tensor) -> Advantages:
         """Advantages ``[B, T]`` (and returns for a critic)."""
+
+    def chain(self, out: Advantages, rewards: Tensor, response_mask: Tensor,
+              collective: Collective = LOCAL) -> Advantages:
+        """What the step does with the hook's result: with ``whiten``, the advantages ``[B, T]``
+        whitened over the whole step through ``collective`` (:func:`policyzoo.stats.whiten`), over
+        every trainable token of the rows with a non-NaN reward (``whiten_over: tokens``; a row
+        weighs by its length, as verl's ``masked_whiten``) or once per such row (``rows``; the
+        row's advantage is read from its first trainable token and broadcast back). ``returns``
+        are kept. Without ``whiten``, ``out`` unchanged. A constant batch gives 0."""
+        if not self.params.whiten:
+            return out
+        mask = response_mask.to(torch.bool)
+        valid = ~torch.isnan(rewards) & mask.any(-1)
+        p = self.params
+        adv = out.advantages
+        if p.whiten_over == "tokens":
+            white = whiten(adv, mask & valid.unsqueeze(-1), collective, p.whiten_std, p.whiten_eps)
+        else:
+            first = mask.to(torch.int64).argmax(-1, keepdim=True)
+            row = adv.gather(-1, first).squeeze(-1)
+            white = whiten(row, valid, collective, p.whiten_std, p.whiten_eps).unsqueeze(-1).expand(mask.shape)
+            white = torch.where(mask, white, torch.zeros_like(white))
+        return Advantages(white.to(adv.dtype), out.returns)
 
     def value_loss(self, values: Tensor, old_values: Tensor, returns: Tensor, response_mask: Tensor,
                    totals: StepTotals) -> Tensor:

@@ -53,10 +53,13 @@ class ShortfallError(UserError):
 
 
 def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
-            settings: StepSettings) -> tuple[Rollout, torch.Tensor, dict]:
-    """Sample, score and filter until the batch holds P prompts' worth of kept groups."""
-    kept_parts: list[Rollout] = []
+            settings: StepSettings) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict]:
+    """Sample, score and filter until the batch holds P prompts' worth of kept groups. Returns the
+    rollout, its rewards ``[B]`` (the weighted sum), each reward component's values ``[B, K]`` and
+    the metrics."""
+    kept_rollouts: list[Rollout] = []
     kept_rewards: list[torch.Tensor] = []
+    kept_parts: list[torch.Tensor] = []  # [rows, K]: each reward component's own values
     metrics: Counter = Counter()
     reward_sums: Counter = Counter()  # per reward label: sum and count of non-NaN values over sampled rows
     reward_counts: Counter = Counter()
@@ -73,10 +76,13 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         b, t = rollout.response_mask.shape
         t0 = time.perf_counter()
         rewards = torch.zeros(b)
-        for label, (comp, value) in zip(run.reward_labels, run.call_each("reward", rows=b, rollout=rollout)):
+        parts = torch.zeros(b, len(run.reward))
+        for k, (label, (comp, value)) in enumerate(zip(run.reward_labels,
+                                                        run.call_each("reward", rows=b, rollout=rollout))):
             reward_sums[label] += float(torch.nansum(value))
             reward_counts[label] += int((~torch.isnan(value)).sum())
             rewards = rewards + comp.params.weight * value
+            parts[:, k] = value
         metrics["time_reward"] += time.perf_counter() - t0
         keep = torch.ones(len(rollout), dtype=torch.bool)
         mask = rollout.response_mask.clone()
@@ -90,12 +96,14 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         rollout.response_mask = mask
         metrics["sampled_rows"] += len(rollout)
         metrics["reward_mean_sampled"] += float(torch.nansum(rewards))
-        kept_parts.append(rollout.select(keep))
+        kept_rollouts.append(rollout.select(keep))
         kept_rewards.append(rewards[keep])
-        if sum(len(p) for p in kept_parts) >= target_rows:
+        kept_parts.append(parts[keep])
+        if sum(len(p) for p in kept_rollouts) >= target_rows:
             break
-    rollout = Rollout.concat(kept_parts)
+    rollout = Rollout.concat(kept_rollouts)
     rewards = torch.cat(kept_rewards)
+    parts = torch.cat(kept_parts)
     if len(rollout) > target_rows:  # keep whole groups, first come first kept
         groups = list(dict.fromkeys(rollout.group_ids.tolist()))
         keep_groups, rows = [], 0
@@ -106,25 +114,25 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
             keep_groups.append(g)
             rows += size
         keep = torch.isin(rollout.group_ids, torch.tensor(keep_groups))
-        rollout, rewards = rollout.select(keep), rewards[keep]
+        rollout, rewards, parts = rollout.select(keep), rewards[keep], parts[keep]
     metrics["reward_mean_sampled"] /= max(metrics["sampled_rows"], 1)
     for label in run.reward_labels:  # mean over the rows actually sampled, NaN (unscorable) left out
         metrics[f"reward/{label}"] = reward_sums[label] / reward_counts[label] if reward_counts[label] else math.nan
     metrics["kept_frac"] = len(rollout) / max(metrics["sampled_rows"], 1)
-    metrics["sample_rounds"] = len(kept_parts)
+    metrics["sample_rounds"] = len(kept_rollouts)
     if len(rollout) < target_rows and resample:
         metrics["shortfall_rows"] = target_rows - len(rollout)
         if settings.on_shortfall == "error":
             raise ShortfallError("dynamic sampling", f"only {len(rollout)} of {target_rows} rows kept after "
-                                 f"{len(kept_parts)} rounds", "raise train.max_sample_rounds, loosen the filter, "
+                                 f"{len(kept_rollouts)} rounds", "raise train.max_sample_rounds, loosen the filter, "
                                  "or set train.on_shortfall: train_on_fewer")
-    return rollout, rewards, dict(metrics)
+    return rollout, rewards, parts, dict(metrics)
 
 
 def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
                settings: StepSettings = StepSettings()) -> dict:
     """One optimizer step (or ``updates_per_batch`` of them) on a freshly sampled batch."""
-    rollout, rewards, metrics = collect(run, policy, next_prompts, seed, settings)
+    rollout, rewards, parts, metrics = collect(run, policy, next_prompts, seed, settings)
     if len(rollout) == 0:  # train_on_fewer with nothing kept: no update, the run goes on
         return {**metrics, "skipped": 1, "skip_reason": "no rows kept by the filters", "rows": 0}
 
@@ -138,7 +146,7 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
     # log-probs detached, so the first ratio is exactly 1 without a second forward.
     old = scored if settings.updates_per_batch > 1 else None
-    batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values)
+    batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values, reward_components=parts)
     batch, adv_metrics = prepare(run, batch, scored, policy.collective)
     metrics.update(adv_metrics)
     totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks

@@ -7,7 +7,8 @@ import torch
 
 import policyzoo
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import StepTotals
+from policyzoo.hookspecs import LOCAL, StepTotals
+from policyzoo.testing.ranks import advantages
 from policyzoo.plugins.baseline import GAE, BatchWhiten, GroupMean, GroupNorm, LeaveOneOut
 
 
@@ -18,9 +19,12 @@ def full_mask(b, t=3):
 def adv(comp, rewards, group_ids, mask=None, token_rewards=None):
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     mask = full_mask(len(rewards)) if mask is None else mask
-    out = comp.baseline(rewards=rewards, group_ids=torch.as_tensor(group_ids), response_mask=mask,
-                        token_rewards=torch.zeros(mask.shape) if token_rewards is None else token_rewards)
-    return out.advantages
+    return advantages(comp, rewards, torch.as_tensor(group_ids), mask, token_rewards).advantages
+
+
+def chained(comp, **kw):
+    """The hook's result as the step uses it: then the declared composition (batch whitening)."""
+    return advantages(comp, group_ids=torch.arange(len(kw["rewards"])), **kw)
 
 
 R8 = [1, 0, 0, 1, 1, 0, 0, 0]
@@ -67,7 +71,8 @@ def test_near_constant_group_never_huge():
     # dividing by an unguarded residue std would give ~1.5).
     rewards = torch.tensor([0.1 + 0.2, 0.3, 0.3, 0.3], dtype=torch.float64)
     out = GroupNorm().baseline(rewards=rewards, group_ids=torch.zeros(4, dtype=torch.long),
-                               response_mask=full_mask(4), token_rewards=torch.zeros(4, 3)).advantages
+                               response_mask=full_mask(4), token_rewards=torch.zeros(4, 3),
+                               collective=LOCAL).advantages
     assert torch.equal(out, torch.zeros(4, 3, dtype=torch.float64))
     # float32 neighbours 1.0 and 1.0 + d, d = 2^-23 = 1.19e-7: mean 1 + d/4, squared deviations
     # 3 (d/4)^2 + (3d/4)^2 = 12 d^2 / 16, sample var d^2 / 4, std d/2 = 6.0e-8 <= 1e-6 -> 0
@@ -155,15 +160,16 @@ def test_batch_whiten_reinforce_pp():
     # -0.64; population var (0.1296 + 2 x 0.2116 + 2 x 0.4096) / 5 = 0.2744, std 0.523832
     mask = torch.tensor([[True, True, True], [True, True, False]])
     tr = torch.tensor([[-0.1, 0.0, -0.2], [0.0, -0.3, 5.0]])
-    a = BatchWhiten(eps=0.0).baseline(rewards=torch.tensor([1.0, 0.0]), response_mask=mask, token_rewards=tr).advantages
+    a = chained(BatchWhiten(whiten_eps=0.0), rewards=torch.tensor([1.0, 0.0]), response_mask=mask,
+                token_rewards=tr).advantages
     s = math.sqrt(0.2744)
     expect = torch.tensor([[0.36 / s, 0.46 / s, 0.46 / s], [-0.64 / s, -0.64 / s, 0.0]])
     assert torch.allclose(a, expect, atol=1e-5)
     # gamma 0.5: row 0: t2 = 0.8, t1 = 0 + 0.5 x 0.8 = 0.4, t0 = -0.1 + 0.5 x 0.4 = 0.1;
     # row 1: t1 = -0.3, t0 = 0 + 0.5 x -0.3 = -0.15. mean 0.85/5 = 0.17; deviations -0.07, 0.23,
     # 0.63, -0.32, -0.47; var (0.0049 + 0.0529 + 0.3969 + 0.1024 + 0.2209)/5 = 0.1556
-    a = BatchWhiten(gamma=0.5, eps=0.0).baseline(rewards=torch.tensor([1.0, 0.0]), response_mask=mask,
-                                                 token_rewards=tr).advantages
+    a = chained(BatchWhiten(gamma=0.5, whiten_eps=0.0), rewards=torch.tensor([1.0, 0.0]), response_mask=mask,
+                token_rewards=tr).advantages
     s = math.sqrt(0.1556)
     expect = torch.tensor([[-0.07 / s, 0.23 / s, 0.63 / s], [-0.32 / s, -0.47 / s, 0.0]])
     assert torch.allclose(a, expect, atol=1e-5)
@@ -173,11 +179,11 @@ def test_batch_whiten_excludes_nan_rows_and_constant_batch_is_zero():
     mask = full_mask(3, 2)
     zeros = torch.zeros(3, 2)
     # NaN row excluded: remaining returns [1, 1] and [0, 0] -> mean 0.5, std 0.5 -> +-1
-    a = BatchWhiten(eps=0.0).baseline(rewards=torch.tensor([1.0, 0.0, float("nan")]), response_mask=mask,
-                                      token_rewards=zeros).advantages
+    a = chained(BatchWhiten(whiten_eps=0.0), rewards=torch.tensor([1.0, 0.0, float("nan")]), response_mask=mask,
+                token_rewards=zeros).advantages
     assert torch.allclose(a, torch.tensor([[1.0, 1.0], [-1.0, -1.0], [0.0, 0.0]]))
     ones = torch.tensor([1.0, 1.0, 1.0])
-    a = BatchWhiten().baseline(rewards=ones, response_mask=mask, token_rewards=zeros).advantages
+    a = chained(BatchWhiten(), rewards=ones, response_mask=mask, token_rewards=zeros).advantages
     assert torch.equal(a, torch.zeros(3, 2))
 
 
@@ -191,14 +197,14 @@ def test_gae_by_hand():
     mask = torch.tensor([[True, True, True], [True, False, True]])
     values = torch.tensor([[0.5, 0.4, 0.2], [0.3, 9.0, 0.6]])
     tr = torch.tensor([[0.0, -0.1, 0.0], [0.0, 0.0, 0.0]])
-    out = GAE(gamma=1.0, lam=0.5, whiten=False).baseline(rewards=torch.tensor([1.0, 0.5]), response_mask=mask,
-                                                          token_rewards=tr, values=values)
+    out = chained(GAE(gamma=1.0, lam=0.5, whiten=False), rewards=torch.tensor([1.0, 0.5]), response_mask=mask,
+                  token_rewards=tr, values=values)
     assert torch.allclose(out.advantages, torch.tensor([[-0.05, 0.1, 0.8], [0.25, 0.0, -0.1]]), atol=1e-6)
     assert torch.allclose(out.returns, torch.tensor([[0.45, 0.5, 1.0], [0.55, 0.0, 0.5]]), atol=1e-6)
     # whitened: tokens [-0.05, 0.1, 0.8, 0.25, -0.1], mean 0.2, deviations -0.25, -0.1, 0.6, 0.05, -0.3,
     # var 0.525 / 5 = 0.105; returns are the un-whitened targets
-    w = GAE(gamma=1.0, lam=0.5, whiten=True, eps=0.0).baseline(rewards=torch.tensor([1.0, 0.5]), response_mask=mask,
-                                                               token_rewards=tr, values=values)
+    w = chained(GAE(gamma=1.0, lam=0.5, whiten=True, whiten_eps=0.0), rewards=torch.tensor([1.0, 0.5]),
+                response_mask=mask, token_rewards=tr, values=values)
     s = math.sqrt(0.105)
     assert torch.allclose(w.advantages, torch.tensor([[-0.25 / s, -0.1 / s, 0.6 / s], [0.05 / s, 0.0, -0.3 / s]]),
                           atol=1e-5)
@@ -238,7 +244,7 @@ def test_advantage_bound_over_random_groups_of_every_scale():
         rewards[8:16] = torch.tensor([0.3] * 7 + [0.3 + scale], dtype=torch.float64)
         out = GroupNorm(eps=0.0, zero_std_tol=0.0).baseline(
             rewards=rewards, group_ids=torch.arange(64) // 8, response_mask=full_mask(64),
-            token_rewards=torch.zeros(64, 3)).advantages
+            token_rewards=torch.zeros(64, 3), collective=LOCAL).advantages
         assert out.abs().max() <= 7 / math.sqrt(8) + 1e-6
         assert out[8, 0].item() != 0 and torch.equal(out[:8], torch.zeros(8, 3, dtype=torch.float64))
     # the outlier row reaches the bound exactly (last scale, 1e3): others -1/sqrt(8), it +7/sqrt(8)

@@ -14,6 +14,7 @@ from policyzoo import Bundle, Clip, Component, PluginError, Reward, Surrogate, U
 from policyzoo.catalog import load_catalog
 from policyzoo.cli import main as cli_main
 from policyzoo.errors import ComponentError
+from policyzoo.hookspecs import LOCAL
 from policyzoo.step import train_step
 from policyzoo.testing import make_plugin
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
@@ -308,7 +309,8 @@ def test_zero_std_frac_counts_what_the_baseline_zeroes():
         bundle = cat.bundle("grpo").replace(baseline=use("group_norm", std=std, zero_std_tol=7e-7))
         base = Run(bundle, cat).baseline
         assert base.zero_std_fraction(rewards, ids, mask) == flat
-        adv = base.baseline(rewards=rewards, group_ids=ids, response_mask=mask, token_rewards=None).advantages
+        adv = base.baseline(rewards=rewards, group_ids=ids, response_mask=mask, token_rewards=None,
+                            collective=LOCAL).advantages
         assert bool((adv == 0).all()) == (flat == 1.0)
 
 

@@ -48,6 +48,7 @@ def extreme_batch(seed: int = 0) -> ToyBatch:
     tb.loss = torch.where(m, 1e4 * sign, tb.loss.detach()).requires_grad_(True)
     tb.values = torch.where(m, 1e3 * sign, tb.values)
     tb.rewards = torch.tensor([1e6, -1e6, float("nan"), 1e6, 0.0, 1e6])[:b]
+    tb.reward_components = tb.rewards.unsqueeze(-1).clone()
     return tb
 
 
@@ -162,7 +163,7 @@ def spec_problems(comp, slot: str, ctx) -> list[str]:
         a = call(comp, tb, *ctx).advantages.detach()
         perm = torch.tensor([5, 2, 0, 3, 1, 4])
         sh = tb.clone()
-        for name in ("rewards", "group_ids", "response_mask", "token_rewards", "values"):
+        for name in ("rewards", "group_ids", "response_mask", "token_rewards", "values", "reward_components"):
             setattr(sh, name, getattr(tb, name)[perm])
         a2 = call(comp, sh, *ctx).advantages.detach()
         if not torch.allclose(a2, a[perm], atol=1e-6):

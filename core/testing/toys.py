@@ -33,7 +33,8 @@ class ToyBatch:
     Shapes: ``logprobs``, ``old_logprobs``, ``rollout_logprobs``, ``ref_logprobs``, ``values``,
     ``token_rewards``, ``advantages``, ``loss`` are ``[B, T]`` float32 (``logprobs`` and ``loss``, a
     per-token loss for ``reduce``, are leaves that require grad); ``response_mask [B, T]``
-    bool; ``rewards [B]`` float32; ``group_ids [B]`` long; ``totals`` the step's counts.
+    bool; ``rewards [B]`` float32; ``group_ids [B]`` long; ``totals`` the step's counts;
+    ``reward_components [B, 1]`` (the rewards as the only component) and ``reward_weights [1]``.
     ``advantages`` are sequence advantages broadcast over T and 0 on masked positions.
     """
 
@@ -50,6 +51,8 @@ class ToyBatch:
     token_rewards: Tensor
     loss: Tensor
     totals: StepTotals
+    reward_components: Tensor
+    reward_weights: Tensor
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -143,4 +146,6 @@ def toy_batch(seed: int = 0, lengths=LENGTHS, group_ids=GROUP_IDS, rewards=REWAR
         token_rewards=torch.zeros(b, t),
         loss=torch.where(mask, uniform(-2.0, 2.0), torch.full((b, t), 11.0)).requires_grad_(True),
         totals=StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum())),
+        reward_components=r.clone().unsqueeze(-1),
+        reward_weights=torch.ones(1),
     )

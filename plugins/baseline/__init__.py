@@ -13,16 +13,21 @@ Conventions shared by the group baselines (``group_norm``, ``group_mean``, ``lea
 
 ``batch_whiten`` and ``gae`` work per token and whiten over the batch (G may be 1).
 
-One module per family: :mod:`.group` (group baselines), :mod:`.batch` (batch whitening),
-:mod:`.critic` (GAE); shared helpers in :mod:`.common`.
+One module per family: :mod:`.group` (group baselines: group_norm, group_mean, leave_one_out,
+reinforce_pp_baseline, opo, gpg), :mod:`.passk` (grpo_passk), :mod:`.multi` (gdpo, one
+normalisation per reward component), :mod:`.batch` (batch_whiten), :mod:`.critic` (gae); shared
+helpers in :mod:`.common`. Any baseline may be chained with batch whitening over the whole step
+(``whiten``; :meth:`policyzoo.slots.Baseline.chain`).
 """
 
 from .batch import BatchWhiten
-from .common import group_stats, reward_tokens, whiten
+from .common import group_stats, reward_tokens
 from .critic import GAE
-from .group import GroupMean, GroupNorm, LeaveOneOut
+from .group import GPG, OPO, GroupMean, GroupNorm, LeaveOneOut, ReinforcePPBaseline
+from .multi import GDPO
+from .passk import GRPOPassK
 
-COMPONENTS = (GroupNorm, GroupMean, LeaveOneOut, BatchWhiten, GAE)
+COMPONENTS = (GroupNorm, GroupMean, LeaveOneOut, ReinforcePPBaseline, OPO, GPG, GRPOPassK, GDPO, BatchWhiten, GAE)
 
-__all__ = ["COMPONENTS", "GAE", "BatchWhiten", "GroupMean", "GroupNorm", "LeaveOneOut", "group_stats",
-           "reward_tokens", "whiten"]
+__all__ = ["COMPONENTS", "GAE", "GDPO", "GPG", "OPO", "BatchWhiten", "GRPOPassK", "GroupMean", "GroupNorm",
+           "LeaveOneOut", "ReinforcePPBaseline", "group_stats", "reward_tokens"]

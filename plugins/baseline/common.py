@@ -3,9 +3,13 @@ a per-row advantage over tokens, per-token rewards and whitening (float64 throug
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
 
 from policyzoo.errors import ConfigError
+from policyzoo.hookspecs import Advantages
 from policyzoo.slots import Baseline
 
 
@@ -17,14 +21,17 @@ def valid_scores(rewards, response_mask, token_rewards):
     return torch.where(valid, s, torch.zeros_like(s)), valid
 
 
-def group_stats(scores, valid, group_ids):
-    """Per-row (count, mean, sum of squared deviations) of the row's group over valid rows, float64."""
+def group_stats(scores, valid, group_ids, weights=None):
+    """Per-row (count, mean, sum of squared deviations) of the row's group over valid rows, float64.
+    ``weights [B]``: the mean is the weighted mean sum w s / sum w (ssd stays unweighted)."""
     _, inv = torch.unique(group_ids, return_inverse=True)
     k = int(inv.max()) + 1 if len(inv) else 0
     v = valid.double()
+    w = v if weights is None else v * weights.double()
     count = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, v)
-    total = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, scores * v)
-    mean = total / count.clamp(min=1.0)
+    wsum = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, w)
+    total = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, scores * w)
+    mean = total / torch.where(wsum > 0, wsum, torch.ones_like(wsum))
     dev = (scores - mean[inv]) * v
     ssd = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, dev * dev)
     return count[inv], mean[inv], ssd[inv]
@@ -37,15 +44,34 @@ def broadcast(adv_row, rewards, response_mask):
 
 
 class GroupBaseline(Baseline):
+    """Base of the group baselines. ``singleton``: the advantage of a valid row that is alone in
+    its group (G = 1, or the others NaN / empty): "zero" (no signal; the default) or "reward" --
+    its score against a baseline of 0, as verl's estimators give it (their group of one has mean 0,
+    std 1). With "zero", ``check`` refuses sample.n = 1."""
+
+    class Params(Baseline.Params):
+        singleton: Literal["zero", "reward"] = Field(
+            "zero", description="a group with one valid row: advantage 'zero', or 'reward' (its score "
+                                "against a baseline of 0, as verl)")
 
     def check(self, run) -> None:
-        if run.sample.params.n == 1:
+        if run.sample.params.n == 1 and self.params.singleton == "zero":
             raise ConfigError(
                 f"algorithm.baseline ({self.name})",
                 f"the group baseline '{self.name}' compares the G samples of a prompt with each other, but "
                 "sample.n = 1: a group of one equals its own baseline, so every advantage would be 0 and "
                 "nothing would be learned",
-                "set `sample: {n: 8}` (G >= 2), or use a baseline for G = 1: `batch_whiten` or `gae`")
+                "set `sample: {n: 8}` (G >= 2), use a baseline for G = 1 (`batch_whiten`, `gae`, "
+                "`reinforce_pp_baseline`), or set `singleton: reward`")
+
+    def finish(self, adv, alone, s, valid, count, rewards, response_mask):
+        """Per-row ``adv`` where the row is valid and its group has >= 2 valid rows; ``alone``
+        (the singleton advantage, e.g. s) for a valid row alone with ``singleton: reward``; else
+        0. Broadcast over the row's masked tokens: ``[B, T]`` in the rewards' dtype."""
+        zero = torch.zeros_like(s)
+        single = valid & (count == 1) & (self.params.singleton == "reward")
+        out = torch.where(valid & (count >= 2), adv, torch.where(single, alone, zero))
+        return Advantages(broadcast(out, rewards, response_mask))
 
 
 def reward_tokens(rewards, response_mask, token_rewards):
@@ -61,15 +87,3 @@ def reward_tokens(rewards, response_mask, token_rewards):
     r[rows, last[has]] += rewards.double()[has]
     return r
 
-
-def whiten(x, where, eps):
-    """(x - mean) / (std + eps) over the True entries of ``where`` (population std), 0 elsewhere;
-    all 0 when that std is below 1e-12 x (1 + |mean|) (a constant batch)."""
-    n = where.sum()
-    if n == 0:
-        return torch.zeros_like(x)
-    mean = x[where].mean()
-    std = x[where].std(unbiased=False)
-    if std <= 1e-12 * (1 + mean.abs()):
-        return torch.zeros_like(x)
-    return torch.where(where, (x - mean) / (std + eps), torch.zeros_like(x))

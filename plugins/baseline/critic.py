@@ -9,7 +9,7 @@ from policyzoo.errors import ConfigError
 from policyzoo.hookspecs import Advantages, hookimpl
 from policyzoo.slots import Baseline
 
-from .common import reward_tokens, whiten
+from .common import reward_tokens
 
 
 class GAE(Baseline):
@@ -19,8 +19,10 @@ class GAE(Baseline):
     delta_t = r_t + gamma V_{t+1} - V_t (V after the last token = 0); A_t = delta_t + gamma lam
     A_{t+1}, over masked tokens only (masked positions are skipped, not steps). ``values [B, T]``:
     V_t is the critic's estimate at the position that predicts token t (aligned with logprobs).
-    ``returns`` = A + V *before* whitening (the value targets); ``whiten`` then normalises A over
-    every masked token of valid rows (population std). Rows with NaN reward: A = 0, returns = V
+    ``returns`` = A + V *before* whitening (the value targets); ``whiten`` (default True here)
+    makes the step normalise A over every masked token of valid rows of the whole step, on every
+    rank (:meth:`~policyzoo.slots.Baseline.chain`; population std unless ``whiten_std: sample``,
+    + ``whiten_eps``). Rows with NaN reward: A = 0, returns = V
     (no target signal). Returns ``Advantages(advantages [B, T], returns [B, T])``.
     ``value_loss`` gives the critic's clipped loss. Sources: Schulman et al. 2016 (arXiv:1506.02438)
     eq. 16; PPO (arXiv:1707.06347) eq. 9; value clipping as in OpenAI baselines / TRL PPO."""
@@ -31,10 +33,9 @@ class GAE(Baseline):
     class Params(Baseline.Params):
         gamma: float = Field(1.0, gt=0, le=1, description="discount per token, in (0, 1]")
         lam: float = Field(0.95, ge=0, le=1, description="GAE lambda in [0, 1]")
-        whiten: bool = Field(True, description="whiten advantages over the batch's tokens")
+        whiten: bool = Field(True, description="whiten advantages over the whole step's tokens")
         value_clip: float | None = Field(0.2, gt=0, description="clip the critic's change around the "
                                          "sampling-time values (> 0); None = no clipping")
-        eps: float = Field(1e-6, ge=0, description="added to the std when whitening (>= 0)")
 
     @hookimpl
     def baseline(self, rewards, response_mask, token_rewards, values):
@@ -58,8 +59,6 @@ class GAE(Baseline):
         keep = mask & valid.unsqueeze(-1)
         adv = torch.where(keep, adv, torch.zeros_like(adv))
         returns = torch.where(keep, adv + v, v)
-        if self.params.whiten:
-            adv = whiten(adv, keep, self.params.eps)
         dtype = values.dtype
         return Advantages(adv.to(dtype), returns.to(dtype))
 

@@ -1,0 +1,63 @@
+"""Testing statistics across data-parallel ranks without a model.
+
+:func:`on_ranks` runs a function in N fresh processes joined in a gloo process group on
+127.0.0.1 (``RANK``/``WORLD_SIZE`` set, so :class:`policyzoo.engine.dist.DistCollective` reduces
+over them) and returns each rank's result. :func:`advantages` calls a baseline the way the step
+does: the hook with the arguments it declares, then the declared composition
+(:meth:`policyzoo.slots.Baseline.chain`). Together they pin "N ranks equal one rank with the
+whole batch" for every statistic that spans more than one group.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..hookspecs import LOCAL, Collective
+
+
+def advantages(comp, rewards, group_ids, response_mask, token_rewards=None, values=None,
+               collective: Collective = LOCAL, reward_components=None, reward_weights=None):
+    """``comp``'s advantages ``[B, T]`` (and returns) as the step computes them: the ``baseline``
+    hook with the arguments its method declares, then ``comp.chain``. ``token_rewards`` default
+    zeros; ``reward_components`` default the rewards as the only component (weight 1)."""
+    kw = dict(rewards=rewards, group_ids=group_ids, response_mask=response_mask, values=values,
+              token_rewards=torch.zeros(response_mask.shape) if token_rewards is None else token_rewards,
+              collective=collective,
+              reward_components=rewards.unsqueeze(-1) if reward_components is None else reward_components,
+              reward_weights=torch.ones(1) if reward_weights is None else reward_weights)
+    names = [p for p in inspect.signature(comp.baseline).parameters if p != "self"]
+    out = comp.baseline(**{n: kw[n] for n in names})
+    return comp.chain(out, rewards, response_mask, collective)
+
+
+def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, folder: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.save(fn(rank, world, *args), Path(folder) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def on_ranks(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
+    """``[fn(0, world, *args), fn(1, world, *args), ...]``, each computed in its own process of a
+    gloo group of ``world`` ranks. ``fn`` must be importable (a module-level function); results
+    travel through ``torch.save``. A failing rank raises in the caller
+    (``torch.multiprocessing.ProcessRaisedException``)."""
+    import torch.multiprocessing as mp
+
+    from ..engine.env import free_port
+
+    with tempfile.TemporaryDirectory() as folder:
+        mp.spawn(_entry, args=(world, free_port(), fn, args, folder), nprocs=world, join=True)
+        return [torch.load(Path(folder) / f"{r}.pt", weights_only=False) for r in range(world)]
