@@ -2,9 +2,11 @@
 
 from policyzoo.hookspecs import hookimpl
 
-from . import cispo, clip_cov, dapo, dppo, dr_grpo, gmpo, grpo, gspo, kl_cov, luspo, ppo, reinforce_pp, rloo
+from . import (cispo, clip_cov, dapo, dppo, dr_grpo, gdpo, gmpo, gpg, grpo, gspo, kl_cov, luspo, ppo, reinforce_pp,
+    reinforce_pp_baseline, rloo)
 
-MODULES = (ppo, grpo, rloo, reinforce_pp, dapo, dr_grpo, gspo, cispo, luspo, gmpo, dppo, clip_cov, kl_cov)
+MODULES = (ppo, grpo, rloo, reinforce_pp, dapo, dr_grpo, gspo, cispo, luspo, gmpo, dppo, clip_cov, kl_cov,
+           reinforce_pp_baseline, gpg, gdpo)
 
 
 @hookimpl
