@@ -106,9 +106,29 @@ def trl_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: s
     if scale_rewards == "group":
         std = nanstd(grouped, dim=1).repeat_interleave(num_generations)
         adv = adv / (std + 1e-4)
+    elif scale_rewards == "batch":  # one std over every reward of the batch
+        adv = adv / (nanstd(rewards).expand_as(rewards) + 1e-4)
     elif scale_rewards != "none":
         raise ValueError(f"scale_rewards={scale_rewards!r} is not compared here")
     return adv
+
+
+def trl_normalize_then_sum(rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """TRL 1.16.0's ``multi_objective_aggregation="normalize_then_sum"`` advantages ``[B]`` from
+    ``rewards_per_func [B, K]``: each function normalised in its group (nanmean, ``nanstd`` + 1e-4),
+    the weighted ``nansum``, NaN where every function is NaN, then (x - nanmean) / (nanstd + 1e-4)
+    over the batch, NaN -> 0 (grpo_trainer.py, the "normalize_then_sum" branch, restated)."""
+    from trl.trainer.utils import nanstd
+
+    k = rewards_per_func.shape[1]
+    grouped = rewards_per_func.view(-1, num_generations, k)
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True)
+    reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, k)
+    rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    adv = (rewards - torch.nanmean(rewards)) / (nanstd(rewards).expand_as(rewards) + 1e-4)
+    return torch.nan_to_num(adv, nan=0.0)
 
 
 class _Accelerator:
