@@ -30,6 +30,8 @@ class Rollout:
         prompts / completions: B strings (the prompt text and the decoded response).
         rows: B dicts, the data row each prompt came from (answer and any extra columns).
         temperature: the sampling temperature; the trainer scales logits by it.
+        greedy: ``[B]`` bool or None; True on the greedy (temperature 0) baseline rows a sample
+            component with ``greedy`` adds (the step removes them after the reward).
     """
 
     prompt_ids: list[list[int]]
@@ -43,6 +45,7 @@ class Rollout:
     rows: list[dict[str, Any]] = field(default_factory=list)
     temperature: float = 1.0
     max_tokens: int = 0
+    greedy: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
@@ -79,7 +82,8 @@ class StepBatch:
     ``old_logprobs`` are the trainer's log-probs at sampling time (no grad); ``ref_logprobs`` the
     reference model's (only when a ``kl`` component is active); ``values`` the critic's (only for
     critic baselines). ``rewards`` is the weighted sum of reward components (NaN = unscorable);
-    ``reward_components [B, K]`` each component's own values (None: ``rewards`` is the only one).
+    ``reward_components [B, K]`` each component's own values (None: ``rewards`` is the only one);
+    ``greedy_rewards [B]`` the reward of the greedy response to each row's prompt (None: no greedy).
     """
 
     rollout: Rollout
@@ -91,6 +95,7 @@ class StepBatch:
     advantages: Tensor | None = None
     returns: Tensor | None = None
     reward_components: Tensor | None = None
+    greedy_rewards: Tensor | None = None
 
     @property
     def response_mask(self) -> Tensor:
@@ -155,4 +160,6 @@ def _concat(parts: list[Rollout]) -> Rollout:
         rows=[x for p in parts for x in p.rows],
         temperature=first.temperature,
         max_tokens=first.max_tokens,
+        greedy=None if all(p.greedy is None for p in parts) else torch.cat(
+            [p.greedy if p.greedy is not None else torch.zeros(len(p), dtype=torch.bool) for p in parts]),
     )

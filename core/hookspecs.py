@@ -168,7 +168,8 @@ class Spec:
         Args: ``policy`` (an engine exposing ``generate``), ``prompts`` (P data rows, each a dict
         with at least ``prompt``), ``seed`` (int, for reproducible sampling).
         Returns: :class:`policyzoo.batch.Rollout` with B = P x G rows and explicit ``group_ids``.
-        G is the component's ``n`` (1 for PPO and REINFORCE++)."""
+        G is the component's ``n`` (1 for PPO and REINFORCE++). With the component's ``greedy``,
+        P more rows (one greedy response per prompt, same group id) marked in ``Rollout.greedy``."""
 
     @hookspec
     def reward(self, rollout: Rollout) -> Tensor:
@@ -200,7 +201,7 @@ class Spec:
     @hookspec(firstresult=True)
     def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,
                  values: Tensor | None, collective: Collective, reward_components: Tensor,
-                 reward_weights: Tensor) -> Advantages:
+                 reward_weights: Tensor, greedy_rewards: Tensor) -> Advantages:
         """single. Returns :class:`Advantages` ``[B, T]``.
 
         Args: ``rewards [B]`` (sequence rewards, NaN = unscorable), ``group_ids [B]``,
@@ -210,7 +211,9 @@ class Spec:
         over the data-parallel ranks with it, so N ranks equal one), ``reward_components [B, K]``
         (each of the K reward components' own values before weighting, NaN where that component
         could not score the row; ``rewards`` is their weighted sum) and ``reward_weights [K]`` (their
-        ``weight`` parameters), for baselines that normalise each reward separately (GDPO).
+        ``weight`` parameters), for baselines that normalise each reward separately (GDPO), and
+        ``greedy_rewards [B]`` (the reward of the greedy response to the row's prompt when the
+        sample component's ``greedy`` is set -- ReMax's baseline --, NaN otherwise).
         Rows with no trainable token and rows with NaN reward do not enter any statistic and get
         advantage 0."""
 

@@ -23,7 +23,8 @@ class Policy(Protocol):
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float,
                  seed: int) -> Rollout:
         """Sample ``n`` responses for each prompt row (B = len(prompts) x n rows, grouped by
-        ``group_ids``), with the sampler's per-token ``rollout_logprobs``."""
+        ``group_ids``, prompt-major), with the sampler's per-token ``rollout_logprobs``.
+        ``temperature`` 0 means greedy decoding (the baseline response of ReMax)."""
 
     def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Trainer log-probs ``[B, T]`` of the response tokens (token t scored from the logits at

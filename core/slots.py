@@ -9,7 +9,7 @@ not implement the hook method; nothing in the step reads a name that is not decl
 ==========  ==========================================  =========================================
 slot        declared (read by the step / engine)        hook method -> result
 ==========  ==========================================  =========================================
-sample      ``n`` (G), ``max_tokens`` (L_max)           ``sample(policy, prompts, seed)`` -> Rollout
+sample      ``n`` (G), ``max_tokens``, ``greedy``       ``sample(policy, prompts, seed)`` -> Rollout
 reward      ``weight``; ``label`` (metric key)          ``reward(rollout)`` -> ``[B]`` float
 filter      ``resample``, ``max_sample_rounds``         ``filter(rollout, rewards)`` -> Keep
 kl          ``beta``, ``placement``                     ``kl(logprobs, ref_logprobs, response_mask, ratio)``
@@ -44,16 +44,21 @@ from .stats import whiten
 class Sample(Component):
     """Base of ``sample`` components: P prompt rows -> a Rollout of B = P x ``n`` rows.
 
-    Declared parameters: ``n`` (samples per prompt G, >= 1) and ``max_tokens`` (the response
-    token limit L_max, >= 1, EOS included). The engine sizes its context and KV cache from them,
-    and length-based components (``overlong_penalty``, ``token_sum_norm``) default to
-    ``max_tokens``. The step checks the result: B = P x n rows, ``[B, T]`` tensors, ``[B]`` ids."""
+    Declared parameters: ``n`` (samples per prompt G, >= 1), ``max_tokens`` (the response
+    token limit L_max, >= 1, EOS included) and ``greedy`` (also one greedy response per prompt,
+    marked True in ``Rollout.greedy``: the step rewards it, passes its reward to the baseline as
+    ``greedy_rewards`` -- ReMax's baseline -- and drops it before the filters; it is never trained
+    on). The engine sizes its context and KV cache from them, and length-based components
+    (``overlong_penalty``, ``token_sum_norm``) default to ``max_tokens``. The step checks the
+    result: B = P x n rows (P x (n + 1) with ``greedy``), ``[B, T]`` tensors, ``[B]`` ids."""
 
     slot = "sample"
 
     class Params(Component.Params):
         n: int = Field(8, ge=1, description="samples per prompt G (>= 1; group baselines need >= 2)")
         max_tokens: int = Field(256, ge=1, description="response token limit L_max (>= 1)")
+        greedy: bool = Field(False, description="also one greedy response per prompt, whose reward is the "
+                             "baseline's greedy_rewards (ReMax); never trained on")
 
     @abstractmethod
     def sample(self, policy, prompts: list[dict], seed: int) -> Rollout:
@@ -152,7 +157,7 @@ class Baseline(Component):
     @abstractmethod
     def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,
                  values: Tensor | None, collective: Collective, reward_components: Tensor,
-                 reward_weights: Tensor) -> Advantages:
+                 reward_weights: Tensor, greedy_rewards: Tensor) -> Advantages:
         """Advantages ``[B, T]`` (and returns for a critic)."""
 
     def chain(self, out: Advantages, rewards: Tensor, response_mask: Tensor,

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from .batch import Rollout, StepBatch
-from .errors import UserError
+from .errors import ComponentError, UserError
 from .loss import micro_loss, prepare, step_totals
 
 
@@ -53,13 +53,16 @@ class ShortfallError(UserError):
 
 
 def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
-            settings: StepSettings) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict]:
+            settings: StepSettings) -> tuple[Rollout, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
     """Sample, score and filter until the batch holds P prompts' worth of kept groups. Returns the
-    rollout, its rewards ``[B]`` (the weighted sum), each reward component's values ``[B, K]`` and
-    the metrics."""
+    rollout, its rewards ``[B]`` (the weighted sum), each reward component's values ``[B, K]``, the
+    reward of the greedy response to each row's prompt ``[B]`` (NaN without ``sample.greedy``; the
+    greedy rows themselves are removed) and the metrics."""
     kept_rollouts: list[Rollout] = []
     kept_rewards: list[torch.Tensor] = []
     kept_parts: list[torch.Tensor] = []  # [rows, K]: each reward component's own values
+    kept_greedy: list[torch.Tensor] = []  # [rows]: the reward of the greedy response to the row's prompt
+    greedy_sum, greedy_count = 0.0, 0
     metrics: Counter = Counter()
     reward_sums: Counter = Counter()  # per reward label: sum and count of non-NaN values over sampled rows
     reward_counts: Counter = Counter()
@@ -69,21 +72,32 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     for r in range(rounds):
         prompts = next_prompts()
         t0 = time.perf_counter()
-        rollout = run.call("sample", rows=len(prompts) * run.sample.params.n, policy=policy, prompts=prompts,
-                           seed=seed * 1000 + r)
+        rollout = run.call("sample", rows=len(prompts) * (run.sample.params.n + run.sample.params.greedy),
+                           policy=policy, prompts=prompts, seed=seed * 1000 + r)
+        greedy = _greedy_rows(run, rollout)
         metrics["time_rollout"] += time.perf_counter() - t0
-        target_rows = target_rows or len(rollout)
+        target_rows = target_rows or int((~greedy).sum())  # the greedy baseline rows are not trained on
         b, t = rollout.response_mask.shape
         t0 = time.perf_counter()
         rewards = torch.zeros(b)
         parts = torch.zeros(b, len(run.reward))
         for k, (label, (comp, value)) in enumerate(zip(run.reward_labels,
                                                         run.call_each("reward", rows=b, rollout=rollout))):
-            reward_sums[label] += float(torch.nansum(value))
-            reward_counts[label] += int((~torch.isnan(value)).sum())
+            reward_sums[label] += float(torch.nansum(value[~greedy]))
+            reward_counts[label] += int((~torch.isnan(value[~greedy])).sum())
             rewards = rewards + comp.params.weight * value
             parts[:, k] = value
         metrics["time_reward"] += time.perf_counter() - t0
+        baseline_reward = torch.full((b,), torch.nan)  # each row's prompt's greedy reward (ReMax)
+        if bool(greedy.any()):
+            for i in greedy.nonzero().flatten().tolist():
+                baseline_reward[rollout.group_ids == rollout.group_ids[i]] = rewards[i]
+            greedy_sum += float(torch.nansum(rewards[greedy]))
+            greedy_count += int((~torch.isnan(rewards[greedy])).sum())
+            rollout, rewards, parts, baseline_reward = (rollout.select(~greedy), rewards[~greedy], parts[~greedy],
+                                                        baseline_reward[~greedy])
+            rollout.greedy = None
+            b = len(rollout)
         keep = torch.ones(len(rollout), dtype=torch.bool)
         mask = rollout.response_mask.clone()
         for comp, out in run.call_each("filter", rows=b, width=t, rollout=rollout, rewards=rewards):
@@ -99,11 +113,13 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         kept_rollouts.append(rollout.select(keep))
         kept_rewards.append(rewards[keep])
         kept_parts.append(parts[keep])
+        kept_greedy.append(baseline_reward[keep])
         if sum(len(p) for p in kept_rollouts) >= target_rows:
             break
     rollout = Rollout.concat(kept_rollouts)
     rewards = torch.cat(kept_rewards)
     parts = torch.cat(kept_parts)
+    baseline_reward = torch.cat(kept_greedy)
     if len(rollout) > target_rows:  # keep whole groups, first come first kept
         groups = list(dict.fromkeys(rollout.group_ids.tolist()))
         keep_groups, rows = [], 0
@@ -115,9 +131,12 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
             rows += size
         keep = torch.isin(rollout.group_ids, torch.tensor(keep_groups))
         rollout, rewards, parts = rollout.select(keep), rewards[keep], parts[keep]
+        baseline_reward = baseline_reward[keep]
     metrics["reward_mean_sampled"] /= max(metrics["sampled_rows"], 1)
     for label in run.reward_labels:  # mean over the rows actually sampled, NaN (unscorable) left out
         metrics[f"reward/{label}"] = reward_sums[label] / reward_counts[label] if reward_counts[label] else math.nan
+    if run.sample.params.greedy:  # mean reward of the greedy baseline responses (NaN left out)
+        metrics["reward_greedy"] = greedy_sum / greedy_count if greedy_count else math.nan
     metrics["kept_frac"] = len(rollout) / max(metrics["sampled_rows"], 1)
     metrics["sample_rounds"] = len(kept_rollouts)
     if len(rollout) < target_rows and resample:
@@ -126,13 +145,13 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
             raise ShortfallError("dynamic sampling", f"only {len(rollout)} of {target_rows} rows kept after "
                                  f"{len(kept_rollouts)} rounds", "raise train.max_sample_rounds, loosen the filter, "
                                  "or set train.on_shortfall: train_on_fewer")
-    return rollout, rewards, parts, dict(metrics)
+    return rollout, rewards, parts, baseline_reward, dict(metrics)
 
 
 def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
                settings: StepSettings = StepSettings()) -> dict:
     """One optimizer step (or ``updates_per_batch`` of them) on a freshly sampled batch."""
-    rollout, rewards, parts, metrics = collect(run, policy, next_prompts, seed, settings)
+    rollout, rewards, parts, greedy_rewards, metrics = collect(run, policy, next_prompts, seed, settings)
     if len(rollout) == 0:  # train_on_fewer with nothing kept: no update, the run goes on
         return {**metrics, "skipped": 1, "skip_reason": "no rows kept by the filters", "rows": 0}
 
@@ -146,7 +165,8 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
     # log-probs detached, so the first ratio is exactly 1 without a second forward.
     old = scored if settings.updates_per_batch > 1 else None
-    batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values, reward_components=parts)
+    batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values, reward_components=parts,
+                      greedy_rewards=greedy_rewards)
     batch, adv_metrics = prepare(run, batch, scored, policy.collective)
     metrics.update(adv_metrics)
     totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
@@ -205,6 +225,17 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         reward_unscorable=int((~valid).sum()),
     )
     return metrics
+
+
+def _greedy_rows(run, rollout: Rollout) -> torch.Tensor:
+    """``[B]`` bool: the greedy baseline rows of ``rollout``; a sample component with ``greedy``
+    that marks none (or P x n rows) is a :class:`ComponentError`."""
+    greedy = rollout.greedy if rollout.greedy is not None else torch.zeros(len(rollout), dtype=torch.bool)
+    if run.sample.params.greedy and int(greedy.sum()) * (run.sample.params.n + 1) != len(rollout):
+        raise ComponentError(f"sample component {run.sample!r}", f"greedy = True but Rollout.greedy marks "
+                             f"{int(greedy.sum())} of {len(rollout)} rows, not one per prompt",
+                             "return one greedy response per prompt marked in Rollout.greedy (see the sample hook)")
+    return greedy.to(torch.bool)
 
 
 def _bad_rows(what: str, bad, rollout: Rollout) -> dict | None:

@@ -29,6 +29,10 @@ class Group(Sample):
     makes the sampler's distribution differ from the trainer's; the ratio still uses the trainer's
     ``old_logprobs``, as TRL and verl do.)
 
+    ``greedy``: a second ``generate`` call at temperature 0 adds one greedy response per prompt
+    (after the P x n sampled rows, in its prompt's group, ``Rollout.greedy`` True): ReMax's
+    baseline (the step rewards and removes it).
+
     Errors: :class:`ConfigError` for an engine that cannot honour ``top_p``; :class:`UserError` when
     the engine returns a rollout of the wrong size (B != P x n).
     Source: Shao et al. 2024 (DeepSeekMath, arXiv:2402.03300) Sec. 4.1 for groups of G samples.
@@ -70,6 +74,13 @@ class Group(Sample):
         ids = torch.as_tensor(rollout.group_ids)
         first_seen = {g: k for k, g in enumerate(dict.fromkeys(ids.tolist()))}
         rollout.group_ids = torch.tensor([self._next_group + first_seen[g] for g in ids.tolist()], dtype=torch.long)
+        if p.greedy:  # one greedy response per prompt (prompt-major), in its prompt's group, marked
+            best: Rollout = policy.generate(prompts, 1, p.max_tokens, 0.0, seed, **kwargs)
+            best.group_ids = torch.arange(len(prompts), dtype=torch.long) + self._next_group
+            rollout.greedy = torch.zeros(len(rollout), dtype=torch.bool)
+            best.greedy = torch.ones(len(best), dtype=torch.bool)
+            best.temperature, best.max_tokens = p.temperature, p.max_tokens
+            rollout = Rollout.concat([rollout, best])
         self._next_group += len(first_seen)
         return rollout
 

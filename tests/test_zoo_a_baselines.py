@@ -9,7 +9,7 @@ import torch
 
 import policyzoo
 from policyzoo.errors import ConfigError
-from policyzoo.plugins.baseline import GDPO, GPG, OPO, BatchWhiten, GRPOPassK, GroupMean, GroupNorm, \
+from policyzoo.plugins.baseline import GDPO, GPG, OPO, BatchWhiten, GRPOPassK, GroupMean, GroupNorm, ReMax, \
     LeaveOneOut, ReinforcePPBaseline
 from policyzoo.testing.ranks import advantages
 
@@ -166,3 +166,38 @@ def test_gdpo_component_nan_adds_nothing():
     # valid row (0); rows [a, -a, 0]: sample std sqrt(2 a^2 / 2) = a -> +-1, 0, 0
     b = gdpo([1, 0.5, 1.5, float("nan")], [[1, 0], [0, 1], [1, 1], [1, float("nan")]], [0, 0, 1, 1])
     assert first(b) == pytest.approx([1.0, -1.0, 0.0, 0.0], abs=1e-9)
+
+
+# ----------------------------------------------------------------------------- remax
+def test_remax_returns_minus_the_greedy_reward():
+    # row 0: R = 1, 2 tokens, no token rewards: returns [1, 1] - 0.5 = [0.5, 0.5]
+    # row 1: R = 0, token rewards [-0.1, 0, -0.2]: returns t2 = -0.2, t1 = -0.2, t0 = -0.3; - 0.5
+    #   -> [-0.8, -0.7, -0.7]. row 2: greedy reward NaN (unscorable) -> 0
+    mask = mask_of([2, 3, 1])
+    tr = torch.tensor([[0.0, 0.0, 9.0], [-0.1, 0.0, -0.2], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    out = advantages(ReMax(), torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64), torch.arange(3), mask, tr,
+                     greedy_rewards=torch.tensor([0.5, 0.5, float("nan")], dtype=torch.float64))
+    assert torch.allclose(out.advantages, torch.tensor([[0.5, 0.5, 0], [-0.8, -0.7, -0.7], [0, 0, 0]],
+                                                       dtype=torch.float64), atol=1e-12)
+    with pytest.raises(ConfigError, match="greedy: true"):
+        policyzoo.assemble({"base": "grpo", "baseline": {"use": "remax"}})
+
+
+def test_greedy_rows_are_rewarded_then_dropped_by_the_step():
+    # Bandit: candidate 0 is the greedy answer (logit 2); it is right for question 0 and wrong for 1.
+    from policyzoo.step import train_step
+    from policyzoo.testing import HookRecorder
+    from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
+
+    bandit = Bandit([[1, 2, 3], [1, 2, 3]], [[True, False, True], [False, True, True]],
+                    logits=[[2.0, 0.0, 0.0], [2.0, 0.0, 0.0]], lr=0.01)
+    run = bandit_run({"base": "remax", "sample": {"n": 3}})
+    rec = HookRecorder().attach(run)
+    m = train_step(run, bandit, lambda: bandit.prompts(4), seed=0, settings=step_settings(run))
+    (sample,), (base,) = rec.of("sample"), rec.of("baseline")
+    assert len(sample.result) == 4 * 3 + 4 and int(sample.result.greedy.sum()) == 4  # P x n + P rows
+    assert m["rows"] == 12 and len(base.kwargs["rewards"]) == 12  # the greedy rows never reach training
+    questions = torch.tensor([row["question"] for row in sample.result.rows[:12]])
+    expect = (questions == 0).double()  # the greedy answer scores 1 on question 0, 0 on question 1
+    assert torch.equal(base.kwargs["greedy_rewards"].double(), expect)
+    assert m["reward_greedy"] == pytest.approx(float(expect[::3].mean()))

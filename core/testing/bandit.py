@@ -149,9 +149,10 @@ class Bandit:
             raise DataError("Bandit.generate(prompts=...)", f"prompt row {bad[0]!r} has no question id in "
                             f"0..{self.M - 1}", "feed the bandit rows from Bandit.prompts(n)")
         q = torch.tensor([int(p["question"]) for p in prompts for _ in range(n)], dtype=torch.long)
-        logp = torch.log_softmax(self.sampler_theta[q] / temperature, -1)
+        logp = torch.log_softmax(self.sampler_theta[q] / (temperature or 1.0), -1)
         gen = torch.Generator().manual_seed(int(seed))
-        k = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+        k = (torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1) if temperature > 0
+             else logp.argmax(-1))  # temperature 0: greedy
         full = self.lengths[q, k]
         length = full.clamp(max=max_tokens)
         width = int(min(int(self.lengths.max()), max_tokens))

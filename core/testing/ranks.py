@@ -22,15 +22,17 @@ from ..hookspecs import LOCAL, Collective
 
 
 def advantages(comp, rewards, group_ids, response_mask, token_rewards=None, values=None,
-               collective: Collective = LOCAL, reward_components=None, reward_weights=None):
+               collective: Collective = LOCAL, reward_components=None, reward_weights=None, greedy_rewards=None):
     """``comp``'s advantages ``[B, T]`` (and returns) as the step computes them: the ``baseline``
     hook with the arguments its method declares, then ``comp.chain``. ``token_rewards`` default
-    zeros; ``reward_components`` default the rewards as the only component (weight 1)."""
+    zeros; ``reward_components`` default the rewards as the only component (weight 1);
+    ``greedy_rewards`` default NaN (no greedy response)."""
     kw = dict(rewards=rewards, group_ids=group_ids, response_mask=response_mask, values=values,
               token_rewards=torch.zeros(response_mask.shape) if token_rewards is None else token_rewards,
               collective=collective,
               reward_components=rewards.unsqueeze(-1) if reward_components is None else reward_components,
-              reward_weights=torch.ones(1) if reward_weights is None else reward_weights)
+              reward_weights=torch.ones(1) if reward_weights is None else reward_weights,
+              greedy_rewards=torch.full_like(rewards, torch.nan) if greedy_rewards is None else greedy_rewards)
     names = [p for p in inspect.signature(comp.baseline).parameters if p != "self"]
     out = comp.baseline(**{n: kw[n] for n in names})
     return comp.chain(out, rewards, response_mask, collective)

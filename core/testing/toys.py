@@ -34,7 +34,8 @@ class ToyBatch:
     ``token_rewards``, ``advantages``, ``loss`` are ``[B, T]`` float32 (``logprobs`` and ``loss``, a
     per-token loss for ``reduce``, are leaves that require grad); ``response_mask [B, T]``
     bool; ``rewards [B]`` float32; ``group_ids [B]`` long; ``totals`` the step's counts;
-    ``reward_components [B, 1]`` (the rewards as the only component) and ``reward_weights [1]``.
+    ``reward_components [B, 1]`` (the rewards as the only component), ``reward_weights [1]`` and
+    ``greedy_rewards [B]`` (0.5: the reward of a greedy response to each row's prompt).
     ``advantages`` are sequence advantages broadcast over T and 0 on masked positions.
     """
 
@@ -53,6 +54,7 @@ class ToyBatch:
     totals: StepTotals
     reward_components: Tensor
     reward_weights: Tensor
+    greedy_rewards: Tensor
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -148,4 +150,5 @@ def toy_batch(seed: int = 0, lengths=LENGTHS, group_ids=GROUP_IDS, rewards=REWAR
         totals=StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum())),
         reward_components=r.clone().unsqueeze(-1),
         reward_weights=torch.ones(1),
+        greedy_rewards=torch.full((b,), 0.5),
     )

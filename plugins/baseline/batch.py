@@ -8,7 +8,7 @@ from pydantic import Field
 from policyzoo.hookspecs import Advantages, hookimpl
 from policyzoo.slots import Baseline
 
-from .common import reward_tokens
+from .common import token_returns
 
 
 class BatchWhiten(Baseline):
@@ -35,12 +35,6 @@ class BatchWhiten(Baseline):
     def baseline(self, rewards, response_mask, token_rewards):
         mask = response_mask.to(torch.bool)
         valid = ~torch.isnan(rewards) & mask.any(-1)
-        r = reward_tokens(torch.where(valid, rewards, torch.zeros_like(rewards)), mask, token_rewards)
-        ret = torch.zeros_like(r)
-        running = torch.zeros(r.shape[0], dtype=torch.float64)
-        for t in range(r.shape[1] - 1, -1, -1):
-            m = mask[:, t]
-            running = torch.where(m, r[:, t] + self.params.gamma * running, running)
-            ret[:, t] = torch.where(m, running, torch.zeros_like(running))
+        ret = token_returns(rewards, mask, token_rewards, self.params.gamma)
         dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
         return Advantages(torch.where(mask & valid.unsqueeze(-1), ret, torch.zeros_like(ret)).to(dtype))

@@ -87,3 +87,17 @@ def reward_tokens(rewards, response_mask, token_rewards):
     r[rows, last[has]] += rewards.double()[has]
     return r
 
+
+def token_returns(rewards, response_mask, token_rewards, gamma=1.0):
+    """Returns-to-go ``[B, T]`` (float64): G_t = sum_{t' >= t} gamma^(t'-t) r_t' over masked tokens
+    (a hole in the mask is not a step), r from :func:`reward_tokens`; NaN rewards count as 0 and
+    masked positions are 0."""
+    mask = response_mask.to(torch.bool)
+    r = reward_tokens(torch.nan_to_num(rewards.double(), nan=0.0), mask, token_rewards)
+    ret = torch.zeros_like(r)
+    running = torch.zeros(r.shape[0], dtype=torch.float64)
+    for t in range(r.shape[1] - 1, -1, -1):
+        m = mask[:, t]
+        running = torch.where(m, r[:, t] + gamma * running, running)
+        ret[:, t] = torch.where(m, running, torch.zeros_like(running))
+    return ret
