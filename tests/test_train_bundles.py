@@ -18,7 +18,8 @@ BUNDLES = {
     "grpo": (3, True, False), "ppo": (2, True, True), "dapo": (1, False, False), "rloo": (0, True, False),
     "reinforce_pp": (0, True, False), "dr_grpo": (0, False, False), "gspo": (3, False, False),
     "cispo": (0, False, False), "luspo": (0, False, False), "gmpo": (2, True, False), "dppo": (0, False, False),
-    "clip_cov": (1, False, False), "kl_cov": (0, False, False),
+    "clip_cov": (1, False, False), "kl_cov": (0, False, False), "reinforce_pp_baseline": (1, True, False),
+    "remax": (0, True, False), "gpg": (2, False, False), "gdpo": (0, True, False),
 }
 
 

@@ -73,8 +73,11 @@ class LMPolicy:
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                  top_p: float = 1.0) -> Rollout:
         t0 = time.perf_counter()
-        out = self.rollout.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p,
-                                    first_index=self.first_index)
+        if temperature == 0 and n == 1:  # greedy decoding (a baseline response, e.g. ReMax's)
+            out = self.rollout.greedy(prompts, max_tokens)
+        else:
+            out = self.rollout.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p,
+                                        first_index=self.first_index)
         self.stats["seconds"] += time.perf_counter() - t0
         self.stats["tokens"] += int(out.response_mask.sum())
         return out
