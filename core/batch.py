@@ -96,6 +96,7 @@ class StepBatch:
     returns: Tensor | None = None
     reward_components: Tensor | None = None
     greedy_rewards: Tensor | None = None
+    sum_pi_squared: Tensor | None = None
 
     @property
     def response_mask(self) -> Tensor:

@@ -201,7 +201,8 @@ class Spec:
     @hookspec(firstresult=True)
     def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,
                  values: Tensor | None, collective: Collective, reward_components: Tensor,
-                 reward_weights: Tensor, greedy_rewards: Tensor) -> Advantages:
+                 reward_weights: Tensor, greedy_rewards: Tensor, old_logprobs: Tensor,
+                 sum_pi_squared: Tensor | None) -> Advantages:
         """single. Returns :class:`Advantages` ``[B, T]``.
 
         Args: ``rewards [B]`` (sequence rewards, NaN = unscorable), ``group_ids [B]``,
@@ -213,7 +214,10 @@ class Spec:
         could not score the row; ``rewards`` is their weighted sum) and ``reward_weights [K]`` (their
         ``weight`` parameters), for baselines that normalise each reward separately (GDPO), and
         ``greedy_rewards [B]`` (the reward of the greedy response to the row's prompt when the
-        sample component's ``greedy`` is set -- ReMax's baseline --, NaN otherwise).
+        sample component's ``greedy`` is set -- ReMax's baseline --, NaN otherwise),
+        ``old_logprobs [B, T]`` (the trainer's log-probs at sampling time when the step scored
+        them, else the sampler's ``rollout_logprobs``) and ``sum_pi_squared [B, T]`` (sum over the
+        vocabulary of pi^2 per position, when the component ``needs_pi_squared``; else None).
         Rows with no trainable token and rows with NaN reward do not enter any statistic and get
         advantage 0."""
 

@@ -43,7 +43,9 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None,
                    response_mask=mask, token_rewards=token_rewards, values=batch.values, collective=collective,
                    reward_components=parts, reward_weights=weights,
                    greedy_rewards=batch.greedy_rewards if batch.greedy_rewards is not None
-                   else torch.full_like(batch.rewards, torch.nan))
+                   else torch.full_like(batch.rewards, torch.nan),
+                   old_logprobs=scored if scored is not None else batch.rollout.rollout_logprobs,
+                   sum_pi_squared=batch.sum_pi_squared)
     out = run.baseline.chain(out, batch.rewards, mask, collective)  # the declared composition (batch whitening)
     batch.token_rewards, batch.advantages, batch.returns = token_rewards, out.advantages, out.returns
     metrics["zero_std_frac"] = run.baseline.zero_std_fraction(batch.rewards, batch.rollout.group_ids, mask)

@@ -35,6 +35,11 @@ class Policy(Protocol):
     def ref_logprobs(self, rollout: Rollout) -> Tensor:
         """Log-probs ``[B, T]`` of the frozen reference model (only called when ``kl`` is set)."""
 
+    def sum_pi_squared(self, rollout: Rollout) -> Tensor:
+        """``[B, T]`` (no grad): sum over the vocabulary of pi(v)^2 at each response position, pi the
+        trainer's next-token distribution at the sampling temperature; 0 where ``response_mask`` is
+        False. Only called when the baseline ``needs_pi_squared`` (the optimal token baseline)."""
+
     def values(self, rollout: Rollout, *, grad: bool) -> Tensor:
         """Critic values ``[B, T]`` (only called when the baseline ``needs_values``)."""
 

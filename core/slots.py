@@ -14,7 +14,8 @@ reward      ``weight``; ``label`` (metric key)          ``reward(rollout)`` -> `
 filter      ``resample``, ``max_sample_rounds``         ``filter(rollout, rewards)`` -> Keep
 kl          ``beta``, ``placement``                     ``kl(logprobs, ref_logprobs, response_mask, ratio)``
 baseline    ``whiten*`` parameters, ``chain()``,        ``baseline(rewards, group_ids, ...)``
-            ``needs_values``, ``value_loss()``,         -> Advantages
+            ``needs_values``, ``needs_pi_squared``,     -> Advantages
+            ``value_loss()``,
             ``zero_std_fraction()``
 ratio       ``level`` ("token" / "sequence")            ``ratio(logprobs, old_logprobs, ...)``
                                                         -> ``[B, T]`` or Importance
@@ -135,12 +136,15 @@ class Baseline(Component):
     batch whitening is a parameter, not a new component per combination).
     Declared: ``needs_values`` (True: the engine loads a critic, passes ``values [B, T]`` to the
     hook and trains the critic with :meth:`value_loss`, which the component must then implement);
+    ``needs_pi_squared`` (True: the step scores the batch once more for ``old_logprobs`` and
+    ``sum_pi_squared [B, T]`` -- ``Policy.sum_pi_squared`` -- and passes both to the hook);
     ``std`` and ``zero_std_tol``, the std convention and tolerance by which
     :meth:`zero_std_fraction` counts groups that carry no signal (the ``zero_std_frac`` metric);
     a group baseline sets them from its own parameters so the metric counts what it zeroes."""
 
     slot = "baseline"
     needs_values: ClassVar[bool] = False
+    needs_pi_squared: ClassVar[bool] = False
     std: Literal["sample", "population"] = "sample"
     zero_std_tol: float = 1e-6
 
@@ -157,7 +161,8 @@ class Baseline(Component):
     @abstractmethod
     def baseline(self, rewards: Tensor, group_ids: Tensor, response_mask: Tensor, token_rewards: Tensor,
                  values: Tensor | None, collective: Collective, reward_components: Tensor,
-                 reward_weights: Tensor, greedy_rewards: Tensor) -> Advantages:
+                 reward_weights: Tensor, greedy_rewards: Tensor, old_logprobs: Tensor,
+                 sum_pi_squared: Tensor | None) -> Advantages:
         """Advantages ``[B, T]`` (and returns for a critic)."""
 
     def chain(self, out: Advantages, rewards: Tensor, response_mask: Tensor,

@@ -159,14 +159,17 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     t0 = time.perf_counter()
     with torch.no_grad():
         kl_in_reward = run.kl is not None and run.kl.params.placement == "reward"
-        scored = policy.logprobs(rollout, grad=False)[0] if (settings.updates_per_batch > 1 or kl_in_reward) else None
+        pi2 = run.baseline.needs_pi_squared
+        scored = (policy.logprobs(rollout, grad=False)[0] if (settings.updates_per_batch > 1 or kl_in_reward or pi2)
+                  else None)
+        sum_pi_squared = policy.sum_pi_squared(rollout) if pi2 else None
         ref = policy.ref_logprobs(rollout) if run.kl is not None else None
         values = policy.values(rollout, grad=False) if run.baseline.needs_values else None
     # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
     # log-probs detached, so the first ratio is exactly 1 without a second forward.
     old = scored if settings.updates_per_batch > 1 else None
     batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values, reward_components=parts,
-                      greedy_rewards=greedy_rewards)
+                      greedy_rewards=greedy_rewards, sum_pi_squared=sum_pi_squared)
     batch, adv_metrics = prepare(run, batch, scored, policy.collective)
     metrics.update(adv_metrics)
     totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks

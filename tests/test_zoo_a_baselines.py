@@ -10,7 +10,7 @@ import torch
 import policyzoo
 from policyzoo.errors import ConfigError
 from policyzoo.plugins.baseline import GDPO, GPG, OPO, BatchWhiten, GRPOPassK, GroupMean, GroupNorm, ReMax, \
-    LeaveOneOut, ReinforcePPBaseline
+    LeaveOneOut, OptimalTokenBaseline, ReinforcePPBaseline, TIROptimalTokenBaseline
 from policyzoo.testing.ranks import advantages
 
 
@@ -201,3 +201,60 @@ def test_greedy_rows_are_rewarded_then_dropped_by_the_step():
     expect = (questions == 0).double()  # the greedy answer scores 1 on question 0, 0 on question 1
     assert torch.equal(base.kwargs["greedy_rewards"].double(), expect)
     assert m["reward_greedy"] == pytest.approx(float(expect[::3].mean()))
+
+
+# ----------------------------------------------------------------------------- optimal token baseline
+def otb(comp, mask, pi2_rows):
+    """Group of 2: row 0 reward 1, row 1 reward 0; pi = 0.5 on every token (old log-prob ln 0.5)."""
+    old = torch.full(mask.shape, math.log(0.5), dtype=torch.float64)
+    pi2 = torch.tensor(pi2_rows, dtype=torch.float64).unsqueeze(-1).expand(mask.shape)
+    return advantages(comp, torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([0, 0]), mask,
+                      old_logprobs=old, sum_pi_squared=pi2).advantages
+
+
+def test_optimal_token_baseline_by_hand():
+    # s_t = 1 - 2 x 0.5 + sum pi^2: row 0 (sum pi^2 0.5) 0.5 per token, W = [0.5, 1.0, 1.5];
+    # row 1 (0.9) 0.9 per token, W = [0.9, 1.8]. Returns: row 0 [1, 1, 1], row 1 [0, 0].
+    # B_0 = 1 x 0.5 / (0.5 + 0.9) = 0.357143; B_1 = 1 x 1.0 / (1.0 + 1.8) = 0.357143; B_2 = 1.5 / 1.5 = 1
+    # -> row 0 [0.642857, 0.642857, 0], row 1 [-0.357143, -0.357143]. zero_tail: row 0 is the unique
+    # longest, its baseline past position 2 (the second longest's length) is 0 -> A_2 = 1.
+    mask = mask_of([3, 2])
+    a = otb(OptimalTokenBaseline(), mask, [0.5, 0.9])
+    assert torch.allclose(a, torch.tensor([[0.642857, 0.642857, 0.0], [-0.357143, -0.357143, 0.0]],
+                                          dtype=torch.float64), atol=1e-6)
+    a = otb(OptimalTokenBaseline(zero_tail=True), mask, [0.5, 0.9])
+    assert a[0, 2].item() == pytest.approx(1.0, abs=1e-9)
+
+
+def test_tir_optimal_token_baseline_aligns_trainable_tokens():
+    # row 1's mask has a hole: [1, 0, 1]; W row 1 = [0.9, -, 1.8]. By position: B_1 sees row 0 only
+    # (W 1.0) -> 1; B_2 = (1 x 1.5 + 0 x 1.8) / 3.3 = 0.454545 -> row 0 [0.642857, 0, 0.545455],
+    # row 1 [-0.357143, 0, -0.454545]. By trainable token (tir): row 1's 2nd token pairs with row 0's
+    # 2nd: B = 1 / 2.8 = 0.357143 -> row 1 [-0.357143, 0, -0.357143]; row 0's 3rd token has no
+    # partner and, zero_tail on, baseline 0 -> A = 1.
+    mask = torch.tensor([[True, True, True], [True, False, True]])
+    pos = otb(OptimalTokenBaseline(), mask, [0.5, 0.9])
+    assert torch.allclose(pos, torch.tensor([[0.642857, 0.0, 0.545455], [-0.357143, 0.0, -0.454545]],
+                                            dtype=torch.float64), atol=1e-6)
+    tir = otb(TIROptimalTokenBaseline(), mask, [0.5, 0.9])
+    assert torch.allclose(tir, torch.tensor([[0.642857, 0.642857, 1.0], [-0.357143, 0.0, -0.357143]],
+                                            dtype=torch.float64), atol=1e-6)
+    with pytest.raises(ConfigError, match="sum_pi_squared"):
+        advantages(OptimalTokenBaseline(), torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask)
+
+
+def test_the_step_scores_pi_squared_for_the_optimal_token_baseline():
+    # uniform bandit over 3 candidates: pi = 1/3 -> old log-prob ln(1/3), sum pi^2 = 3 x 1/9 = 1/3 on the
+    # choice token; the filler tokens are deterministic (sum pi^2 = 1)
+    from policyzoo.step import train_step
+    from policyzoo.testing import HookRecorder
+    from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
+
+    bandit = Bandit([[2, 2, 2]], [[True, False, False]], lr=0.01)
+    run = bandit_run({"base": "grpo", "baseline": "optimal_token_baseline"})
+    rec = HookRecorder().attach(run)
+    train_step(run, bandit, lambda: bandit.prompts(2), seed=0, settings=step_settings(run))
+    (base,) = rec.of("baseline")
+    assert torch.allclose(base.kwargs["sum_pi_squared"][:, 0], torch.full((16,), 1 / 3))
+    assert torch.allclose(base.kwargs["sum_pi_squared"][:, 1], torch.ones(16))
+    assert torch.allclose(base.kwargs["old_logprobs"][:, 0], torch.full((16,), math.log(1 / 3)))

@@ -88,6 +88,9 @@ class LMPolicy:
     def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
         return self.trainer.ref_logprobs(rollout)
 
+    def sum_pi_squared(self, rollout: Rollout) -> torch.Tensor:
+        return self.trainer.sum_pi_squared(rollout)
+
     def values(self, rollout: Rollout, *, grad: bool) -> torch.Tensor:
         return self.trainer.values(rollout, grad=grad)
 

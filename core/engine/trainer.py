@@ -189,6 +189,17 @@ class Trainer:
             raise RuntimeError("ref_logprobs called but no kl component is active (no reference model loaded)")
         return self._chunked(lambda r: self._logprobs(self.ref, r, False)[0], rollout)
 
+    @torch.no_grad()
+    def sum_pi_squared(self, rollout: Rollout) -> torch.Tensor:
+        """``[B, T]``: sum_v softmax(logits / temperature)_v^2 at each response position (the
+        per-row forward, float32), 0 where ``response_mask`` is False."""
+        def run(r):
+            ids, attn, pos, t = pack(r, self.pad_id, self.device)
+            logits = self.engine(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
+            p = torch.softmax(logits[:, :-1].float() / r.temperature, -1)
+            return torch.where(r.response_mask.to(self.device), (p * p).sum(-1), 0.0).cpu()
+        return self._chunked(run, rollout)
+
     def values(self, rollout: Rollout, grad: bool) -> torch.Tensor:
         if self.critic is None:
             raise RuntimeError("values called but the baseline needs no critic (no value model loaded)")

@@ -194,6 +194,15 @@ class Bandit:
         """``[B, T]`` under the frozen initial logits."""
         return self._token_logprobs(self.ref_theta, rollout, False)[0]
 
+    def sum_pi_squared(self, rollout: Rollout) -> Tensor:
+        """``[B, T]``: column 0 sum_k pi(k)^2 of the choice distribution at the sampling temperature,
+        1 on the deterministic filler tokens, 0 where the mask is False."""
+        q = torch.tensor([ids[0] for ids in rollout.prompt_ids], dtype=torch.long)
+        p = torch.softmax(self.theta.detach()[q] / rollout.temperature, -1)
+        out = torch.ones(rollout.response_ids.shape)
+        out[:, 0] = (p * p).sum(-1)
+        return torch.where(rollout.response_mask, out, torch.zeros_like(out))
+
     def values(self, rollout: Rollout, *, grad: bool) -> Tensor:
         """``[B, T]``: the critic's ``V[q, t]`` for each row's question and position."""
         q = torch.tensor([ids[0] for ids in rollout.prompt_ids], dtype=torch.long)

@@ -201,7 +201,7 @@ def _extreme(comp, slot: str, ctx) -> list[str]:
 
 def _step(run, tb: ToyBatch) -> list[str]:
     batch = StepBatch(tb.rollout, tb.rewards.clone(), old_logprobs=tb.old_logprobs,
-                      ref_logprobs=tb.ref_logprobs, values=tb.values)
+                      ref_logprobs=tb.ref_logprobs, values=tb.values, sum_pi_squared=tb.sum_pi_squared)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         batch, _ = prepare(run, batch)

@@ -22,17 +22,21 @@ from ..hookspecs import LOCAL, Collective
 
 
 def advantages(comp, rewards, group_ids, response_mask, token_rewards=None, values=None,
-               collective: Collective = LOCAL, reward_components=None, reward_weights=None, greedy_rewards=None):
+               collective: Collective = LOCAL, reward_components=None, reward_weights=None, greedy_rewards=None,
+               old_logprobs=None, sum_pi_squared=None):
     """``comp``'s advantages ``[B, T]`` (and returns) as the step computes them: the ``baseline``
     hook with the arguments its method declares, then ``comp.chain``. ``token_rewards`` default
     zeros; ``reward_components`` default the rewards as the only component (weight 1);
-    ``greedy_rewards`` default NaN (no greedy response)."""
+    ``greedy_rewards`` default NaN (no greedy response); ``old_logprobs`` default zeros;
+    ``sum_pi_squared`` default None (not scored)."""
     kw = dict(rewards=rewards, group_ids=group_ids, response_mask=response_mask, values=values,
               token_rewards=torch.zeros(response_mask.shape) if token_rewards is None else token_rewards,
               collective=collective,
               reward_components=rewards.unsqueeze(-1) if reward_components is None else reward_components,
               reward_weights=torch.ones(1) if reward_weights is None else reward_weights,
-              greedy_rewards=torch.full_like(rewards, torch.nan) if greedy_rewards is None else greedy_rewards)
+              greedy_rewards=torch.full_like(rewards, torch.nan) if greedy_rewards is None else greedy_rewards,
+              old_logprobs=torch.zeros(response_mask.shape) if old_logprobs is None else old_logprobs,
+              sum_pi_squared=sum_pi_squared)
     names = [p for p in inspect.signature(comp.baseline).parameters if p != "self"]
     out = comp.baseline(**{n: kw[n] for n in names})
     return comp.chain(out, rewards, response_mask, collective)

@@ -164,7 +164,7 @@ def spec_problems(comp, slot: str, ctx) -> list[str]:
         perm = torch.tensor([5, 2, 0, 3, 1, 4])
         sh = tb.clone()
         for name in ("rewards", "group_ids", "response_mask", "token_rewards", "values", "reward_components",
-                     "greedy_rewards"):
+                     "greedy_rewards", "old_logprobs", "sum_pi_squared"):
             setattr(sh, name, getattr(tb, name)[perm])
         a2 = call(comp, sh, *ctx).advantages.detach()
         if not torch.allclose(a2, a[perm], atol=1e-6):

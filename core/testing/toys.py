@@ -35,7 +35,8 @@ class ToyBatch:
     per-token loss for ``reduce``, are leaves that require grad); ``response_mask [B, T]``
     bool; ``rewards [B]`` float32; ``group_ids [B]`` long; ``totals`` the step's counts;
     ``reward_components [B, 1]`` (the rewards as the only component), ``reward_weights [1]`` and
-    ``greedy_rewards [B]`` (0.5: the reward of a greedy response to each row's prompt).
+    ``greedy_rewards [B]`` (0.5: the reward of a greedy response to each row's prompt) and
+    ``sum_pi_squared [B, T]`` (in [0.05, 0.9] on valid positions).
     ``advantages`` are sequence advantages broadcast over T and 0 on masked positions.
     """
 
@@ -55,6 +56,7 @@ class ToyBatch:
     reward_components: Tensor
     reward_weights: Tensor
     greedy_rewards: Tensor
+    sum_pi_squared: Tensor
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -151,4 +153,5 @@ def toy_batch(seed: int = 0, lengths=LENGTHS, group_ids=GROUP_IDS, rewards=REWAR
         reward_components=r.clone().unsqueeze(-1),
         reward_weights=torch.ones(1),
         greedy_rewards=torch.full((b,), 0.5),
+        sum_pi_squared=torch.where(mask, uniform(0.05, 0.9), torch.full((b, t), 7.0)),
     )

@@ -15,7 +15,8 @@ Conventions shared by the group baselines (``group_norm``, ``group_mean``, ``lea
 
 One module per family: :mod:`.group` (group baselines: group_norm, group_mean, leave_one_out,
 reinforce_pp_baseline, opo, gpg), :mod:`.passk` (grpo_passk), :mod:`.multi` (gdpo, one
-normalisation per reward component), :mod:`.greedy` (remax), :mod:`.batch` (batch_whiten), :mod:`.critic` (gae); shared
+normalisation per reward component), :mod:`.greedy` (remax), :mod:`.token` (optimal_token_baseline,
+tir_optimal_token_baseline: a baseline per token position), :mod:`.batch` (batch_whiten), :mod:`.critic` (gae); shared
 helpers in :mod:`.common`. Any baseline may be chained with batch whitening over the whole step
 (``whiten``; :meth:`policyzoo.slots.Baseline.chain`).
 """
@@ -27,9 +28,11 @@ from .greedy import ReMax
 from .group import GPG, OPO, GroupMean, GroupNorm, LeaveOneOut, ReinforcePPBaseline
 from .multi import GDPO
 from .passk import GRPOPassK
+from .token import OptimalTokenBaseline, TIROptimalTokenBaseline
 
-COMPONENTS = (GroupNorm, GroupMean, LeaveOneOut, ReinforcePPBaseline, OPO, GPG, GRPOPassK, GDPO, ReMax, BatchWhiten,
-              GAE)
+COMPONENTS = (GroupNorm, GroupMean, LeaveOneOut, ReinforcePPBaseline, OPO, GPG, GRPOPassK, GDPO, ReMax,
+              OptimalTokenBaseline, TIROptimalTokenBaseline, BatchWhiten, GAE)
 
 __all__ = ["COMPONENTS", "GAE", "GDPO", "GPG", "OPO", "BatchWhiten", "GRPOPassK", "GroupMean", "GroupNorm",
-           "LeaveOneOut", "ReMax", "ReinforcePPBaseline", "group_stats", "reward_tokens"]
+           "LeaveOneOut", "OptimalTokenBaseline", "ReMax", "ReinforcePPBaseline", "TIROptimalTokenBaseline",
+           "group_stats", "reward_tokens"]
