@@ -42,6 +42,9 @@ class TrainSettings(Section):
                                           "prompts; null = the resampling filter's own max_sample_rounds "
                                           "(1 if no filter resamples)")
     on_shortfall: Literal["train_on_fewer", "error"] = "train_on_fewer"
+    reward_nan: Literal["unscorable", "nansum"] = Field(
+        "unscorable", description="a reward component's NaN makes the row unscorable ('unscorable'), or counts "
+                                  "as 0 in the weighted sum unless every component is NaN ('nansum', TRL)")
     max_consecutive_skips: int = Field(3, ge=1, description="stop after this many non-finite updates in a row")
     seed: int = 0
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
@@ -186,7 +189,8 @@ def step_settings(config: Config, run):
 
     return StepSettings.for_run(run, max_sample_rounds=config.train.max_sample_rounds,
                                 updates_per_batch=config.train.updates_per_batch,
-                                micro_batches=config.train.micro_batches, on_shortfall=config.train.on_shortfall)
+                                micro_batches=config.train.micro_batches, on_shortfall=config.train.on_shortfall,
+                                reward_nan=config.train.reward_nan)
 
 
 def reward_uses(config: Config, default: list) -> tuple:

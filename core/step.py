@@ -31,12 +31,16 @@ class StepSettings:
     ``on_shortfall``: ``train_on_fewer`` or ``error`` when that budget cannot fill the batch;
     ``train_on_fewer`` with no row kept at all skips the update (``skipped`` = 1 in the metrics,
     counted by the engine's ``train.max_consecutive_skips``).
+    ``reward_nan``: how the weighted sum of the reward components treats a component's NaN:
+    ``unscorable`` (any NaN makes the row's reward NaN: it enters no statistic and gets advantage 0)
+    or ``nansum`` (TRL's: that component counts as 0; NaN only when every component is NaN).
     """
 
     updates_per_batch: int = 1
     micro_batches: int = 1
     max_sample_rounds: int = 1
     on_shortfall: str = "train_on_fewer"
+    reward_nan: str = "unscorable"
 
     @classmethod
     def for_run(cls, run, max_sample_rounds: int | None = None, **settings) -> "StepSettings":
@@ -87,6 +91,10 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
             reward_counts[label] += int((~torch.isnan(value[~greedy])).sum())
             rewards = rewards + comp.params.weight * value
             parts[:, k] = value
+        if settings.reward_nan == "nansum" and parts.shape[1]:  # TRL: a function's NaN counts as 0
+            weights = torch.tensor([float(c.params.weight) for c in run.reward])
+            nansum = torch.nansum(parts * weights, -1)
+            rewards = torch.where(torch.isnan(parts).all(-1), torch.nan, nansum)
         metrics["time_reward"] += time.perf_counter() - t0
         baseline_reward = torch.full((b,), torch.nan)  # each row's prompt's greedy reward (ReMax)
         if bool(greedy.any()):

@@ -258,3 +258,35 @@ def test_the_step_scores_pi_squared_for_the_optimal_token_baseline():
     assert torch.allclose(base.kwargs["sum_pi_squared"][:, 0], torch.full((16,), 1 / 3))
     assert torch.allclose(base.kwargs["sum_pi_squared"][:, 1], torch.ones(16))
     assert torch.allclose(base.kwargs["old_logprobs"][:, 0], torch.full((16,), math.log(1 / 3)))
+
+
+# ----------------------------------------------------------------------------- NaN across reward components
+def half(prompts, completions, **columns):
+    """A second reward function for the NaN switch: 0.5 on every row."""
+    return [0.5] * len(prompts)
+
+
+def test_reward_nan_switch():
+    # Bandit candidate 1 scores NaN under bandit_correct (unscorable), candidate 0 scores 1; the second
+    # component gives 0.5 everywhere. unscorable: candidate-1 rows get NaN (the sum 1 x NaN + 0.5);
+    # nansum (TRL): they get 0 x 1 + 0.5 = 0.5; candidate-0 rows 1 + 0.5 = 1.5 either way.
+    from policyzoo import use
+    from policyzoo.step import train_step
+    from policyzoo.testing import HookRecorder
+    from policyzoo.testing.bandit import Bandit, bandit_catalog, step_settings
+
+    for rule in ("unscorable", "nansum"):
+        bandit = Bandit([[1, 1]], scores=[[1.0, float("nan")]], lr=0.01)
+        run = policyzoo.assemble("grpo", rewards=(use("bandit_correct"), use("function",
+                                 function="test_zoo_a_baselines:half")), catalog=bandit_catalog())
+        rec = HookRecorder().attach(run)
+        train_step(run, bandit, lambda: bandit.prompts(2), seed=0, settings=step_settings(run, reward_nan=rule))
+        (base,) = rec.of("baseline")
+        picked = rec.of("sample")[0].result.response_ids[:, 0]
+        got = base.kwargs["rewards"]
+        assert 0 < int((picked == 1).sum()) < 16  # both candidates were sampled
+        assert bool((got[picked == 0] == 1.5).all())
+        if rule == "unscorable":
+            assert bool(torch.isnan(got[picked == 1]).all())
+        else:
+            assert bool((got[picked == 1] == 0.5).all())
