@@ -112,11 +112,14 @@ class StepTotals:
     """Normalisers over the whole optimizer step: all micro-batches and all data-parallel ranks.
 
     ``tokens``: number of True entries of ``response_mask``; ``sequences``: number of rows with at
-    least one such token. A reduce divides by these, never by a micro-batch's own counts, so the
-    sum of micro-batch losses equals the full-batch loss exactly."""
+    least one such token; ``rows``: every row, those with no token included (TRL's 'grpo' and
+    'dr_grpo' normalise by it; None when not counted, then equal to ``sequences``). A reduce divides
+    by these, never by a micro-batch's own counts, so the sum of micro-batch losses equals the
+    full-batch loss exactly."""
 
     tokens: int
     sequences: int
+    rows: int | None = None
 
 
 class Collective:

@@ -17,7 +17,7 @@ from .hookspecs import LOCAL, Collective, Importance, StepTotals
 def step_totals(batch: StepBatch) -> StepTotals:
     """Token and sequence counts of the whole step (one rank; the engine all-reduces them)."""
     mask = batch.response_mask
-    return StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()))
+    return StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()), rows=len(batch))
 
 
 def prepare(run, batch: StepBatch, scored: Tensor | None = None,

@@ -7,7 +7,9 @@ of right padding. ``loss`` must already be 0 on masked positions (the step guara
 reduces mask again anyway. With totals of 0 (nothing to train on) the result is 0 x sum, which
 keeps the graph and gives zero gradients instead of NaN.
 
-The conventions (l_it the per-token loss, |y_i| row i's token count, N = totals.sequences):
+The conventions (l_it the per-token loss, |y_i| row i's token count, N = totals.sequences, the rows
+with at least one token; ``empty_rows: count`` makes N = totals.rows, every row, as TRL's 'grpo'
+and 'dr_grpo' do -- a row whose tokens were all masked then still counts in the mean):
 
 * ``token_mean``:           sum_it l_it / sum_i |y_i|                    (DAPO eq. 12, PPO)
 * ``seq_mean_token_mean``:  1/N sum_i (1/|y_i|) sum_t l_it               (GRPO eq. 3, GSPO)
@@ -27,6 +29,7 @@ token; under ``token_mean`` and ``token_sum_norm`` every token weighs the same (
 from __future__ import annotations
 
 import warnings
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -56,6 +59,21 @@ class _Reduce(Reduce):
                 "(`reduce: seq_mean_token_sum`, bundle `luspo`).", UserWarning, stacklevel=2)
 
 
+class _PerRow(_Reduce):
+    """A reduce that averages over rows: N = ``totals.sequences`` or, with ``empty_rows: count``,
+    ``totals.rows`` (``sequences`` when a hand-built ``StepTotals`` did not count rows)."""
+
+    class Params(Reduce.Params):
+        empty_rows: Literal["skip", "count"] = Field(
+            "skip", description="rows with no token: left out of the row count N ('skip') or counted "
+                                "('count', TRL loss_type grpo/dr_grpo)")
+
+    def rows(self, totals) -> int:
+        if self.params.empty_rows == "count" and totals.rows is not None:
+            return totals.rows
+        return totals.sequences
+
+
 class TokenMean(_Reduce):
     """sum over every masked token of the step / ``totals.tokens``. Scalar, units of the loss.
     Each token weighs the same regardless of its response's length. Source: DAPO (Yu et al. 2025,
@@ -68,9 +86,10 @@ class TokenMean(_Reduce):
         return _safe_div(torch.where(response_mask, loss, torch.zeros_like(loss)).sum(), totals.tokens)
 
 
-class SeqMeanTokenMean(_Reduce):
+class SeqMeanTokenMean(_PerRow):
     """Mean over each row's masked tokens, then summed over rows / ``totals.sequences``.
-    Rows with no token contribute 0 (and are not counted in ``totals.sequences``).
+    Rows with no token contribute 0 (and are not counted in ``totals.sequences``; with
+    ``empty_rows: count`` they are, as TRL's ``loss_type="grpo"``).
     Source: GRPO, Shao et al. 2024 (arXiv:2402.03300) eq. 3: 1/G sum_i 1/|o_i| sum_t."""
 
     name = "seq_mean_token_mean"
@@ -79,10 +98,10 @@ class SeqMeanTokenMean(_Reduce):
     def reduce(self, loss, response_mask, totals):
         per_row = torch.where(response_mask, loss, torch.zeros_like(loss)).sum(-1)
         n = response_mask.sum(-1).clamp(min=1).to(per_row.dtype)
-        return _safe_div((per_row / n).sum(), totals.sequences)
+        return _safe_div((per_row / n).sum(), self.rows(totals))
 
 
-class SeqMeanTokenSum(_Reduce):
+class SeqMeanTokenSum(_PerRow):
     """Sum over each row's masked tokens (the sequence log-prob term), summed over rows /
     ``totals.sequences``. Source: RLOO, Ahmadian et al. 2024 (arXiv:2402.14740) eq. 6, where the
     REINFORCE term is A_i x grad log pi(y_i) = A_i x sum_t grad log pi(y_it)."""
@@ -93,10 +112,10 @@ class SeqMeanTokenSum(_Reduce):
 
     @hookimpl
     def reduce(self, loss, response_mask, totals):
-        return _safe_div(torch.where(response_mask, loss, torch.zeros_like(loss)).sum(), totals.sequences)
+        return _safe_div(torch.where(response_mask, loss, torch.zeros_like(loss)).sum(), self.rows(totals))
 
 
-class TokenSumNorm(_Reduce):
+class TokenSumNorm(_PerRow):
     """sum over every masked token / (``constant`` x ``totals.sequences``).
 
     ``constant`` None -> the run's ``sample.max_tokens`` (resolved in ``check``), never the
@@ -108,7 +127,7 @@ class TokenSumNorm(_Reduce):
     name = "token_sum_norm"
     averages_per_sequence = False
 
-    class Params(Reduce.Params):
+    class Params(_PerRow.Params):
         constant: float | None = Field(None, gt=0, description="normalising constant C (> 0); None = the "
                                        "run's sample.max_tokens")
 
@@ -133,7 +152,7 @@ class TokenSumNorm(_Reduce):
                               "constant is None and was not resolved (the run was not checked)",
                               "build the run with policyzoo.assemble(...) or set `constant`")
         total = torch.where(response_mask, loss, torch.zeros_like(loss)).sum()
-        return _safe_div(total, self.constant * totals.sequences)
+        return _safe_div(total, self.constant * self.rows(totals))
 
 
 class TokenSum(_Reduce):

@@ -290,3 +290,23 @@ def test_reward_nan_switch():
             assert bool(torch.isnan(got[picked == 1]).all())
         else:
             assert bool((got[picked == 1] == 0.5).all())
+
+
+def test_empty_rows_switch_of_the_per_row_reduces():
+    # row 0: per-token loss [1, 3] (mean 2, sum 4); row 1: no token. totals: 2 tokens, 1 sequence, 2 rows.
+    # skip (default): seq_mean_token_mean 2 / 1 = 2, seq_mean_token_sum 4 / 1 = 4, token_sum_norm (C 4) 4 / 4 = 1;
+    # count (TRL 'grpo'/'dr_grpo'): each divided by 2 rows -> 1, 2, 0.5. Split per row into two
+    # micro-batches with the step's totals: 1 + 0 = 1 (exact).
+    from policyzoo.hookspecs import StepTotals
+    from policyzoo.plugins.reduce import SeqMeanTokenMean, SeqMeanTokenSum, TokenSumNorm
+
+    loss = torch.tensor([[1.0, 3.0], [0.0, 0.0]])
+    mask = torch.tensor([[True, True], [False, False]])
+    totals = StepTotals(tokens=2, sequences=1, rows=2)
+    cases = ((SeqMeanTokenMean, {}, 2.0), (SeqMeanTokenSum, {}, 4.0), (TokenSumNorm, {"constant": 4.0}, 1.0))
+    for cls, extra, skip in cases:
+        assert cls(**extra).reduce(loss=loss, response_mask=mask, totals=totals).item() == skip
+        counted = cls(empty_rows="count", **extra)
+        assert counted.reduce(loss=loss, response_mask=mask, totals=totals).item() == skip / 2
+        parts = sum(counted.reduce(loss=loss[i:i + 1], response_mask=mask[i:i + 1], totals=totals) for i in range(2))
+        assert parts.item() == skip / 2

@@ -82,3 +82,16 @@ def test_normalize_then_sum_equals_gdpo():
                       torch.arange(8) // 4, m, reward_components=PARTS, reward_weights=WEIGHTS).advantages[:, 0]
     assert float(sums[0]) == pytest.approx(0.8658754, abs=1e-7)
     assert float(sums[1]) == pytest.approx(-0.2536530, abs=1e-7)
+
+
+def test_empty_rows_counted_equals_trl_grpo():
+    # Row 7 has no token. TRL's 'grpo' averages the 8 per-row means (row 7 adds 0); ours with
+    # empty_rows: count divides by the 8 rows too (the default divides by the 7 non-empty: x 8/7,
+    # tests/test_trl_agreement.py::test_empty_row_normaliser_by_hand). Same advantages on both sides.
+    spec = {"base": "grpo", "baseline": {"eps": 1e-4, "zero_std_tol": 0.0}, "reduce": {"empty_rows": "count"}}
+    c = ta.make_case(lengths=ta.EMPTY_ROW)
+    lo, go, ao = ta.ours(spec, c)
+    lt, gt, _ = ta.trl(TRL_LOSS, c, advantages=ao)
+    assert _close(lo, lt) and float((go - gt).abs().max()) <= REL * float(gt.abs().max())
+    default = ta.ours({k: v for k, v in spec.items() if k != "reduce"}, ta.make_case(lengths=ta.EMPTY_ROW))[0]
+    assert default == pytest.approx(lo * 8 / 7, rel=1e-12)

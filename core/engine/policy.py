@@ -108,8 +108,9 @@ class LMPolicy:
         from ..hookspecs import StepTotals
         from .dist import sum_ints
 
-        tokens, sequences = sum_ints([totals.tokens, totals.sequences])
-        return StepTotals(tokens=tokens, sequences=sequences)
+        rows = totals.sequences if totals.rows is None else totals.rows
+        tokens, sequences, rows = sum_ints([totals.tokens, totals.sequences, rows])
+        return StepTotals(tokens=tokens, sequences=sequences, rows=rows)
 
     def sync(self) -> dict:
         """Push the trainer's weights into the rollout engine; with the check on, compare

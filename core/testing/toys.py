@@ -149,7 +149,7 @@ def toy_batch(seed: int = 0, lengths=LENGTHS, group_ids=GROUP_IDS, rewards=REWAR
         values=torch.where(mask, uniform(-1.0, 1.0), torch.full((b, t), 3.0)),
         token_rewards=torch.zeros(b, t),
         loss=torch.where(mask, uniform(-2.0, 2.0), torch.full((b, t), 11.0)).requires_grad_(True),
-        totals=StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum())),
+        totals=StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()), rows=b),
         reward_components=r.clone().unsqueeze(-1),
         reward_weights=torch.ones(1),
         greedy_rewards=torch.full((b,), 0.5),
