@@ -51,7 +51,8 @@ class GroupNorm(GroupBaseline):
         s, valid = valid_scores(rewards, response_mask, token_rewards)
         count, mean, ssd = group_stats(s, valid, group_ids)
         if p.scale == "batch":  # one std for the whole step, every rank
-            sd = std_of(*moments(s, valid, collective)[::2], p.std)
+            n, _, total_ssd = moments(s, valid, collective)
+            sd = std_of(n, total_ssd, p.std)
             std = torch.full_like(s, sd)
             flat = torch.full_like(valid, sd <= p.zero_std_tol)
         else:
