@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo", "luspo", "gmpo", "dppo",
-           "clip_cov", "kl_cov", "reinforce_pp_baseline", "gpg", "gdpo", "remax"]
+           "clip_cov", "kl_cov", "reinforce_pp_baseline", "gpg", "gdpo", "remax", "opo"]
 
 
 @pytest.fixture(scope="module")

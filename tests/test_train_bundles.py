@@ -19,7 +19,7 @@ BUNDLES = {
     "reinforce_pp": (0, True, False), "dr_grpo": (0, False, False), "gspo": (3, False, False),
     "cispo": (0, False, False), "luspo": (0, False, False), "gmpo": (2, True, False), "dppo": (0, False, False),
     "clip_cov": (1, False, False), "kl_cov": (0, False, False), "reinforce_pp_baseline": (1, True, False),
-    "remax": (0, True, False), "gpg": (2, False, False), "gdpo": (0, True, False),
+    "remax": (0, True, False), "gpg": (2, False, False), "gdpo": (0, True, False), "opo": (1, False, False),
 }
 
 

@@ -20,7 +20,7 @@ class ReMax(Baseline):
     verl ``adv_estimator=remax`` (same rule: ``returns - reward_baselines``). Returns
     ``Advantages([B, T])`` (advantages and the returns G). Errors: ``ConfigError`` from ``check``
     when the sample component does not draw the greedy response.
-    Source: Li et al. 2023, ReMax (arXiv:2310.10505) Algorithm 1, eq. 8."""
+    Source: Li et al. 2023, ReMax (arXiv:2310.10505) Algorithm 1."""
 
     name = "remax"
 

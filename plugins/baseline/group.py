@@ -115,7 +115,7 @@ class OPO(GroupBaseline):
     the valid rows j of i's group, |y| = the row's trainable tokens (the optimal baseline when the
     gradient norm grows with length). verl ``adv_estimator=opo`` (same rule; a group of one: A = s,
     our ``singleton: reward``). Returns ``Advantages([B, T])``.
-    Source: Hao et al. 2025, On-Policy RL with Optimal Reward Baseline (arXiv:2505.23585) eq. 7."""
+    Source: Hao et al. 2025, On-Policy RL with Optimal Reward Baseline (arXiv:2505.23585) Sec. 3."""
 
     name = "opo"
 
@@ -130,12 +130,12 @@ class OPO(GroupBaseline):
 class GPG(GroupBaseline):
     """GPG advantage A_i = alpha (s_i - mean_g) / f_norm with a batch-level correction alpha.
 
-    ``alpha: valid_rows`` (the paper's, Sec. 3.2): alpha = B / (B - M) over the whole step (all
+    ``alpha: valid_rows`` (the paper's): alpha = B / (B - M) over the whole step (all
     ranks), B valid rows, M of them in groups whose valid scores are all equal (they carry no
     gradient, so the others are scaled up); ``nonzero_rewards`` (verl ``adv_estimator=gpg``'s code):
     alpha = B / #rows with a non-zero score. alpha = 1 when the divisor is 0. ``f_norm`` 1 (paper
     and verl default). Use with ``clip: none`` and ``reduce: token_mean`` (the paper's loss).
-    Returns ``Advantages([B, T])``. Source: Chu et al. 2025, GPG (arXiv:2504.02546) eq. 9-10."""
+    Returns ``Advantages([B, T])``. Source: Chu et al. 2025, GPG (arXiv:2504.02546) Sec. 3."""
 
     name = "gpg"
 

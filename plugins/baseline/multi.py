@@ -24,7 +24,7 @@ class GDPO(GroupBaseline):
     Per-token rewards (a KL in reward placement) enter as one more component of weight 1.
     TRL: ``multi_objective_aggregation="normalize_then_sum"`` (eps 1e-4 in both normalisations: set
     ``eps`` and ``whiten_eps`` to 1e-4). With one reward this is ``group_norm`` then whitening.
-    Returns ``Advantages([B, T])``. Source: Liu et al. 2026, GDPO (arXiv:2601.05242) eq. 4-5."""
+    Returns ``Advantages([B, T])``. Source: Liu et al. 2026, GDPO (arXiv:2601.05242) Sec. 3."""
 
     name = "gdpo"
 

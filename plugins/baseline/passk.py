@@ -20,7 +20,7 @@ class GRPOPassK(GroupBaseline):
     a group whose std is <= ``zero_std_tol`` gets 0. verl ``adv_estimator=grpo_passk`` (same rule;
     verl raises for a group of fewer than 2 rows, ours gives 0, or the score with ``singleton:
     reward``). Returns ``Advantages([B, T])``.
-    Source: Chen et al. 2025, Pass@k training (arXiv:2503.19595), as verl implements it."""
+    Source: the pass@k objective verl cites (arXiv:2503.19595), as verl core_algos.py implements it."""
 
     name = "grpo_passk"
 
