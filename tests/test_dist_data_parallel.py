@@ -85,6 +85,34 @@ def test_a_zero_0_checkpoint_of_one_rank_continues_on_two(tmp_path):
     assert metrics(cut)[2]["loss"] == pytest.approx(metrics(full)[2]["loss"], abs=1e-6)
 
 
+def test_reinforce_pp_with_one_prompt_per_rank_trains_as_one_rank(tmp_path):
+    # reinforce_pp samples G = 1: with P = 2 prompts on 2 ranks each rank holds one response. Whitening
+    # a single response's constant return gave A = 0 and a zero gradient on every rank; through the
+    # collective both ranks whiten over the step's two responses, exactly as one rank does. (ZeRO 2:
+    # at ZeRO 0 the grad_norm metric is each rank's own gradient before DeepSpeed's all-reduce.)
+    runs = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"rpp{nproc}"
+        cmd = train_cmd(out, *DP_SETTINGS, "train.steps=1", "engine.zero_stage=2", algo="reinforce_pp")
+        if nproc > 1:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                   f"--master_port={free_port()}", *cmd[1:]]
+        env = engine_env()
+        env.pop("RANK", None)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[nproc] = metrics(out)[0], load_file(out / "final" / "model.safetensors")
+    (m1, w1), (m2, w2) = runs[1], runs[2]
+    assert m1["rows"] == m2["rows"] == 2
+    assert m1["grad_norm"] > 1e-3  # the two responses' rewards differ (spread_reward)
+    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
+    # One AdamW step moves each weight by ~lr = 1e-3 whatever its gradient (g / (|g| + eps)), so an
+    # entry whose gradient is near eps turns the fp32 rounding of the split sums into up to ~1e-5
+    # (observed 1.02e-5 at one of 16384 entries): 5e-5 is still 20x below the movement.
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=5e-5, rtol=0)
+
+
 def test_prompts_must_split_into_whole_groups(tmp_path):
     cmd = train_cmd(tmp_path / "odd", *DP_SETTINGS, "train.prompts_per_step=3")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
