@@ -87,6 +87,8 @@ def problems(slot: str, out: Any, rows: int, width: int | None = None) -> list[s
         _tensor(bad, out.advantages, (b, t), "advantages")
         if out.returns is not None:
             _tensor(bad, out.returns, (b, t), "returns")
+        if out.valid is not None:
+            _tensor(bad, out.valid, (b,), "valid", "bool")
     elif slot == "ratio" and isinstance(out, Importance):
         _tensor(bad, out.ratio, (b, t), "the ratio")
         if out.weight is not None:

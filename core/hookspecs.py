@@ -71,10 +71,14 @@ class Keep:
 @dataclass
 class Advantages:
     """What a ``baseline`` returns: ``advantages [B, T]`` (0 on masked positions) and, for critic
-    baselines, ``returns [B, T]`` (the value targets)."""
+    baselines, ``returns [B, T]`` (the value targets). ``valid [B]`` bool, optional: the rows the
+    baseline could score (e.g. ReMax leaves out a row whose greedy response is unscorable); the
+    declared whitening (``Baseline.chain``) takes its statistics over these only. None: every row
+    with a token and a non-NaN reward."""
 
     advantages: Tensor
     returns: Tensor | None = None
+    valid: Tensor | None = None
 
 
 @dataclass

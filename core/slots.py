@@ -170,23 +170,25 @@ class Baseline(Component):
         """What the step does with the hook's result: with ``whiten``, the advantages ``[B, T]``
         whitened over the whole step through ``collective`` (:func:`policyzoo.stats.whiten`), over
         every trainable token of the rows with a non-NaN reward (``whiten_over: tokens``; a row
-        weighs by its length, as verl's ``masked_whiten``) or once per such row (``rows``; the
-        row's advantage is read from its first trainable token and broadcast back). ``returns``
-        are kept. Without ``whiten``, ``out`` unchanged. A constant batch gives 0."""
+        weighs by its length, as verl's ``masked_whiten``) or once per such row (``rows``: mean and
+        std of the rows' mean advantages, applied to every token; TRL's batch step); rows outside
+        ``out.valid`` (when given) get 0 and enter no statistic. ``returns`` are kept. Without
+        ``whiten``, ``out`` unchanged. A constant batch gives 0."""
         if not self.params.whiten:
             return out
         mask = response_mask.to(torch.bool)
         valid = ~torch.isnan(rewards) & mask.any(-1)
+        if out.valid is not None:  # rows the baseline itself left out do not enter the statistics
+            valid = valid & out.valid.to(valid.device)
         p = self.params
         adv = out.advantages
-        if p.whiten_over == "tokens":
-            white = whiten(adv, mask & valid.unsqueeze(-1), collective, p.whiten_std, p.whiten_eps)
-        else:
-            first = mask.to(torch.int64).argmax(-1, keepdim=True)
-            row = adv.gather(-1, first).squeeze(-1)
-            white = whiten(row, valid, collective, p.whiten_std, p.whiten_eps).unsqueeze(-1).expand(mask.shape)
-            white = torch.where(mask, white, torch.zeros_like(white))
-        return Advantages(white.to(adv.dtype), out.returns)
+        where = mask & valid.unsqueeze(-1)
+        of = None
+        if p.whiten_over == "rows":
+            row = torch.where(where, adv.double(), 0.0).sum(-1) / where.sum(-1).clamp(min=1)
+            of = (row, valid)
+        white = whiten(adv, where, collective, p.whiten_std, p.whiten_eps, of=of)
+        return Advantages(white.to(adv.dtype), out.returns, out.valid)
 
     def value_loss(self, values: Tensor, old_values: Tensor, returns: Tensor, response_mask: Tensor,
                    totals: StepTotals) -> Tensor:

@@ -38,13 +38,15 @@ def std_of(n: float, ssd: float, std: Literal["population", "sample"]) -> float:
 
 
 def whiten(x: Tensor, where: Tensor, collective: Collective = LOCAL,
-           std: Literal["population", "sample"] = "population", eps: float = 1e-6) -> Tensor:
+           std: Literal["population", "sample"] = "population", eps: float = 1e-6,
+           of: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """``(x - mean) / (std + eps)`` over the True entries of ``where`` on every rank, 0 elsewhere
     (float64, shape of ``x``). All 0 when no entry is True anywhere or the std is at most
     1e-12 x (1 + |mean|) (a constant batch carries no signal; a float residue must not become a
     huge advantage). ``std``: "population" (divide by n) or "sample" (by n - 1, verl's
-    ``masked_whiten``, TRL's ``nanstd``)."""
-    n, mean, ssd = moments(x, where, collective)
+    ``masked_whiten``, TRL's ``nanstd``). ``of = (values, mask)``: take mean and std from these
+    instead (e.g. one value per row, applied to every token of the row)."""
+    n, mean, ssd = moments(*(of if of is not None else (x, where)), collective)
     sd = std_of(n, ssd, std)
     zero = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     if n == 0 or sd <= 1e-12 * (1.0 + abs(mean)):

@@ -179,6 +179,14 @@ def test_remax_returns_minus_the_greedy_reward():
                      greedy_rewards=torch.tensor([0.5, 0.5, float("nan")], dtype=torch.float64))
     assert torch.allclose(out.advantages, torch.tensor([[0.5, 0.5, 0], [-0.8, -0.7, -0.7], [0, 0, 0]],
                                                        dtype=torch.float64), atol=1e-12)
+    # whiten_over: rows takes one value per row, its mean advantage: 0.5 and -2.2/3 = -0.733333; mean
+    # -0.116667, population std 0.616667; applied per token: row 0 (0.5 + 0.116667) / 0.616667 = 1.0,
+    # row 1 (-0.8 + 0.116667) / 0.616667 = -1.108108 and (-0.7 + 0.116667) / 0.616667 = -0.945946
+    rows = advantages(ReMax(whiten=True, whiten_over="rows", whiten_eps=0.0), torch.tensor([1.0, 0.0, 1.0],
+                      dtype=torch.float64), torch.arange(3), mask, tr,
+                      greedy_rewards=torch.tensor([0.5, 0.5, float("nan")], dtype=torch.float64)).advantages
+    assert torch.allclose(rows, torch.tensor([[1.0, 1.0, 0], [-1.108108, -0.945946, -0.945946], [0, 0, 0]],
+                                             dtype=torch.float64), atol=1e-6)
     with pytest.raises(ConfigError, match="greedy: true"):
         policyzoo.assemble({"base": "grpo", "baseline": {"use": "remax"}})
 

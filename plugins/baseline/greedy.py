@@ -16,7 +16,8 @@ class ReMax(Baseline):
     reward plus the per-token rewards from t on, gamma 1) minus the reward of the greedy response to
     the same prompt (``greedy_rewards [B]``, given by the step when the sample component's
     ``greedy`` is set). Without per-token rewards every token of a row gets R - r_greedy.
-    A row whose reward or greedy reward is NaN, or with no token, gets 0. No statistic spans rows.
+    A row whose reward or greedy reward is NaN, or with no token, gets 0 and is left out of
+    ``valid`` (so a chained whitening does not count it). No statistic of its own spans rows.
     verl ``adv_estimator=remax`` (same rule: ``returns - reward_baselines``). Returns
     ``Advantages([B, T])`` (advantages and the returns G). Errors: ``ConfigError`` from ``check``
     when the sample component does not draw the greedy response.
@@ -39,4 +40,4 @@ class ReMax(Baseline):
         keep = mask & ok.unsqueeze(-1)
         dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
         zero = torch.zeros_like(adv)
-        return Advantages(torch.where(keep, adv, zero).to(dtype), torch.where(keep, ret, zero).to(dtype))
+        return Advantages(torch.where(keep, adv, zero).to(dtype), torch.where(keep, ret, zero).to(dtype), ok)
