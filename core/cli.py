@@ -1,4 +1,4 @@
-"""``policyzoo`` command line: zoo, components, plugins, explain, train, plot.
+"""``policyzoo`` command line: zoo, components, plugins, explain, train, plan, plot.
 
 A user's mistake (any :class:`~policyzoo.errors.UserError`) prints one block and exits with 2.
 """
@@ -124,6 +124,78 @@ def cmd_train(args, out: Console) -> None:
     train_main(config, resume=args.resume, force_resume=args.force_resume)
 
 
+def cmd_plan(args, out: Console) -> None:
+    """Tokens, FLOPs and memory of one step (``policyzoo.plan``), and with ``--from-run`` the
+    measured time split of a run next to the FLOP split."""
+    from .assembly import Run, resolve_algorithm
+    from .plan import GiB, PlanError, Sizes, flops, load_shape, measured_split, memory, options_for
+
+    sizes, model, prompt, overrides = [], None, 103, []
+    for item in args.items:
+        key, eq, value = item.partition("=")
+        if not eq and item.isdigit():
+            sizes.append(int(item))
+        elif key == "model":
+            model = value or None
+        elif key == "prompt" and value.isdigit():
+            prompt = int(value)
+        elif eq:
+            overrides.append(item)
+        else:
+            raise PlanError(item, "not understood", "give P G L as three integers, model=PATH, prompt=N or key=value")
+    if len(sizes) not in (0, 3) or any(x < 1 for x in sizes):
+        raise PlanError(" ".join(map(str, sizes)), "give P G L together, each >= 1", "e.g. policyzoo plan 2 4 128")
+    split = None
+    if args.from_run:
+        from .engine.rundir import RunDir
+        from .engine.train import config_from_run_dir
+
+        config = config_from_run_dir(args.from_run, overrides)
+        split = measured_split(RunDir(args.from_run).read_metrics())
+        model = model or config.model.path
+    else:
+        from .config import load_config
+
+        config = load_config(args.config, args.algo, overrides)
+    run = Run(resolve_algorithm(config.algorithm))
+    p, g, n = sizes or (config.train.prompts_per_step, run.sample.params.n, run.sample.params.max_tokens)
+    if split and not sizes:
+        n = max(1, round(split["response_length_mean"]))
+    shape, opts = load_shape(model), options_for(config, run)
+    s = Sizes(p, g, n, prompt)
+    f = flops(shape, s, opts)
+    total = sum(f.values())
+    out.print(f"{model or 'embedded default'}: {shape.params / 1e6:.1f} M parameters, {shape.layers} layers; "
+              f"P={p} prompts x G={g} samples, {prompt} prompt + {n} response tokens; {opts.dtype}")
+    t = Table(title="FLOPs of one step")
+    for col in ("part", "GFLOP", "share"):
+        t.add_column(col, justify="right" if col != "part" else "left")
+    for k, v in f.items():
+        t.add_row(k, f"{v / 1e9:.2f}", f"{v / total:.1%}")
+    t.add_row("total", f"{total / 1e9:.2f}", "100%")
+    out.print(t)
+    mem = memory(shape, s, opts)
+    m = Table(title="memory, GiB (one rank)")
+    for col in ("model", "weights", "grads+optimizer", "activations", "kv cache", "total"):
+        m.add_column(col, justify="right" if col != "model" else "left")
+    for name, parts in mem.items():
+        m.add_row(name, *[f"{v / GiB:.3f}" for v in parts.values()], f"{sum(parts.values()) / GiB:.3f}")
+    out.print(m)
+    out.print(f"vLLM reserves engine.kv_cache_gb = {opts.kv_cache_gb:g} GiB for its KV cache.")
+    if split:
+        roll = f["rollout prefill"] + f["rollout decode"]
+        train = total - roll
+        c = Table(title=f"measured split of {args.from_run} (median s per step) vs the FLOP split")
+        for col in ("part", "seconds", "share of time", "share of FLOPs", "GFLOP/s achieved"):
+            c.add_column(col, justify="right" if col != "part" else "left")
+        busy = split["rollout"] + split["train"]
+        for name, sec, fl in (("rollout", split["rollout"], roll), ("train", split["train"], train)):
+            c.add_row(name, f"{sec:.2f}", f"{sec / busy:.1%}" if busy else "-", f"{fl / total:.1%}",
+                      f"{fl / sec / 1e9:.1f}" if sec else "-")
+        c.add_row("sync", f"{split['sync']:.2f}", "-", "-", "-")
+        out.print(c)
+
+
 def cmd_plot(args, out: Console) -> None:
     from .engine.plot import main as plot_main
 
@@ -153,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     t.add_argument("overrides", nargs="*", metavar="key=value")
     t.set_defaults(fn=cmd_train)
+    pn = sub.add_parser("plan", help="tokens, FLOPs and memory of one step, from a model's config.json")
+    pn.add_argument("--algo", help="a zoo name (default grpo)")
+    pn.add_argument("--config", help="a YAML config file")
+    pn.add_argument("--from-run", metavar="RUN_DIR", help="plan a finished run and show its measured time split")
+    pn.add_argument("items", nargs="*", metavar="P G L | model=PATH | prompt=N | key=value")
+    pn.set_defaults(fn=cmd_plan)
     pl = sub.add_parser("plot", help="draw a run's curves to a PNG")
     pl.add_argument("run_dir")
     pl.add_argument("--output", help="PNG path (default RUN_DIR/curves.png)")

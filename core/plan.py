@@ -1,0 +1,246 @@
+"""``policyzoo plan``: what one step costs, worked out from a model's config (no weights loaded).
+
+For P prompts of ``prompt`` tokens, G samples each and L response tokens per sample, the planner
+counts the tokens and matmul FLOPs of every part of a step as the engine runs it, and the memory
+each model holds. Conventions (those of Kaplan et al. 2020 and Korthikanti et al. 2022, adapted
+to this engine; all stated so a reader can check them by hand, ``tests/test_plan.py`` does):
+
+* **Parameters.** Per layer: attention ``h*dq + 2*h*dkv + dq*h`` (``dq = heads x head_dim``,
+  ``dkv = kv_heads x head_dim``), MLP ``3*h*i`` (gated: gate, up, down) or ``2*h*i``, two norms
+  ``2*h``; plus the embedding ``V*h``, an untied LM head ``V*h`` and the final norm ``h``.
+  Biases are left out (< 0.1% on the models this targets).
+* **Forward FLOPs** of one token = ``2 x`` the layer matmul parameters (multiply + add), plus
+  ``2*h*V`` where logits are computed, plus ``4 * layers * dq * c`` for attention over ``c``
+  earlier positions (QK^T and AV; ``c`` capped at a sliding window). Backward = 2 x forward;
+  gradient checkpointing adds one forward. Norms, softmax, the optimizer: not counted.
+* **Rollout** (vLLM): each prompt is prefilled once for its G samples (``n`` in one request,
+  prefix cache), logits at its last position give token 1; tokens 2..L cost one decode forward
+  each per sample, with logits.
+* **Training forward** with ``engine.share_prompt`` (default): each distinct prompt once, logits at
+  its last position only; then the first L - 1 response tokens per row, with logits (exactly the
+  rollout's work). Without it each row runs ``prompt + L`` tokens with ``L + 1`` logits.
+  The reference model (``kl`` components) runs the same forward without gradient; the policy runs
+  an extra no-grad forward for old log-probs when ``updates_per_batch > 1`` or the KL goes into
+  the reward. The critic (``needs_values`` baselines) runs each row in full without an LM head:
+  once without gradient (old values), then forward + backward per update.
+* **Memory**, bytes: weights ``n x dtype``; trained models add gradients (fp32: 4 n) and AdamW's two
+  moments (8 n), plus fp32 master weights (4 n) when training in bf16; LoRA trains only the
+  adapter's parameters. Activations kept for backward per token per layer: ``4h + 2dq + 2dkv +
+  3i`` values (``2i`` ungated; SDPA keeps no attention matrix), plus fp32 logits and their
+  log-softmax (``2 x V x 4`` bytes) per scored position; with gradient checkpointing only the
+  ``h`` layer inputs per token plus one layer's set. Micro-batches divide the activation memory.
+  KV cache: ``2 x layers x dkv x dtype`` bytes per cached token (prompts once, each sample's
+  response), next to the engine's reserved ``engine.kv_cache_gb``. One rank, ZeRO not applied.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+#: model types whose MLP is two matrices (up, down) rather than gated (gate, up, down)
+UNGATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "phi", "starcoder2", "gpt_bigcode", "falcon"}
+#: the embedded default (SmolLM2-135M-Instruct)'s config.json, so a plan needs no conversion
+DEFAULT_CONFIG = {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                  "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+                  "tie_word_embeddings": True}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+GiB = 2**30
+
+
+class PlanError(UserError):
+    """The model config or the sizes given to ``policyzoo plan`` cannot be planned."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of a decoder-only transformer that its costs depend on."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    gated: bool
+    window: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg: dict, where: str = "config.json") -> "Shape":
+        """From a transformers ``config.json`` dict (Llama/Qwen/Mistral keys, GPT-2 aliases)."""
+        cfg = {**cfg, **cfg.get("text_config", {})}
+
+        def get(*keys, default=None):
+            for k in keys:
+                if cfg.get(k) is not None:
+                    return cfg[k]
+            if default is None:
+                raise PlanError(where, f"none of {', '.join(keys)} is set", "give the config.json of a "
+                                "decoder-only transformers model")
+            return default
+
+        h = int(get("hidden_size", "n_embd", "d_model"))
+        heads = int(get("num_attention_heads", "n_head"))
+        return cls(hidden=h, intermediate=int(get("intermediate_size", "n_inner", "ffn_dim", default=4 * h)),
+                   layers=int(get("num_hidden_layers", "n_layer")), heads=heads,
+                   kv_heads=int(get("num_key_value_heads", "num_attention_heads", "n_head")),
+                   head_dim=int(get("head_dim", default=h // heads)), vocab=int(get("vocab_size")),
+                   tied=bool(cfg.get("tie_word_embeddings", True)), gated=cfg.get("model_type") not in UNGATED,
+                   window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None)
+
+    @property
+    def dq(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def dkv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_matmul(self) -> int:
+        """Matmul parameters of one layer."""
+        h = self.hidden
+        return 2 * h * self.dq + 2 * h * self.dkv + (3 if self.gated else 2) * h * self.intermediate
+
+    @property
+    def params(self) -> int:
+        emb = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.layers * (self.layer_matmul + 2 * self.hidden) + emb + self.hidden
+
+    def context_sum(self, offset: int, n: int) -> int:
+        """Sum of attended positions over ``n`` tokens that follow ``offset`` earlier ones (each
+        attends to itself and what precedes it, up to the window)."""
+        def s(m):  # sum_{c=1..m} min(c, window)
+            w = self.window
+            return m * (m + 1) // 2 if w is None or m <= w else w * (w + 1) // 2 + (m - w) * w
+        return s(offset + n) - s(offset)
+
+    def forward(self, tokens: int, offset: int = 0, logits: int = 0, head: bool = True) -> int:
+        """FLOPs of a forward over ``tokens`` positions after ``offset`` cached ones, with logits at
+        ``logits`` of them (``head=False``: a value model, 2*h per position instead)."""
+        body = 2 * self.layers * self.layer_matmul * tokens + 4 * self.layers * self.dq * self.context_sum(offset,
+                                                                                                            tokens)
+        return body + (2 * self.hidden * self.vocab * logits if head else 2 * self.hidden * tokens)
+
+    def act_per_token(self) -> int:
+        """Activation values kept for backward per token and layer (see the module docstring)."""
+        return 4 * self.hidden + 2 * self.dq + 2 * self.dkv + (3 if self.gated else 2) * self.intermediate
+
+
+def load_shape(model: str | None) -> Shape:
+    """``model``: a folder with ``config.json``, a ``config.json`` file, or None (the default)."""
+    if model is None:
+        return Shape.from_config(DEFAULT_CONFIG, "the embedded default")
+    p = Path(model)
+    f = p / "config.json" if p.is_dir() else p
+    if not f.is_file():
+        raise PlanError(f"model={model}", "no config.json there", "give a model folder or its config.json file")
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise PlanError(str(f), f"not readable as JSON ({e})", "give the model's config.json") from None
+    return Shape.from_config(cfg, str(f))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    prompts: int  # P
+    samples: int  # G
+    response: int  # L
+    prompt: int = 103  # prompt tokens (the default task's few-shot prompts)
+
+
+@dataclass(frozen=True)
+class Options:
+    dtype: str = "float32"
+    need_ref: bool = True
+    need_critic: bool = False
+    old_logprobs: bool = False
+    updates: int = 1
+    share_prompt: bool = True
+    gradient_checkpointing: bool = False
+    micro_batches: int = 1
+    kv_cache_gb: float = 1.0
+    lora_params: int | None = None  # trainable parameters when training a LoRA adapter
+
+
+def flops(m: Shape, s: Sizes, o: Options) -> dict[str, int]:
+    """FLOPs of one step by part (keys in table order; absent parts are left out)."""
+    p, g, lp, n = s.prompts, s.samples, s.prompt, s.response
+    prefill = p * m.forward(lp, 0, logits=1)
+    decode = p * g * m.forward(n - 1, lp, logits=n - 1)
+    if o.share_prompt:
+        fwd = prefill + decode
+    else:
+        fwd = p * g * m.forward(lp + n, 0, logits=n + 1)
+    out = {"rollout prefill": prefill, "rollout decode": decode,
+           "policy forward": o.updates * fwd,
+           "policy backward": o.updates * (2 + o.gradient_checkpointing) * fwd}
+    if o.old_logprobs:
+        out["policy old log-probs"] = fwd
+    if o.need_ref:
+        out["reference forward"] = fwd
+    if o.need_critic:
+        cfwd = p * g * m.forward(lp + n, 0, head=False)
+        out["critic forward"] = (1 + o.updates) * cfwd
+        out["critic backward"] = o.updates * (2 + o.gradient_checkpointing) * cfwd
+    return out
+
+
+def memory(m: Shape, s: Sizes, o: Options) -> dict[str, dict[str, int]]:
+    """Bytes per model: ``{model: {weights, grads+optimizer, activations, kv cache}}``."""
+    b = DTYPE_BYTES[o.dtype]
+    p, g, lp, n = s.prompts, s.samples, s.prompt, s.response
+
+    def trained(params: int, trainable: int, tokens: int, scored: int, head: bool) -> dict[str, int]:
+        state = trainable * (4 + 8 + (4 if b != 4 else 0))  # fp32 grads, AdamW m and v, fp32 master in bf16
+        if o.gradient_checkpointing:  # layer inputs kept, one layer's activations rebuilt at a time
+            acts = b * (m.layers * m.hidden + m.act_per_token()) * tokens
+        else:
+            acts = b * m.layers * m.act_per_token() * tokens
+        acts += 2 * m.vocab * 4 * scored if head else 0
+        return {"weights": params * b, "grads+optimizer": state, "activations": -(-acts // o.micro_batches),
+                "kv cache": 0}
+
+    tokens = p * lp + p * g * (n - 1) if o.share_prompt else p * g * (lp + n)
+    out = {"policy (trained)": trained(m.params, m.params if o.lora_params is None else o.lora_params,
+                                           tokens, p * g * n, True),
+           "rollout (vLLM copy)": {"weights": m.params * b, "grads+optimizer": 0, "activations": 0,
+                                   "kv cache": 2 * m.layers * m.dkv * b * (p * lp + p * g * n)}}
+    if o.need_ref:
+        out["reference"] = {"weights": m.params * b, "grads+optimizer": 0, "activations": 0, "kv cache": 0}
+    if o.need_critic:
+        cparams = m.params - m.vocab * m.hidden * (0 if m.tied else 1) + m.hidden + 1
+        out["critic (trained)"] = trained(cparams, cparams, p * g * (lp + n), 0, False)
+    return out
+
+
+def options_for(config, run) -> Options:
+    """The planner's options for a resolved run configuration (which models the algorithm needs)."""
+    kl = run.kl
+    return Options(dtype=config.model.dtype, need_ref=kl is not None, need_critic=run.baseline.needs_values,
+                   old_logprobs=config.train.updates_per_batch > 1 or (kl is not None and kl.params.placement ==
+                                                                      "reward"),
+                   updates=config.train.updates_per_batch, share_prompt=config.engine.share_prompt,
+                   micro_batches=config.train.micro_batches, kv_cache_gb=config.engine.kv_cache_gb,
+                   gradient_checkpointing=getattr(config.train, "gradient_checkpointing", False))
+
+
+def measured_split(records: list[dict]) -> dict[str, float]:
+    """Median seconds per step of rollout, train and sync over a run's train records (the first
+    step, which pays warm-up, left out when there are more)."""
+    import statistics
+
+    train = [r for r in records if r.get("kind", "train") == "train" and "time_train" in r]
+    if len(train) > 1:
+        train = train[1:]
+    if not train:
+        raise PlanError("--from-run", "the run has no finished training step in metrics.jsonl",
+                        "train at least one step first")
+    return {k: statistics.median(r.get(f"time_{k}", 0.0) for r in train) for k in ("rollout", "train", "sync")} | {
+        "response_length_mean": statistics.median(r.get("response_length_mean", 0.0) for r in train)}

@@ -1,0 +1,129 @@
+"""``policyzoo plan``: parameter, FLOP and memory formulas checked against hand arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from policyzoo.cli import main
+from policyzoo.plan import (DEFAULT_CONFIG, Options, PlanError, Shape, Sizes, flops, load_shape, measured_split,
+                            memory)
+
+# h=4, i=8, 2 layers, 2 heads of 2 (dq=4), 1 kv head (dkv=2), vocab 10, tied, gated
+TINY = {"model_type": "llama", "hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 2, "vocab_size": 10,
+        "tie_word_embeddings": True}
+SIZES = Sizes(prompts=1, samples=2, response=3, prompt=3)
+
+
+def test_parameters_by_hand():
+    m = Shape.from_config(TINY)
+    # layer: q 4*4 + o 4*4 + k,v 2*4*2 + MLP 3*4*8 = 32 + 16 + 96 = 144
+    assert m.layer_matmul == 144
+    # 2 * (144 + 2 norms * 4) + embedding 10*4 (tied) + final norm 4 = 304 + 40 + 4
+    assert m.params == 348
+    # SmolLM2-135M: layer 2*576*576 + 2*576*192 + 3*576*1536 = 3538944, + 1152 norms, x 30 layers
+    # = 106202880, + 49152*576 = 28311552 (tied), + 576 = 134515008 (its published count)
+    assert Shape.from_config(DEFAULT_CONFIG).params == 134_515_008
+    # GPT-2 keys, ungated MLP (2 matrices), untied head: layer 2*4*4 + 2*4*4 + 2*4*16 = 192
+    g = Shape.from_config({"model_type": "gpt2", "n_embd": 4, "n_layer": 1, "n_head": 2, "vocab_size": 10,
+                           "tie_word_embeddings": False})
+    assert (g.intermediate, g.layer_matmul, g.params) == (16, 192, 192 + 8 + 80 + 4)
+
+
+def test_flops_by_hand():
+    m = Shape.from_config(TINY)
+    # prefill of 3 tokens, logits at 1: body 2*2*144*3 = 1728, attention 4*2*4*(1+2+3) = 192, head 2*4*10 = 80
+    assert m.forward(3, 0, logits=1) == 2000
+    f = flops(m, SIZES, Options())
+    # decode per sample: 2 tokens after 3: body 2*2*144*2 = 1152, attention 32*(4+5) = 288, head 80*2 = 160
+    assert f == {"rollout prefill": 2000, "rollout decode": 2 * 1600, "policy forward": 5200,
+                 "policy backward": 10400, "reference forward": 5200}
+    # no reference, gradient checkpointing (one more forward), two updates, old log-probs
+    f = flops(m, SIZES, Options(need_ref=False, gradient_checkpointing=True, updates=2, old_logprobs=True))
+    assert f["policy forward"] == 2 * 5200 and f["policy backward"] == 2 * 3 * 5200
+    assert f["policy old log-probs"] == 5200 and "reference forward" not in f
+    # per row without prompt sharing: 2 rows x (6 tokens: body 2*2*144*6 = 3456, attention 32*21 = 672,
+    # logits at 4: 320) = 2 * 4448
+    assert flops(m, SIZES, Options(share_prompt=False))["policy forward"] == 8896
+    # critic (PPO): per row 3456 + 672 + value head 2*4*6 = 4176; forward once without grad + once per update
+    f = flops(m, SIZES, Options(need_critic=True))
+    assert f["critic forward"] == 2 * 2 * 4176 and f["critic backward"] == 2 * 2 * 4176
+
+
+def test_sliding_window_caps_the_context():
+    m = Shape.from_config({**TINY, "sliding_window": 4})
+    # positions 4 and 5 attend to min(4, 4) + min(5, 4) = 8 positions instead of 9
+    assert m.context_sum(3, 2) == 8 and m.context_sum(0, 3) == 6
+
+
+def test_memory_by_hand():
+    m = Shape.from_config(TINY)
+    mem = memory(m, SIZES, Options(micro_batches=2))
+    pol = mem["policy (trained)"]
+    # weights 348 * 4 B; fp32 grads + AdamW m, v: 348 * 12
+    assert (pol["weights"], pol["grads+optimizer"]) == (1392, 4176)
+    # 7 tokens with grad (3 prompt + 2 rows x 2), 52 values per token per layer (16 + 8 + 4 + 24):
+    # 4 B * 2 * 52 * 7 = 2912, + logits 2 * 10 * 4 B * 6 scored = 480 -> 3392, over 2 micro-batches
+    assert pol["activations"] == 1696
+    # KV: 2 (k, v) * 2 layers * dkv 2 * 4 B * (3 prompt + 2 * 3 response tokens) = 288
+    assert mem["rollout (vLLM copy)"]["kv cache"] == 288
+    assert set(mem) == {"policy (trained)", "rollout (vLLM copy)", "reference"}
+    # checkpointing: 4 B * (2 layers * 4 inputs + one layer's 52) * 7 = 1680, + 480
+    assert memory(m, SIZES, Options(gradient_checkpointing=True))["policy (trained)"]["activations"] == 2160
+    # bf16: weights 2 B, fp32 master copy added: 348 * 16
+    b = memory(m, SIZES, Options(dtype="bfloat16"))["policy (trained)"]
+    assert (b["weights"], b["grads+optimizer"]) == (696, 5568)
+    # LoRA: 20 trainable parameters carry state (20 * 12), the weights stay
+    lo = memory(m, SIZES, Options(lora_params=20))["policy (trained)"]
+    assert (lo["weights"], lo["grads+optimizer"]) == (1392, 240)
+    # PPO's four models: the critic has no LM head (tied: same count) plus the 4 + 1 value head
+    assert memory(m, SIZES, Options(need_critic=True))["critic (trained)"]["weights"] == (348 + 5) * 4
+
+
+def test_bad_configs_are_user_errors(tmp_path):
+    with pytest.raises(PlanError, match="num_hidden_layers"):
+        Shape.from_config({k: v for k, v in TINY.items() if k != "num_hidden_layers"})
+    with pytest.raises(PlanError, match="no config.json"):
+        load_shape(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(PlanError, match="JSON"):
+        load_shape(str(tmp_path))
+
+
+def test_cli_table(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    assert main(["plan", "--algo", "grpo", "1", "2", "3", f"model={tmp_path}", "prompt=3"]) == 0
+    out = capsys.readouterr().out
+    # shares of 26000: prefill 2000 -> 7.7%, decode 3200 -> 12.3%, backward 10400 -> 40.0%
+    assert "7.7%" in out and "12.3%" in out and "40.0%" in out and "reference forward" in out
+    assert main(["plan", "--algo", "ppo", "1", "2", "3", f"model={tmp_path}", "prompt=3"]) == 0
+    assert "critic (trained)" in capsys.readouterr().out
+    assert main(["plan", "1", "2"]) == 2
+    assert "P G L together" in capsys.readouterr().err
+
+
+def test_from_run(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY))
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {"algorithm": {"base": "grpo", "sample": {"use": "group", "n": 2}},
+              "model": {"path": str(tmp_path / "model")}, "train": {"prompts_per_step": 1}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    recs = [{"kind": "train", "step": 1, "time_rollout": 9.0, "time_train": 9.0, "time_sync": 9.0,
+             "response_length_mean": 9.0},
+            {"kind": "train", "step": 2, "time_rollout": 1.0, "time_train": 3.0, "time_sync": 0.5,
+             "response_length_mean": 3.0},
+            {"kind": "eval", "step": 2, "time_eval": 1.0},
+            {"kind": "train", "step": 3, "time_rollout": 1.0, "time_train": 3.0, "time_sync": 0.5,
+             "response_length_mean": 3.2}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    # step 1 (warm-up) is left out: medians of steps 2-3
+    assert measured_split(recs) == {"rollout": 1.0, "train": 3.0, "sync": 0.5, "response_length_mean": 3.1}
+    assert main(["plan", "--from-run", str(run), "prompt=3"]) == 0
+    out = capsys.readouterr().out
+    # L = round(3.1) = 3: the hand example; rollout 5200 of 26000 FLOPs = 20.0%, 1 s of 4 s = 25.0%
+    assert "20.0%" in out and "25.0%" in out and "measured split" in out
