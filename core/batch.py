@@ -119,6 +119,36 @@ class StepBatch:
             out.append(self.select(keep))
         return out
 
+    def split_tokens(self, budget: int) -> list["StepBatch"]:
+        """Contiguous micro-batches of at most ``budget`` tokens each, a row counting its prompt and
+        its real response tokens (``response_mask``; padding is not counted), as the per-row
+        forward would feed them (:func:`token_budget_bounds`). The loss is exact for any split
+        (``StepTotals``), so this only bounds the activations held at once."""
+        lengths = self.rollout.response_mask.sum(-1).tolist()
+        costs = [len(p) + int(n) for p, n in zip(self.rollout.prompt_ids, lengths)]
+        out = []
+        for lo, hi in token_budget_bounds(costs, budget):
+            keep = torch.zeros(len(self), dtype=torch.bool)
+            keep[lo:hi] = True
+            out.append(self.select(keep))
+        return out
+
+
+def token_budget_bounds(costs: list[int], budget: int) -> list[tuple[int, int]]:
+    """Contiguous ``[lo, hi)`` row ranges, each holding at most ``budget`` tokens (``costs[i]``:
+    row i's tokens), filled greedily in row order; a row alone over the budget gets a range of its
+    own (a row is never cut). Row order is kept, so a group's rows (and the prompt they share)
+    stay together unless the budget ends between them."""
+    bounds, lo, used = [], 0, 0
+    for i, c in enumerate(costs):
+        if i > lo and used + c > budget:
+            bounds.append((lo, i))
+            lo, used = i, 0
+        used += c
+    if costs:
+        bounds.append((lo, len(costs)))
+    return bounds
+
 
 def _select(obj, keep: Tensor):
     keep = keep.to(torch.bool).cpu()

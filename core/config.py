@@ -37,6 +37,9 @@ class TrainSettings(Section):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0, description="global gradient-norm clip; 0 disables")
     micro_batches: int = Field(1, ge=1, description="gradient accumulation splits (loss is exact for any)")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description="micro-batches of at most this many "
+                                                   "prompt + response tokens instead of a fixed count (long "
+                                                   "answers: more, smaller micro-batches; the loss is exact)")
     updates_per_batch: int = Field(1, ge=1, description="optimizer steps per sampled batch (PPO epochs)")
     max_sample_rounds: int | None = Field(None, ge=1, description="dynamic sampling budget in rounds of P "
                                           "prompts; null = the resampling filter's own max_sample_rounds "
@@ -79,6 +82,13 @@ class Config(Section):
     train: TrainSettings = TrainSettings()
     engine: EngineSettings = EngineSettings()
     output_dir: str | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _one_micro_batch_rule(self):
+        if self.train.max_tokens_per_micro_batch and self.train.micro_batches > 1:
+            raise ValueError("train.micro_batches and train.max_tokens_per_micro_batch both set the micro-batches: "
+                             "set only one of them")
+        return self
 
     @pydantic.model_validator(mode="after")
     def _bf16_needs_zero(self):
@@ -190,7 +200,8 @@ def step_settings(config: Config, run):
     return StepSettings.for_run(run, max_sample_rounds=config.train.max_sample_rounds,
                                 updates_per_batch=config.train.updates_per_batch,
                                 micro_batches=config.train.micro_batches, on_shortfall=config.train.on_shortfall,
-                                reward_nan=config.train.reward_nan)
+                                reward_nan=config.train.reward_nan,
+                                max_tokens_per_micro_batch=config.train.max_tokens_per_micro_batch)
 
 
 def reward_uses(config: Config, default: list) -> tuple:

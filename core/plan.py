@@ -28,13 +28,15 @@ to this engine; all stated so a reader can check them by hand, ``tests/test_plan
   adapter's parameters. Activations kept for backward per token per layer: ``4h + 2dq + 2dkv +
   3i`` values (``2i`` ungated; SDPA keeps no attention matrix), plus fp32 logits and their
   log-softmax (``2 x V x 4`` bytes) per scored position; with gradient checkpointing only the
-  ``h`` layer inputs per token plus one layer's set. Micro-batches divide the activation memory.
+  ``h`` layer inputs per token plus one layer's set. Micro-batches divide the activation memory (a token budget B
+  makes ``ceil(P*G*(prompt+L) / B)`` of them).
   KV cache: ``2 x layers x dkv x dtype`` bytes per cached token (prompts once, each sample's
   response), next to the engine's reserved ``engine.kv_cache_gb``. One rank, ZeRO not applied.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +167,7 @@ class Options:
     share_prompt: bool = True
     gradient_checkpointing: bool = False
     micro_batches: int = 1
+    max_tokens_per_micro_batch: int | None = None
     kv_cache_gb: float = 1.0
     lora_params: int | None = None  # trainable parameters when training a LoRA adapter
 
@@ -207,6 +210,8 @@ def memory(m: Shape, s: Sizes, o: Options) -> dict[str, dict[str, int]]:
         return {"weights": params * b, "grads+optimizer": state, "activations": -(-acts // o.micro_batches),
                 "kv cache": 0}
 
+    if o.max_tokens_per_micro_batch:  # micro-batches of at most this many prompt + response tokens
+        o = dataclasses.replace(o, micro_batches=max(1, -(-p * g * (lp + n) // o.max_tokens_per_micro_batch)))
     tokens = p * lp + p * g * (n - 1) if o.share_prompt else p * g * (lp + n)
     out = {"policy (trained)": trained(m.params, m.params if o.lora_params is None else o.lora_params,
                                            tokens, p * g * n, True),
@@ -227,7 +232,9 @@ def options_for(config, run) -> Options:
                    old_logprobs=config.train.updates_per_batch > 1 or (kl is not None and kl.params.placement ==
                                                                       "reward"),
                    updates=config.train.updates_per_batch, share_prompt=config.engine.share_prompt,
-                   micro_batches=config.train.micro_batches, kv_cache_gb=config.engine.kv_cache_gb,
+                   micro_batches=config.train.micro_batches,
+                   max_tokens_per_micro_batch=config.train.max_tokens_per_micro_batch,
+                   kv_cache_gb=config.engine.kv_cache_gb,
                    gradient_checkpointing=getattr(config.train, "gradient_checkpointing", False))
 
 

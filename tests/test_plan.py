@@ -70,6 +70,8 @@ def test_memory_by_hand():
     assert pol["activations"] == 1696
     # KV: 2 (k, v) * 2 layers * dkv 2 * 4 B * (3 prompt + 2 * 3 response tokens) = 288
     assert mem["rollout (vLLM copy)"]["kv cache"] == 288
+    # a 9-token budget: 2 rows x (3 + 3) = 12 tokens -> ceil(12 / 9) = 2 micro-batches, as above
+    assert memory(m, SIZES, Options(max_tokens_per_micro_batch=9))["policy (trained)"]["activations"] == 1696
     assert set(mem) == {"policy (trained)", "rollout (vLLM copy)", "reference"}
     # checkpointing: 4 B * (2 layers * 4 inputs + one layer's 52) * 7 = 1680, + 480
     assert memory(m, SIZES, Options(gradient_checkpointing=True))["policy (trained)"]["activations"] == 2160
