@@ -28,6 +28,16 @@ class ModelSettings(Section):
                              "default SmolLM2-135M-Instruct (converted once into a local cache)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training dtype; fp32 on CPU")
     trust_remote_code: bool = Field(False, description="run code shipped inside the model folder")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters (PEFT) instead of every weight: "
+                                      "{r, alpha, target_modules, dropout}; {} for PEFT's defaults")
+
+
+class LoraSettings(Section):
+    r: int = Field(8, ge=1, description="LoRA rank")
+    alpha: float = Field(8.0, gt=0, description="LoRA alpha: the update B @ A is scaled by alpha / r")
+    target_modules: str | list[str] = Field("all-linear", description="module names to adapt (e.g. [q_proj, "
+                                            "v_proj]) or all-linear (every linear layer but the LM head)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input, in gradient forwards only")
 
 
 class TrainSettings(Section):
@@ -40,6 +50,10 @@ class TrainSettings(Section):
     max_tokens_per_micro_batch: int | None = Field(None, ge=1, description="micro-batches of at most this many "
                                                    "prompt + response tokens instead of a fixed count (long "
                                                    "answers: more, smaller micro-batches; the loss is exact)")
+    gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in backward "
+                                         "(less memory, one more forward; rows are then scored in full)")
+    autocast: bool = Field(False, description="bf16 compute (torch.autocast) over fp32 weights, gradients and "
+                           "optimizer state; needs model.dtype float32")
     updates_per_batch: int = Field(1, ge=1, description="optimizer steps per sampled batch (PPO epochs)")
     max_sample_rounds: int | None = Field(None, ge=1, description="dynamic sampling budget in rounds of P "
                                           "prompts; null = the resampling filter's own max_sample_rounds "
@@ -69,6 +83,9 @@ class EngineSettings(Section):
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only)")
     critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in the run directory")
+    deepspeed: str | dict[str, Any] | None = Field(None, description="your own DeepSpeed config (a JSON file or a "
+                                                   "mapping) merged over policyzoo's, e.g. {zero_optimization: "
+                                                   "{offload_optimizer: {device: cpu}}}")
     share_prompt: bool = Field(True, description="score each distinct prompt once and only the responses per "
                                "row (same numbers, fewer FLOPs; checked against the per-row forward at start-up)")
 
@@ -88,6 +105,13 @@ class Config(Section):
         if self.train.max_tokens_per_micro_batch and self.train.micro_batches > 1:
             raise ValueError("train.micro_batches and train.max_tokens_per_micro_batch both set the micro-batches: "
                              "set only one of them")
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _autocast_needs_fp32(self):
+        if self.train.autocast and self.model.dtype != "float32":
+            raise ValueError("train.autocast computes in bf16 over fp32 weights, but model.dtype is already "
+                             f"{self.model.dtype}: set model.dtype=float32, or train.autocast=false")
         return self
 
     @pydantic.model_validator(mode="after")

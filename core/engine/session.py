@@ -116,7 +116,9 @@ class Session:
                                need_ref=self.run.kl is not None,
                                need_critic=bool(getattr(self.run.baseline, "needs_values", False)),
                                critic_lr=c.engine.critic_lr or 10 * c.train.lr,
-                               trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt)
+                               trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt,
+                               lora=c.model.lora, gradient_checkpointing=c.train.gradient_checkpointing,
+                               autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed)
         why = self.trainer.check_share_prompt(self.check_ids)
         if why:
             self.console.print(f"[yellow]warning:[/] {why} (engine.share_prompt)")
@@ -229,9 +231,9 @@ class Session:
         summary = {"steps": steps, "algorithm": self.run.bundle.name, "model": str(self.model.path),
                    "eval_accuracy_before": before.get("eval_accuracy", self._first_eval()),
                    "eval_accuracy_after": after.get("eval_accuracy"), "startup_seconds": self.startup_s,
-                   "models_loaded": ["policy"] + (["reference"] if self.trainer.ref is not None else [])
-                   + (["critic"] if self.trainer.critic is not None else []),
-                   "zero_stage": self.config.engine.zero_stage, "rollout": self.config.engine.rollout,
+                   "models_loaded": self.trainer.models_loaded(), "trainable_params": self.trainer.trainable_params,
+                   "peak_rss_gib": peak_rss_gib(), "zero_stage": self.trainer.stage,
+                   "rollout": self.config.engine.rollout,
                    "run_dir": str(self.rundir.path)}
         self.rundir.write_summary(summary)
         self.console.print(f"done: held-out accuracy {summary['eval_accuracy_before']} -> "
@@ -274,3 +276,10 @@ class Session:
                                 "lower train.lr or train.grad_clip, then resume from the last checkpoint")
         state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size())
         return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, GiB (``ru_maxrss``: KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

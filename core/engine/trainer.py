@@ -17,6 +17,10 @@
 * The reference model (only when a ``kl`` component is active) is a frozen copy of the initial
   weights; the critic (only for baselines that ``need_values``) is the same transformer with a
   scalar value head (zero-initialised, so every first value is 0) trained by its own engine.
+* Options: LoRA adapters (``model.lora``, ``policyzoo.engine.lora``: the reference is then the base
+  model with the adapter off), gradient checkpointing and bf16 autocast (``policyzoo.engine.compute``),
+  the user's own DeepSpeed config merged over policyzoo's (``engine.deepspeed``,
+  ``policyzoo.engine.dsconfig``).
 """
 
 from __future__ import annotations
@@ -29,26 +33,13 @@ from torch import nn
 
 from ..batch import Rollout
 from ..errors import ConfigError
+from . import lora as lora_mod
+from .compute import autocast, enable_gradient_checkpointing
+from .dsconfig import BETAS, ds_config, merge, read_user_config
+from .dsconfig import zero_stage as stage_of
 from .prefix import shared_prompt_logprobs, token_logprobs
 
-
-BETAS = (0.9, 0.999)
-
-
-def ds_config(stage: int, lr: float, weight_decay: float, grad_clip: float, dtype: str) -> dict:
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "managed_gradient_accumulation": False,
-        "gradient_clipping": float(grad_clip),
-        "zero_optimization": {"stage": int(stage)},
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay, "betas": list(BETAS),
-                                                  "eps": 1e-8, "torch_adam": True,
-                                                  "fused": True}},
-        "bf16": {"enabled": dtype == "bfloat16"},
-        "steps_per_print": 2**31,
-        "wall_clock_breakdown": False,
-    }
+__all__ = ["BETAS", "Trainer", "ValueModel", "ds_config", "pack"]
 
 
 def pack(rollout: Rollout, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -90,43 +81,72 @@ class Trainer:
 
     def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
-                 score_rows: int = 16, share_prompt: bool = True):
+                 score_rows: int = 16, share_prompt: bool = True, lora=None, gradient_checkpointing: bool = False,
+                 autocast: bool = False, deepspeed_config: str | dict | None = None):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
+        user = read_user_config(deepspeed_config)
+        policy_cfg = merge(ds_config(zero_stage, lr, weight_decay, grad_clip, dtype), user)
+        zero_stage = stage_of(policy_cfg)  # the user's config may set the stage
         if dtype == "bfloat16" and zero_stage == 0:
             raise ConfigError("model.dtype", "bfloat16 at engine.zero_stage 0 trains differently from fp32 on this "
                               "DeepSpeed version", "use engine.zero_stage >= 1 with bfloat16, or model.dtype: float32")
+        if lora is not None and zero_stage == 3:
+            raise ConfigError("model.lora", "LoRA is supported at ZeRO stages 0-2", "set engine.zero_stage <= 2")
         self.info, self.stage, self.pad_id = info, zero_stage, info.pad_token_id
         self.score_rows = score_rows
-        #: score through policyzoo.engine.prefix (one forward per distinct prompt); see check_share_prompt
-        self.share_prompt = share_prompt
+        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing
+        self.share_prompt = share_prompt and not gradient_checkpointing
+        #: bf16 compute over fp32 weights (policyzoo.engine.compute)
+        self.autocast = autocast
         cuda = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         tdtype = getattr(torch, dtype)
         path = str(info.path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
         model.eval()  # no dropout: the trainer must score exactly what the sampler sampled
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                               config=ds_config(zero_stage, lr, weight_decay, grad_clip, dtype))
+        self.lora = lora is not None
+        if self.lora:
+            model = lora_mod.wrap(model, lora)
+            model.eval()
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        #: trained parameters (all of them, or the LoRA adapter's)
+        self.trainable_params = sum(p.numel() for p in trainable)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=policy_cfg)
         self.ref = None
-        if need_ref:
+        if need_ref and not self.lora:  # with LoRA the reference is the base model (adapter off)
             self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
             self.ref.eval().requires_grad_(False).to(self.device)
         self.critic = None
         if need_critic:
             vm = ValueModel(path, tdtype, trust_remote_code)
-            cfg = ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype)
+            if gradient_checkpointing:
+                enable_gradient_checkpointing(vm.body)
+            cfg = merge(ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype), user)
             self.critic, *_ = deepspeed.initialize(model=vm, model_parameters=vm.parameters(), config=cfg)
+        self._need_ref = need_ref
         self._nonfinite = 0
         from .dist import world_size
         #: DeepSpeed averages gradients over ranks; losses are scaled by the world size so the
         #: average is the full-batch gradient (see policyzoo.engine.dist)
         self.world = world_size()
 
+    def models_loaded(self) -> list[str]:
+        """The models this run holds, for the summary (with LoRA the reference is the base model)."""
+        ref = ["reference (base model, adapter off)" if self.lora else "reference"] if self._need_ref else []
+        return ["policy"] + ref + (["critic"] if self.critic is not None else [])
+
     # ---------------------------------------------------------------------------- scoring
-    def _logprobs(self, model, rollout: Rollout, entropy: bool, share: bool | None = None):
-        """Log-probs (and entropies) ``[B, T]``, exactly 0 where ``response_mask`` is False."""
+    def _logprobs(self, model, rollout: Rollout, entropy: bool, share: bool | None = None, cast: bool | None = None):
+        """Log-probs (and entropies) ``[B, T]``, exactly 0 where ``response_mask`` is False (under
+        bf16 autocast when ``train.autocast`` is on, unless ``cast`` is False)."""
+        with autocast(self.device, self.autocast if cast is None else cast):
+            return self._logprobs_inner(model, rollout, entropy, share)
+
+    def _logprobs_inner(self, model, rollout: Rollout, entropy: bool, share: bool | None):
         if self.share_prompt if share is None else share:
             lp, ent = shared_prompt_logprobs(model, rollout, self.pad_id, self.device, entropy)
         else:
@@ -160,8 +180,8 @@ class Trainer:
                     rollout_logprobs=torch.zeros(4, t), group_ids=torch.tensor([0, 0, 1, 1]),
                     truncated=torch.zeros(4, dtype=torch.bool))
         try:
-            diff = float((self._logprobs(self.engine, r, False, True)[0]
-                          - self._logprobs(self.engine, r, False, False)[0]).abs().max())
+            diff = float((self._logprobs(self.engine, r, False, True, cast=False)[0]
+                          - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs().max())
         except Exception as e:  # noqa: BLE001 - any failure means: score per row
             self.share_prompt = False
             return f"shared-prompt scoring failed on this model ({type(e).__name__}: {e}); scoring per row"
@@ -179,14 +199,18 @@ class Trainer:
 
     def logprobs(self, rollout: Rollout, grad: bool, entropy: bool = False):
         if grad:
-            return self._logprobs(self.engine, rollout, entropy)
+            with lora_mod.adapter_dropout(self.engine.module, self.lora):
+                return self._logprobs(self.engine, rollout, entropy)
         with torch.no_grad():
             return self._chunked(lambda r: self._logprobs(self.engine, r, entropy), rollout)
 
     @torch.no_grad()
     def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
-        if self.ref is None:
+        if not self._need_ref:
             raise RuntimeError("ref_logprobs called but no kl component is active (no reference model loaded)")
+        if self.lora:  # the base model: the adapter switched off
+            with self.engine.module.disable_adapter():
+                return self._chunked(lambda r: self._logprobs(self.engine, r, False)[0], rollout)
         return self._chunked(lambda r: self._logprobs(self.ref, r, False)[0], rollout)
 
     @torch.no_grad()
@@ -206,7 +230,8 @@ class Trainer:
 
         def run(r):
             ids, attn, pos, t = pack(r, self.pad_id, self.device)
-            return self.critic(ids, attn, pos, t).cpu()
+            with autocast(self.device, self.autocast):
+                return self.critic(ids, attn, pos, t).cpu()
         if grad:
             return run(rollout)
         with torch.no_grad():
@@ -282,6 +307,9 @@ class Trainer:
         """``[(hf_name, tensor)]`` of the policy's full weights (gathered under ZeRO-3)."""
         import deepspeed
 
+        if self.lora:  # ZeRO 0-2 only: every weight is held whole on every rank
+            yield lora_mod.merged_weights(self.engine.module)
+            return
         params = list(self.engine.module.named_parameters())
         with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None, enabled=self.stage == 3):
             yield [(n, p.data) for n, p in params]
@@ -332,9 +360,14 @@ class Trainer:
 
     def export(self, folder: str) -> None:
         """``save_pretrained`` (safetensors) of the trained policy and its tokenizer (rank 0 writes;
-        every rank takes part in the ZeRO-3 gather)."""
+        every rank takes part in the ZeRO-3 gather); with LoRA the merged model, and the adapter in
+        ``folder/adapter`` (``policyzoo.engine.lora``)."""
         from .dist import rank
 
+        if self.lora:
+            if rank() == 0:
+                lora_mod.export(self.engine.module, folder, self.info.tokenizer)
+            return
         with self.full_weights() as weights:
             state = {n: t.detach().cpu().clone() for n, t in weights}
         if rank() != 0:

@@ -1,0 +1,45 @@
+"""The speed and memory options end to end on the tiny Llama (vLLM rollout, DeepSpeed, sync check
+after every step): LoRA with the reference taken from the base model, gradient checkpointing,
+bf16 autocast, token-budget micro-batches and the user's DeepSpeed config, in one run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+from safetensors.torch import load_file
+
+from _engine_helpers import metrics, run_train, tiny_model
+
+
+def test_lora_checkpointing_autocast_token_budget_and_user_deepspeed_config(tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 1}, "gradient_accumulation_steps": "auto"}))
+    out = tmp_path / "run"
+    proc = run_train(out, "train.steps=2", "algorithm.sample.n=4", "model.lora={r: 4, alpha: 16}",
+                     "train.gradient_checkpointing=true", "train.autocast=true",
+                     "train.max_tokens_per_micro_batch=64", f"engine.deepspeed={ds}", "train.lr=1e-2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr
+    train = metrics(out)
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        assert r["skipped"] == 0 and math.isfinite(r["loss"]) and "kl_ref" in r
+        # vLLM got the merged weights W + scale B @ A: the check scores in fp32 on both sides
+        assert r["sync_max_diff"] <= 1e-4
+    # step 1 starts at the base model, which is also the reference: KL 0 (adapter B = 0 at start)
+    assert abs(train[0]["kl_ref"]) < 1e-6
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["models_loaded"] == ["policy", "reference (base model, adapter off)"]
+    assert summary["trainable_params"] == 16384  # r 4 x 2048 per layer x 2 layers (tests/test_compute.py)
+    assert summary["zero_stage"] == 1  # from the user's DeepSpeed config
+    # exported: the adapter, and a merged model that differs from the base where the adapter acts
+    assert (out / "final" / "adapter" / "adapter_config.json").is_file()
+    before = load_file(str(tiny_model() / "model.safetensors"))
+    after = load_file(str(out / "final" / "model.safetensors"))
+    assert sorted(after) == sorted(before)
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert float((after[key] - before[key]).abs().max()) > 0
+    norm = "model.layers.0.input_layernorm.weight"  # not adapted: unchanged
+    assert torch.equal(after[norm], before[norm])
