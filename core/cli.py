@@ -161,7 +161,8 @@ def cmd_plan(args, out: Console) -> None:
     p, g, n = sizes or (config.train.prompts_per_step, run.sample.params.n, run.sample.params.max_tokens)
     if split and not sizes:
         n = max(1, round(split["response_length_mean"]))
-    shape, opts = load_shape(model), options_for(config, run)
+    shape = load_shape(model)
+    opts = options_for(config, run, shape)
     s = Sizes(p, g, n, prompt)
     f = flops(shape, s, opts)
     total = sum(f.values())

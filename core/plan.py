@@ -25,8 +25,9 @@ to this engine; all stated so a reader can check them by hand, ``tests/test_plan
   once without gradient (old values), then forward + backward per update.
 * **Memory**, bytes: weights ``n x dtype``; trained models add gradients (fp32: 4 n) and AdamW's two
   moments (8 n), plus fp32 master weights (4 n) when training in bf16; LoRA trains only the
-  adapter's parameters. Activations kept for backward per token per layer: ``4h + 2dq + 2dkv +
-  3i`` values (``2i`` ungated; SDPA keeps no attention matrix), plus fp32 logits and their
+  adapter's parameters (``r x (in + out)`` per adapted layer) and its reference is the base model
+  inside the policy (no weights of its own). Activations kept for backward per token per layer:
+  ``4h + 2dq + 2dkv + 3i`` values (``2i`` ungated; SDPA keeps no attention matrix), plus fp32 logits and their
   log-softmax (``2 x V x 4`` bytes) per scored position; with gradient checkpointing only the
   ``h`` layer inputs per token plus one layer's set. Micro-batches divide the activation memory (a token budget B
   makes ``ceil(P*G*(prompt+L) / B)`` of them).
@@ -129,6 +130,15 @@ class Shape:
                                                                                                             tokens)
         return body + (2 * self.hidden * self.vocab * logits if head else 2 * self.hidden * tokens)
 
+    def lora_params(self, r: int, targets: str | list[str] = "all-linear") -> int:
+        """Adapter parameters: ``r x (in + out)`` per adapted linear layer (Llama names; all-linear:
+        every linear layer of the decoder, not the LM head)."""
+        h, i = self.hidden, self.intermediate
+        shapes = {"q_proj": (h, self.dq), "k_proj": (h, self.dkv), "v_proj": (h, self.dkv), "o_proj": (self.dq, h),
+                  "up_proj": (h, i), "down_proj": (i, h)} | ({"gate_proj": (h, i)} if self.gated else {})
+        names = list(shapes) if targets == "all-linear" else [t for t in targets if t in shapes]
+        return self.layers * sum(r * sum(shapes[n]) for n in names)
+
     def act_per_token(self) -> int:
         """Activation values kept for backward per token and layer (see the module docstring)."""
         return 4 * self.hidden + 2 * self.dq + 2 * self.dkv + (3 if self.gated else 2) * self.intermediate
@@ -217,7 +227,9 @@ def memory(m: Shape, s: Sizes, o: Options) -> dict[str, dict[str, int]]:
                                            tokens, p * g * n, True),
            "rollout (vLLM copy)": {"weights": m.params * b, "grads+optimizer": 0, "activations": 0,
                                    "kv cache": 2 * m.layers * m.dkv * b * (p * lp + p * g * n)}}
-    if o.need_ref:
+    if o.need_ref and o.lora_params is not None:  # the base model inside the policy, adapter off
+        out["reference (adapter off)"] = {"weights": 0, "grads+optimizer": 0, "activations": 0, "kv cache": 0}
+    elif o.need_ref:
         out["reference"] = {"weights": m.params * b, "grads+optimizer": 0, "activations": 0, "kv cache": 0}
     if o.need_critic:
         cparams = m.params - m.vocab * m.hidden * (0 if m.tied else 1) + m.hidden + 1
@@ -225,9 +237,9 @@ def memory(m: Shape, s: Sizes, o: Options) -> dict[str, dict[str, int]]:
     return out
 
 
-def options_for(config, run) -> Options:
+def options_for(config, run, shape: Shape) -> Options:
     """The planner's options for a resolved run configuration (which models the algorithm needs)."""
-    kl = run.kl
+    kl, lo = run.kl, config.model.lora
     return Options(dtype=config.model.dtype, need_ref=kl is not None, need_critic=run.baseline.needs_values,
                    old_logprobs=config.train.updates_per_batch > 1 or (kl is not None and kl.params.placement ==
                                                                       "reward"),
@@ -235,7 +247,8 @@ def options_for(config, run) -> Options:
                    micro_batches=config.train.micro_batches,
                    max_tokens_per_micro_batch=config.train.max_tokens_per_micro_batch,
                    kv_cache_gb=config.engine.kv_cache_gb,
-                   gradient_checkpointing=getattr(config.train, "gradient_checkpointing", False))
+                   gradient_checkpointing=config.train.gradient_checkpointing,
+                   lora_params=shape.lora_params(lo.r, lo.target_modules) if lo is not None else None)
 
 
 def measured_split(records: list[dict]) -> dict[str, float]:

@@ -53,6 +53,13 @@ def test_flops_by_hand():
     assert f["critic forward"] == 2 * 2 * 4176 and f["critic backward"] == 2 * 2 * 4176
 
 
+def test_lora_parameters_by_hand():
+    m = Shape.from_config(TINY)
+    # r 2 x (in + out): q 4+4, k 4+2, v 4+2, o 4+4, gate 4+8, up 4+8, down 8+4 = 64 per layer -> 2 x 2 x 64
+    assert m.lora_params(2) == 256
+    assert m.lora_params(2, ["q_proj", "v_proj"]) == 2 * 2 * (8 + 6)
+
+
 def test_sliding_window_caps_the_context():
     m = Shape.from_config({**TINY, "sliding_window": 4})
     # positions 4 and 5 attend to min(4, 4) + min(5, 4) = 8 positions instead of 9
@@ -81,6 +88,7 @@ def test_memory_by_hand():
     # LoRA: 20 trainable parameters carry state (20 * 12), the weights stay
     lo = memory(m, SIZES, Options(lora_params=20))["policy (trained)"]
     assert (lo["weights"], lo["grads+optimizer"]) == (1392, 240)
+    assert memory(m, SIZES, Options(lora_params=20))["reference (adapter off)"]["weights"] == 0
     # PPO's four models: the critic has no LM head (tied: same count) plus the 4 + 1 value head
     assert memory(m, SIZES, Options(need_critic=True))["critic (trained)"]["weights"] == (348 + 5) * 4
 
@@ -103,6 +111,9 @@ def test_cli_table(tmp_path, capsys):
     assert "7.7%" in out and "12.3%" in out and "40.0%" in out and "reference forward" in out
     assert main(["plan", "--algo", "ppo", "1", "2", "3", f"model={tmp_path}", "prompt=3"]) == 0
     assert "critic (trained)" in capsys.readouterr().out
+    assert main(["plan", "1", "2", "3", f"model={tmp_path}", "prompt=3", "model.lora={r: 2}"]) == 0
+    # with LoRA the reference is the base model inside the policy: no weights of its own
+    assert "reference (adapter off)" in capsys.readouterr().out
     assert main(["plan", "1", "2"]) == 2
     assert "P G L together" in capsys.readouterr().err
 

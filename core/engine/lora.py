@@ -31,8 +31,11 @@ from ..errors import ConfigError
 def wrap(model, settings):
     """``model`` with LoRA adapters (a PEFT model; base weights frozen). ``settings``: the config's
     ``model.lora`` section. Raises ConfigError when a target module does not exist."""
-    from peft import LoraConfig, get_peft_model
-
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError("model.lora", "LoRA needs the peft package, which is not installed",
+                          "pip install 'policyzoo[lora]' (or peft), or drop model.lora") from None
     targets = settings.target_modules
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",
                      target_modules=targets if isinstance(targets, str) else list(targets), task_type="CAUSAL_LM")
