@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+import summary as bench_summary  # bench/summary.py (the script's folder is on sys.path)
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -195,6 +197,8 @@ def parse(argv=None):
     ap.add_argument("--model-config", default=None, help="a config.json for another Llama-style model")
     ap.add_argument("--metrics", default=None, help="a run's metrics.jsonl: compare its measured time split")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--summary-key", default=None, help="with --metrics: record the run's training time over its "
+                    "fp32 ceiling in bench/results/summary.json under this name (train_over_ceiling)")
     ap.add_argument("--model-step", action="store_true", help="also time the real model's forward/backward "
                     "(needs the embedded default model)")
     ap.add_argument("--model-rows", type=int, default=None, help="rows for --model-step (default P x G)")
@@ -284,6 +288,15 @@ def main(argv=None) -> dict:
         for k, v in split.items():
             print(f"| {k} | {v:.2f} | {v / ceil[k]:.1f} |" if k in ceil else f"| {k} | {v:.2f} | |")
         res["measured"] = split
+        if a.summary_key and "time_train" in split:
+            bf16 = (res["ceiling_bf16"]["train: forward+backward"] + res["ceiling_bf16"].get("reference forward", 0.0)
+                    + res["ceiling_bf16"]["optimizer"])
+            bench_summary.record(a.summary_key, round(split["time_train"] / ceil["time_train"], 2), argv,
+                                 {"time_train_s": split["time_train"], "ceiling_fp32_s": ceil["time_train"],
+                                  "over_bf16_ceiling": split["time_train"] / bf16, "metrics": a.metrics,
+                                  "P": a.P, "G": a.G, "prompt_len": a.prompt_len, "response_len": a.response_len})
+    elif a.summary_key:
+        raise SystemExit("--summary-key needs --metrics (a run's metrics.jsonl to compare with the ceiling)")
     return res
 
 

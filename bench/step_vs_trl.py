@@ -13,6 +13,10 @@ over the steps after ``--warmup``; the ratio policyzoo / TRL of the median step 
 step for both (the learning curves) to JSON and, with matplotlib, a PNG.
 
 Run: ``python bench/step_vs_trl.py --steps 6 --P 2 --G 4 --max-tokens 32 --threads 2``.
+``--summary-key NAME`` records the ratio of the median step times (policyzoo / TRL) under NAME in
+``bench/results/summary.json`` (``bench/summary.py``: with the command, the load and the date);
+``--record-startup`` records policyzoo's ``startup_s`` too: seconds from starting its process to
+ready for the first step (imports, DeepSpeed, the reference, vLLM).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import summary as bench_summary  # noqa: E402  (first: it notes the machine load at the start)
 from workers import TAG, add_common, check_common  # noqa: E402
 
 
@@ -140,6 +145,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=1, help="steps left out of the medians")
     ap.add_argument("--out", default=str(HERE / "results" / "step_vs_trl"), help="folder for JSON, log, PNG")
     ap.add_argument("--summarize", default=None, help="only re-print the tables and plot of a results.json")
+    ap.add_argument("--summary-key", default=None, help="record the step-time ratio in bench/results/summary.json "
+                    "under this name (step_ratio_default, step_ratio_gsm8k_128, ...)")
+    ap.add_argument("--record-startup", action="store_true", help="record policyzoo's startup_s there too")
     a = ap.parse_args(argv)
     if a.summarize:
         results = json.loads(Path(a.summarize).read_text())
@@ -156,8 +164,10 @@ def main(argv=None) -> dict:
     with open(out / "workers.log", "w") as log:
         workers = {}
         for name in ("policyzoo", "trl"):  # load one at a time (each loads with all threads)
+            t_launch = time.perf_counter()
             workers[name] = Worker(name, a, f"{scratch}/{name}", log)
             results["ready"][name] = workers[name].read()
+            results["ready"][name]["launch_to_ready_s"] = time.perf_counter() - t_launch
             print(f"{name} ready: {results['ready'][name]}", flush=True)
         t0 = time.perf_counter()
         for step in range(a.steps):
@@ -175,7 +185,27 @@ def main(argv=None) -> dict:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "table.md").write_text(table + "\n")
     plot(results, out / "curves.png")
+    record(results, a, argv)
     return results
+
+
+def record(results: dict, a, argv) -> None:
+    """The headline numbers into bench/results/summary.json (``--summary-key``, ``--record-startup``)."""
+    rest = slice(a.warmup, None)
+    p, t = median(results["policyzoo"][rest], "time_step"), median(results["trl"][rest], "time_step")
+    pairs = [x["time_step"] / y["time_step"] for x, y in zip(results["policyzoo"][rest], results["trl"][rest])]
+    if a.summary_key:
+        detail = {"policyzoo_step_s": p, "trl_step_s": t, "median_pair_ratio": statistics.median(pairs),
+                  **{f"policyzoo_{k}_s": median(results["policyzoo"][rest], f"time_{k}") for k in ("rollout", "train")},
+                  **{f"trl_{k}_s": median(results["trl"][rest], f"time_{k}") for k in ("rollout", "train")},
+                  "steps_in_median": len(pairs), "out": a.out}
+        bench_summary.record(a.summary_key, round(p / t, 3), argv, detail)
+    if a.record_startup:
+        ready = results["ready"]
+        bench_summary.record("startup_s", round(ready["policyzoo"]["launch_to_ready_s"], 1), argv,
+                             {"policyzoo_after_imports_s": ready["policyzoo"]["startup_s"],
+                              "trl_launch_to_ready_s": ready["trl"]["launch_to_ready_s"],
+                              "what": "seconds from starting the worker process to ready for step 1"})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+"""bench/summary.py (the one writer of bench/results/summary.json) and bench/ab.py's comparison."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import ab  # noqa: E402
+import summary  # noqa: E402
+
+
+def test_record_keeps_other_entries_and_says_how_and_when(tmp_path):
+    path = tmp_path / "summary.json"
+    summary.record("step_ratio_default", 0.41, ["--steps", "6"], {"policyzoo_step_s": 6.08}, path=path)
+    summary.record("startup_s", 19.9, ["--record-startup"], path=path)
+    data = json.loads(path.read_text())
+    assert set(data) == {"step_ratio_default", "startup_s"}
+    e = data["step_ratio_default"]
+    assert e["value"] == 0.41 and e["detail"] == {"policyzoo_step_s": 6.08}
+    assert e["command"].startswith("python ") and e["command"].endswith("--steps 6")
+    assert len(e["load_before"]) == 3 and len(e["load_after"]) == 3 and e["cpus"] >= 1
+    assert e["loaded"] == (e["load_before"][0] > e["cpus"])
+    assert e["date"].endswith("Z") and len(e["date"]) == 20
+    summary.record("step_ratio_default", 0.5, [], path=path)  # rewritten in place
+    assert json.loads(path.read_text())["step_ratio_default"]["value"] == 0.5
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
+
+
+def _run(times, rewards, rss, trainable):
+    return {"steps": [{"time_step": t, "time_rollout": t / 2, "time_train": t / 4, "reward_mean": r}
+                      for t, r in zip(times, rewards)],
+            "summary": {"peak_rss_gib": rss, "trainable_params": trainable}}
+
+
+def test_ab_compare_by_hand():
+    a = _run([9.0, 4.0, 6.0, 5.0], [0.0, 0.5, 0.25, 0.25], 8.0, 100)
+    b = _run([9.0, 2.0, 3.0, 4.0], [0.5, 0.5, 0.5, 0.0], 6.0, 10)
+    res = ab.compare(a, b, warmup=1)
+    # medians of steps 2-4: A 5.0, B 3.0 -> 0.6; peak RSS 6 / 8 = 0.75
+    assert res["time_step_a"] == 5.0 and res["time_step_b"] == 3.0 and res["time_step"] == pytest.approx(0.6)
+    assert res["peak_rss"] == 0.75 and res["time_train"] == pytest.approx(0.6)
+    # per-step differences B - A: 0.5, 0, 0.25, -0.25 -> mean 0.125; sample sd of those:
+    # deviations 0.375, -0.125, 0.125, -0.375 -> squares sum 0.3125 / 3, sd 0.3227, / sqrt 4 = 0.1614
+    assert res["reward_diff"] == pytest.approx(0.125)
+    assert res["reward_diff_se"] == pytest.approx((0.3125 / 3) ** 0.5 / 2)
