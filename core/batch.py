@@ -32,6 +32,8 @@ class Rollout:
         temperature: the sampling temperature; the trainer scales logits by it.
         greedy: ``[B]`` bool or None; True on the greedy (temperature 0) baseline rows a sample
             component with ``greedy`` adds (the step removes them after the reward).
+        policy_lag: ``[B]`` long or None: optimizer steps between the weights that sampled each row
+            and the weights it trains (``engine.overlap``; None when sampling is never ahead).
     """
 
     prompt_ids: list[list[int]]
@@ -46,6 +48,7 @@ class Rollout:
     temperature: float = 1.0
     max_tokens: int = 0
     greedy: Tensor | None = None
+    policy_lag: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
@@ -193,4 +196,6 @@ def _concat(parts: list[Rollout]) -> Rollout:
         max_tokens=first.max_tokens,
         greedy=None if all(p.greedy is None for p in parts) else torch.cat(
             [p.greedy if p.greedy is not None else torch.zeros(len(p), dtype=torch.bool) for p in parts]),
+        policy_lag=(torch.cat([p.policy_lag for p in parts]) if all(p.policy_lag is not None for p in parts)
+                    else None),
     )

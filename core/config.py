@@ -83,6 +83,11 @@ class EngineSettings(Section):
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only)")
     critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in the run directory")
+    overlap: Literal["none", "one_step"] = Field("none", description="one_step: sample the next batch while "
+                                                 "training on this one (one optimizer step off-policy; the ratio "
+                                                 "uses the sampler's log-probs)")
+    max_policy_lag: int = Field(1, ge=1, description="with overlap: a batch sampled more optimizer steps behind "
+                                "than this is dropped and sampled again")
     deepspeed: str | dict[str, Any] | None = Field(None, description="your own DeepSpeed config (a JSON file or a "
                                                    "mapping) merged over policyzoo's, e.g. {zero_optimization: "
                                                    "{offload_optimizer: {device: cpu}}}")

@@ -26,8 +26,6 @@ class StepSettings:
     ``updates_per_batch``: optimizer steps on each sampled batch (PPO epochs); 1 = on-policy, and
     then old_logprobs are the current log-probs detached (no extra forward, ratio exactly 1).
     ``micro_batches``: gradient-accumulation splits of the batch (the loss is exact for any split).
-    ``max_tokens_per_micro_batch``: instead, micro-batches of at most this many prompt + response
-    tokens (:meth:`~policyzoo.batch.StepBatch.split_tokens`), so long answers take more of them.
     ``max_sample_rounds``: dynamic sampling budget (rounds of P prompts) when a filter resamples
     (:meth:`for_run` takes it from the filters).
     ``on_shortfall``: ``train_on_fewer`` or ``error`` when that budget cannot fill the batch;
@@ -40,7 +38,6 @@ class StepSettings:
 
     updates_per_batch: int = 1
     micro_batches: int = 1
-    max_tokens_per_micro_batch: int | None = None
     max_sample_rounds: int = 1
     on_shortfall: str = "train_on_fewer"
     reward_nan: str = "unscorable"
@@ -57,6 +54,11 @@ class StepSettings:
 
 class ShortfallError(UserError):
     pass
+
+
+def round_seed(seed: int, r: int) -> int:
+    """The seed handed to the ``sample`` component in sampling round ``r`` of the step with ``seed``."""
+    return seed * 1000 + r
 
 
 def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
@@ -80,7 +82,7 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         prompts = next_prompts()
         t0 = time.perf_counter()
         rollout = run.call("sample", rows=len(prompts) * (run.sample.params.n + run.sample.params.greedy),
-                           policy=policy, prompts=prompts, seed=seed * 1000 + r)
+                           policy=policy, prompts=prompts, seed=round_seed(seed, r))
         greedy = _greedy_rows(run, rollout)
         metrics["time_rollout"] += time.perf_counter() - t0
         target_rows = target_rows or int((~greedy).sum())  # the greedy baseline rows are not trained on
@@ -163,6 +165,19 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
                settings: StepSettings = StepSettings()) -> dict:
     """One optimizer step (or ``updates_per_batch`` of them) on a freshly sampled batch."""
     rollout, rewards, parts, greedy_rewards, metrics = collect(run, policy, next_prompts, seed, settings)
+    return learn(run, policy, rollout, rewards, metrics, settings, parts, greedy_rewards)
+
+
+def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
+          settings: StepSettings = StepSettings(), reward_components: torch.Tensor | None = None,
+          greedy_rewards: torch.Tensor | None = None) -> dict:
+    """Score, advantages, update(s) and weight sync on a batch from :func:`collect` (its rollout,
+    rewards, metrics, reward components ``[B, K]`` and greedy rewards).
+
+    Rows sampled by older weights than the trainer's (``rollout.policy_lag`` > 0, see
+    ``engine.overlap``) are off-policy: their ``old_logprobs`` are the sampler's
+    ``rollout_logprobs`` (the behaviour policy's), so the ratio and clip components correct for
+    the lag (for the on-policy first update the ratio is exactly 1 instead)."""
     if len(rollout) == 0:  # train_on_fewer with nothing kept: no update, the run goes on
         return {**metrics, "skipped": 1, "skip_reason": "no rows kept by the filters", "rows": 0}
 
@@ -179,8 +194,14 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
     # log-probs detached, so the first ratio is exactly 1 without a second forward.
     old = scored if settings.updates_per_batch > 1 else None
-    batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values, reward_components=parts,
-                      greedy_rewards=greedy_rewards, sum_pi_squared=sum_pi_squared)
+    if rollout.policy_lag is not None and len(rollout):
+        lag = rollout.policy_lag
+        metrics.update(policy_lag_max=int(lag.max()), policy_lag_mean=float(lag.float().mean()))
+        if bool((rollout.policy_lag > 0).any()):  # sampled by older weights: the behaviour policy's log-probs
+            old = torch.where(rollout.response_mask, rollout.rollout_logprobs, 0.0)
+    batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values,
+                      reward_components=reward_components, greedy_rewards=greedy_rewards,
+                      sum_pi_squared=sum_pi_squared)
     batch, adv_metrics = prepare(run, batch, scored, policy.collective)
     metrics.update(adv_metrics)
     totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
@@ -191,11 +212,9 @@ def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     sums: Counter = Counter()
     counts: Counter = Counter()
     fault = _bad_rows("rewards", torch.isinf(rewards), rollout)
-    budget = settings.max_tokens_per_micro_batch
-    micro = batch.split_tokens(budget) if budget else batch.split(min(settings.micro_batches, len(batch)))
-    n_micro = len(micro)
+    n_micro = min(settings.micro_batches, len(batch))
     for _ in range(settings.updates_per_batch):
-        for mb in micro if fault is None else []:
+        for mb in batch.split(n_micro) if fault is None else []:
             logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True)
             fault = _bad_rows("logprobs", (~torch.isfinite(logprobs.detach()) & mb.response_mask).any(-1), mb.rollout)
             if fault is not None:

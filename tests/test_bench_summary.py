@@ -43,6 +43,7 @@ def test_ab_compare_by_hand():
     # medians of steps 2-4: A 5.0, B 3.0 -> 0.6; peak RSS 6 / 8 = 0.75
     assert res["time_step_a"] == 5.0 and res["time_step_b"] == 3.0 and res["time_step"] == pytest.approx(0.6)
     assert res["peak_rss"] == 0.75 and res["time_train"] == pytest.approx(0.6)
+    assert res["speedup"] == pytest.approx(5.0 / 3.0)
     # per-step differences B - A: 0.5, 0, 0.25, -0.25 -> mean 0.125; sample sd of those:
     # deviations 0.375, -0.125, 0.125, -0.375 -> squares sum 0.3125 / 3, sd 0.3227, / sqrt 4 = 0.1614
     assert res["reward_diff"] == pytest.approx(0.125)

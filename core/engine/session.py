@@ -167,6 +167,26 @@ class Session:
             self.rundir.log(rec)
         return rec
 
+    def _overlapped_step(self, policy, step: int, next_prompts) -> dict:
+        """Collect step ``step``'s batch, start sampling the next step's (unless a checkpoint, an
+        evaluation or the end comes first: nothing sampled ahead crosses them), train on this one
+        (``policyzoo.engine.overlap``)."""
+        from ..step import collect, learn, round_seed
+
+        c = self.config
+        dropped = policy.stale_dropped
+        rollout, rewards, parts, greedy, m = collect(self.run, policy, next_prompts, c.train.seed * SEED_STRIDE + step,
+                                                     self.settings)
+        dropped = policy.stale_dropped - dropped
+        boundary = any(every and step % every == 0 for every in (c.train.save_every, c.train.eval_every))
+        if step < c.train.steps and not boundary:
+            prompts, seed = next_prompts(peek=True), round_seed(c.train.seed * SEED_STRIDE + step + 1, 0)
+            rows = len(prompts) * (self.run.sample.params.n + self.run.sample.params.greedy)
+            policy.prefetch(lambda rec: self.run.call("sample", rows=rows, policy=rec, prompts=prompts, seed=seed))
+        m = learn(self.run, policy, rollout, rewards, m, self.settings, parts, greedy)
+        policy.wait()  # a failed or skipped update leaves no sampling running into the next step
+        return {**m, "stale_dropped": dropped}
+
     def train(self) -> dict:
         from ..data import rows_at
         from ..step import train_step
@@ -177,12 +197,18 @@ class Session:
         P = c.train.prompts_per_step
         batches, self.rows_drawn = self.state["batches"], self.rows_drawn
 
-        def next_prompts():  # this rank's share: P / N whole prompts, the same slice every round
+        def next_prompts(peek: bool = False):  # this rank's share: P / N whole prompts, the same slice every round
             nonlocal batches
             rows = rows_at(self.task.train_rows, self.task.seed, self.rows_drawn, P)
-            batches, self.rows_drawn = batches + 1, self.rows_drawn + P
+            if not peek:
+                batches, self.rows_drawn = batches + 1, self.rows_drawn + P
             return rows[dist.rank() * self.share:(dist.rank() + 1) * self.share]
 
+        overlap = None
+        if c.engine.overlap == "one_step":
+            from .overlap import OverlapPolicy
+
+            overlap = OverlapPolicy(self.policy, c.engine.max_policy_lag)
         before = self._evaluate(0) if start == 0 else {}
         skips, last_saved, watch = 0, start, ZeroSignalWatch()
         self.stop_requested = False
@@ -191,8 +217,11 @@ class Session:
                 t0 = time.perf_counter()
                 tok0, sec0 = self.policy.stats["tokens"], self.policy.stats["seconds"]
                 try:
-                    m = train_step(self.run, self.policy, next_prompts, seed=c.train.seed * SEED_STRIDE + step,
-                                   settings=self.settings)
+                    if overlap is None:
+                        m = train_step(self.run, self.policy, next_prompts, seed=c.train.seed * SEED_STRIDE + step,
+                                       settings=self.settings)
+                    else:
+                        m = self._overlapped_step(overlap, step, next_prompts)
                 except UserError as e:  # a reward or component error: say which step it stopped
                     _at_step(e, f"step {step}")
                     raise
