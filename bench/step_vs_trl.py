@@ -204,6 +204,7 @@ def record(results: dict, a, argv) -> None:
         ready = results["ready"]
         bench_summary.record("startup_s", round(ready["policyzoo"]["launch_to_ready_s"], 1), argv,
                              {"policyzoo_after_imports_s": ready["policyzoo"]["startup_s"],
+                              "policyzoo_parts": ready["policyzoo"].get("startup_parts"),
                               "trl_launch_to_ready_s": ready["trl"]["launch_to_ready_s"],
                               "what": "seconds from starting the worker process to ready for step 1"})
 

@@ -88,7 +88,8 @@ def policyzoo_worker(a) -> None:
         batches += 1
         return rows
 
-    emit({"ready": True, "startup_s": time.perf_counter() - t0, "rss_gib": mem.window()})
+    emit({"ready": True, "startup_s": time.perf_counter() - t0, "rss_gib": mem.window(),
+          "startup_parts": s.startup_parts})
     step = 0
     while wait_command() == "step":
         step += 1

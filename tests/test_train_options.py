@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -34,6 +35,10 @@ def test_lora_checkpointing_autocast_token_budget_and_user_deepspeed_config(tmp_
     assert summary["models_loaded"] == ["policy", "reference (base model, adapter off)"]
     assert summary["trainable_params"] == 16384  # r 4 x 2048 per layer x 2 layers (tests/test_compute.py)
     assert summary["zero_stage"] == 1  # from the user's DeepSpeed config
+    parts = summary["startup_parts"]  # start-up, by part: they add up to startup_seconds
+    assert set(parts) == {"trainer_s", "share_prompt_check_s", "rollout_engine_s", "resume_and_run_dir_s"}
+    assert min(parts.values()) >= 0 and sum(parts.values()) == pytest.approx(summary["startup_seconds"])
+    assert summary["process_to_ready_seconds"] > summary["startup_seconds"]  # + interpreter start and imports
     # exported: the adapter, and a merged model that differs from the base where the adapter acts
     assert (out / "final" / "adapter" / "adapter_config.json").is_file()
     before = load_file(str(tiny_model() / "model.safetensors"))

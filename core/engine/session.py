@@ -119,9 +119,11 @@ class Session:
                                trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt,
                                lora=c.model.lora, gradient_checkpointing=c.train.gradient_checkpointing,
                                autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed)
+        parts = self.startup_parts = {"trainer_s": time.perf_counter() - t0}
         why = self.trainer.check_share_prompt(self.check_ids)
         if why:
             self.console.print(f"[yellow]warning:[/] {why} (engine.share_prompt)")
+        parts["share_prompt_check_s"] = time.perf_counter() - t0 - sum(parts.values())
         if c.engine.rollout == "vllm":
             self.rollout = VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
                                        c.engine.gpu_memory_utilization)
@@ -130,6 +132,7 @@ class Session:
         cached = (self.check_ids * (self.max_model_len // len(self.check_ids) + 1))[:self.max_model_len - 1]
         self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check, tolerance=c.engine.sync_tolerance,
                                timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids, cached_ids=cached)
+        parts["rollout_engine_s"] = time.perf_counter() - t0 - sum(parts.values())
         self.share = c.train.prompts_per_step // dist.world_size()
         self.policy.first_index = dist.rank() * self.share
         if self.resume_from is not None:
@@ -148,7 +151,9 @@ class Session:
 
         self.rundir.write_plugins([{"distribution": p.dist, "version": p.version, "module": p.module}
                                    for p in get_catalog().plugins])
+        parts["resume_and_run_dir_s"] = time.perf_counter() - t0 - sum(parts.values())
         self.startup_s = time.perf_counter() - t0
+        self.process_to_ready_s = process_age_s()
 
     # ------------------------------------------------------------------ the loop
     def _evaluate(self, step: int) -> dict:
@@ -260,6 +265,7 @@ class Session:
         summary = {"steps": steps, "algorithm": self.run.bundle.name, "model": str(self.model.path),
                    "eval_accuracy_before": before.get("eval_accuracy", self._first_eval()),
                    "eval_accuracy_after": after.get("eval_accuracy"), "startup_seconds": self.startup_s,
+                   "startup_parts": self.startup_parts, "process_to_ready_seconds": self.process_to_ready_s,
                    "models_loaded": self.trainer.models_loaded(), "trainable_params": self.trainer.trainable_params,
                    "peak_rss_gib": peak_rss_gib(), "zero_stage": self.trainer.stage,
                    "rollout": self.config.engine.rollout,
@@ -312,3 +318,14 @@ def peak_rss_gib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (interpreter start, imports and model loading), or None
+    where the process start time cannot be read."""
+    try:
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - an optional measurement
+        return None
