@@ -8,14 +8,16 @@ curve (mean per 10-step window, and the mean paired per-step difference B - A wi
 error; both runs draw the same prompts at every step).
 
 ``--record KEY=QUANTITY`` writes ``B / A`` of a quantity (``peak_rss``, ``time_step``,
-``time_train``, ``time_rollout``), the ``speedup`` (A's median step time / B's) or the paired
-``reward_diff`` (B - A) to
+``time_train``, ``time_rollout``, ``startup``: the run's start-up after imports), the
+``speedup`` (A's median step time / B's) or the paired ``reward_diff`` (B - A) to
 ``bench/results/summary.json`` (``bench/summary.py``), e.g.:
 
 * LoRA vs full fine-tuning: ``python bench/ab.py --steps 8 --b "model.lora={r: 16}"
   --record lora_memory_ratio=peak_rss --record lora_step_ratio=time_step --out bench/results/lora``
 * one-step overlap of sampling and training: ``python bench/ab.py --steps 12 --b engine.overlap=one_step
   --record async_speedup=speedup --out bench/results/overlap``
+* parallel start of vLLM and DeepSpeed: ``python bench/ab.py --steps 2 --warmup 1
+  --b engine.parallel_start=true --record parallel_start_ratio=startup --out bench/results/start``
 * bf16 autocast vs fp32 over 50 steps: ``python bench/ab.py --steps 50 --b train.autocast=true
   --record bf16_reward_diff=reward_diff --record bf16_step_ratio=time_step --out bench/results/bf16``
 """
@@ -37,7 +39,7 @@ import summary as bench_summary  # noqa: E402
 
 COMMON = ["train.prompts_per_step=4", "algorithm.sample.n=8", "algorithm.sample.max_tokens=16", "train.lr=1e-5",
           "data.eval_size=20", "engine.sync_check=true"]
-QUANTITIES = ("peak_rss", "time_step", "time_train", "time_rollout", "reward_diff", "speedup")
+QUANTITIES = ("peak_rss", "time_step", "time_train", "time_rollout", "reward_diff", "speedup", "startup")
 
 
 def train(out: Path, steps: int, threads: int, extra: list[str]) -> dict:
@@ -63,6 +65,8 @@ def compare(a: dict, b: dict, warmup: int) -> dict:
     for k in ("peak_rss", "time_step", "time_train", "time_rollout"):
         res[k] = res[f"{k}_b"] / res[f"{k}_a"]
     res["speedup"] = res["time_step_a"] / res["time_step_b"]
+    res["startup_a"], res["startup_b"] = a["summary"]["startup_seconds"], b["summary"]["startup_seconds"]
+    res["startup"] = res["startup_b"] / res["startup_a"]
     diffs = [y["reward_mean"] - x["reward_mean"] for x, y in zip(a["steps"], b["steps"])]
     res["reward_diff"] = sum(diffs) / len(diffs)
     res["reward_diff_se"] = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
@@ -76,7 +80,7 @@ def table(res: dict, args) -> str:
     lines = [f"A: {' '.join(args.a) or '(common settings)'}; B: {' '.join(args.b)}; medians over steps "
              f"{args.warmup + 1}..{args.steps}", "", "| | A | B | B / A |", "|---|---|---|---|"]
     for k, label in (("time_step", "step, s"), ("time_rollout", "rollout, s"), ("time_train", "train, s"),
-                     ("peak_rss", "peak RSS, GiB")):
+                     ("peak_rss", "peak RSS, GiB"), ("startup", "start-up after imports, s")):
         lines.append(f"| {label} | {res[k + '_a']:.2f} | {res[k + '_b']:.2f} | {res[k]:.2f} |")
     lines.append(f"| trainable parameters | {res['trainable_a']} | {res['trainable_b']} | |")
     lines += ["", "| steps | mean reward A | mean reward B |", "|---|---|---|"]

@@ -33,7 +33,7 @@ def test_record_keeps_other_entries_and_says_how_and_when(tmp_path):
 def _run(times, rewards, rss, trainable):
     return {"steps": [{"time_step": t, "time_rollout": t / 2, "time_train": t / 4, "reward_mean": r}
                       for t, r in zip(times, rewards)],
-            "summary": {"peak_rss_gib": rss, "trainable_params": trainable}}
+            "summary": {"peak_rss_gib": rss, "trainable_params": trainable, "startup_seconds": rss * 2}}
 
 
 def test_ab_compare_by_hand():
@@ -44,6 +44,7 @@ def test_ab_compare_by_hand():
     assert res["time_step_a"] == 5.0 and res["time_step_b"] == 3.0 and res["time_step"] == pytest.approx(0.6)
     assert res["peak_rss"] == 0.75 and res["time_train"] == pytest.approx(0.6)
     assert res["speedup"] == pytest.approx(5.0 / 3.0)
+    assert res["startup"] == 0.75  # 12 s / 16 s
     # per-step differences B - A: 0.5, 0, 0.25, -0.25 -> mean 0.125; sample sd of those:
     # deviations 0.375, -0.125, 0.125, -0.375 -> squares sum 0.3125 / 3, sd 0.3227, / sqrt 4 = 0.1614
     assert res["reward_diff"] == pytest.approx(0.125)

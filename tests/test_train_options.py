@@ -1,6 +1,7 @@
 """The speed and memory options end to end on the tiny Llama (vLLM rollout, DeepSpeed, sync check
 after every step): LoRA with the reference taken from the base model, gradient checkpointing,
-bf16 autocast, token-budget micro-batches and the user's DeepSpeed config, in one run."""
+bf16 autocast, token-budget micro-batches, the user's DeepSpeed config and vLLM started in parallel
+with DeepSpeed, in one run."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def test_lora_checkpointing_autocast_token_budget_and_user_deepspeed_config(tmp_
     out = tmp_path / "run"
     proc = run_train(out, "train.steps=2", "algorithm.sample.n=4", "model.lora={r: 4, alpha: 16}",
                      "train.gradient_checkpointing=true", "train.autocast=true",
-                     "train.max_tokens_per_micro_batch=64", f"engine.deepspeed={ds}", "train.lr=1e-2")
+                     "train.max_tokens_per_micro_batch=64", f"engine.deepspeed={ds}", "train.lr=1e-2",
+                     "engine.parallel_start=true")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr
     train = metrics(out)

@@ -111,6 +111,10 @@ class Session:
         for w in self.warnings:
             self.console.print(f"warning: {w}", markup=False, highlight=False, style="yellow")
         t0 = time.perf_counter()
+        early = None
+        if c.engine.rollout == "vllm" and c.engine.parallel_start:  # vLLM starts while DeepSpeed initialises
+            early = _Background(lambda: VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
+                                                    c.engine.gpu_memory_utilization))
         self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
                                weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
                                need_ref=self.run.kl is not None,
@@ -124,7 +128,9 @@ class Session:
         if why:
             self.console.print(f"[yellow]warning:[/] {why} (engine.share_prompt)")
         parts["share_prompt_check_s"] = time.perf_counter() - t0 - sum(parts.values())
-        if c.engine.rollout == "vllm":
+        if early is not None:
+            self.rollout = early.result()
+        elif c.engine.rollout == "vllm":
             self.rollout = VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
                                        c.engine.gpu_memory_utilization)
         else:
@@ -329,3 +335,25 @@ def process_age_s() -> float | None:
         return time.time() - psutil.Process().create_time()
     except Exception:  # noqa: BLE001 - an optional measurement
         return None
+
+
+class _Background:
+    """``fn()`` run in a thread from now; :meth:`result` joins it and returns or re-raises."""
+
+    def __init__(self, fn):
+        self.box: dict = {}
+
+        def run():
+            try:
+                self.box["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                self.box["error"] = e
+
+        self.thread = threading.Thread(target=run, name="policyzoo-start", daemon=True)
+        self.thread.start()
+
+    def result(self):
+        self.thread.join()
+        if "error" in self.box:
+            raise self.box["error"]
+        return self.box["value"]
