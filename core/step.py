@@ -194,10 +194,10 @@ def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
     # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
     # log-probs detached, so the first ratio is exactly 1 without a second forward.
     old = scored if settings.updates_per_batch > 1 else None
-    if rollout.policy_lag is not None and len(rollout):
+    if rollout.policy_lag is not None:
         lag = rollout.policy_lag
         metrics.update(policy_lag_max=int(lag.max()), policy_lag_mean=float(lag.float().mean()))
-        if bool((rollout.policy_lag > 0).any()):  # sampled by older weights: the behaviour policy's log-probs
+        if bool((lag > 0).any()):  # sampled by older weights: the behaviour policy's log-probs
             old = torch.where(rollout.response_mask, rollout.rollout_logprobs, 0.0)
     batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values,
                       reward_components=reward_components, greedy_rewards=greedy_rewards,
