@@ -79,6 +79,9 @@ class ValueModel(nn.Module):
 class Trainer:
     """DeepSpeed engine(s) for one run. ``need_ref`` / ``need_critic`` load those models."""
 
+    autocast = False  #: bf16 autocast in the scoring forwards (set by ``__init__``)
+    lora = False  #: the policy is a PEFT model with LoRA adapters (set by ``__init__``)
+
     def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
                  score_rows: int = 16, share_prompt: bool = True, lora=None, gradient_checkpointing: bool = False,
