@@ -105,3 +105,26 @@ class OverlapPolicy:
         out = self.inner.sync()
         self.version += 1
         return out
+
+
+def overlapped_step(session, policy: OverlapPolicy, step: int, next_prompts) -> dict:
+    """One step of ``session`` with overlap: collect step ``step``'s batch, start sampling the next
+    step's (unless a checkpoint, an evaluation or the end comes first: nothing sampled ahead
+    crosses them), train on this one. ``next_prompts(peek=True)`` returns the next prompts without
+    drawing them."""
+    from ..step import collect, learn, round_seed
+    from .session import SEED_STRIDE
+
+    c, run = session.config, session.run
+    dropped = policy.stale_dropped
+    rollout, rewards, parts, greedy, m = collect(run, policy, next_prompts, c.train.seed * SEED_STRIDE + step,
+                                                 session.settings)
+    dropped = policy.stale_dropped - dropped
+    boundary = any(every and step % every == 0 for every in (c.train.save_every, c.train.eval_every))
+    if step < c.train.steps and not boundary:
+        prompts, seed = next_prompts(peek=True), round_seed(c.train.seed * SEED_STRIDE + step + 1, 0)
+        rows = len(prompts) * (run.sample.params.n + run.sample.params.greedy)
+        policy.prefetch(lambda rec: run.call("sample", rows=rows, policy=rec, prompts=prompts, seed=seed))
+    m = learn(run, policy, rollout, rewards, m, session.settings, parts, greedy)
+    policy.wait()  # a failed or skipped update leaves no sampling running into the next step
+    return {**m, "stale_dropped": dropped}

@@ -16,6 +16,7 @@ from . import dist
 from .checks import ZeroSignalWatch, check_chat_template, sampling_warning, system_turn_warning
 from .resume import FINGERPRINT_KEYS, check_resume, checkpoint_state, old_train_settings, optimizer_notes, rows_drawn
 from .rundir import ResumeError, RunDir
+from .startup import Background, peak_rss_gib, process_age_s
 
 SEED_STRIDE = 1_000_003
 
@@ -113,7 +114,7 @@ class Session:
         t0 = time.perf_counter()
         early = None
         if c.engine.rollout == "vllm" and c.engine.parallel_start:  # vLLM starts while DeepSpeed initialises
-            early = _Background(lambda: VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
+            early = Background(lambda: VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
                                                     c.engine.gpu_memory_utilization))
         self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
                                weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
@@ -178,26 +179,6 @@ class Session:
             self.rundir.log(rec)
         return rec
 
-    def _overlapped_step(self, policy, step: int, next_prompts) -> dict:
-        """Collect step ``step``'s batch, start sampling the next step's (unless a checkpoint, an
-        evaluation or the end comes first: nothing sampled ahead crosses them), train on this one
-        (``policyzoo.engine.overlap``)."""
-        from ..step import collect, learn, round_seed
-
-        c = self.config
-        dropped = policy.stale_dropped
-        rollout, rewards, parts, greedy, m = collect(self.run, policy, next_prompts, c.train.seed * SEED_STRIDE + step,
-                                                     self.settings)
-        dropped = policy.stale_dropped - dropped
-        boundary = any(every and step % every == 0 for every in (c.train.save_every, c.train.eval_every))
-        if step < c.train.steps and not boundary:
-            prompts, seed = next_prompts(peek=True), round_seed(c.train.seed * SEED_STRIDE + step + 1, 0)
-            rows = len(prompts) * (self.run.sample.params.n + self.run.sample.params.greedy)
-            policy.prefetch(lambda rec: self.run.call("sample", rows=rows, policy=rec, prompts=prompts, seed=seed))
-        m = learn(self.run, policy, rollout, rewards, m, self.settings, parts, greedy)
-        policy.wait()  # a failed or skipped update leaves no sampling running into the next step
-        return {**m, "stale_dropped": dropped}
-
     def train(self) -> dict:
         from ..data import rows_at
         from ..step import train_step
@@ -217,7 +198,7 @@ class Session:
 
         overlap = None
         if c.engine.overlap == "one_step":
-            from .overlap import OverlapPolicy
+            from .overlap import OverlapPolicy, overlapped_step
 
             overlap = OverlapPolicy(self.policy, c.engine.max_policy_lag)
         before = self._evaluate(0) if start == 0 else {}
@@ -232,7 +213,7 @@ class Session:
                         m = train_step(self.run, self.policy, next_prompts, seed=c.train.seed * SEED_STRIDE + step,
                                        settings=self.settings)
                     else:
-                        m = self._overlapped_step(overlap, step, next_prompts)
+                        m = overlapped_step(self, overlap, step, next_prompts)
                 except UserError as e:  # a reward or component error: say which step it stopped
                     _at_step(e, f"step {step}")
                     raise
@@ -318,42 +299,3 @@ class Session:
         state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size())
         return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)
 
-
-def peak_rss_gib() -> float:
-    """This process's peak resident memory so far, GiB (``ru_maxrss``: KiB on Linux)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def process_age_s() -> float | None:
-    """Seconds since this process started (interpreter start, imports and model loading), or None
-    where the process start time cannot be read."""
-    try:
-        import psutil
-
-        return time.time() - psutil.Process().create_time()
-    except Exception:  # noqa: BLE001 - an optional measurement
-        return None
-
-
-class _Background:
-    """``fn()`` run in a thread from now; :meth:`result` joins it and returns or re-raises."""
-
-    def __init__(self, fn):
-        self.box: dict = {}
-
-        def run():
-            try:
-                self.box["value"] = fn()
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                self.box["error"] = e
-
-        self.thread = threading.Thread(target=run, name="policyzoo-start", daemon=True)
-        self.thread.start()
-
-    def result(self):
-        self.thread.join()
-        if "error" in self.box:
-            raise self.box["error"]
-        return self.box["value"]

@@ -1,0 +1,46 @@
+"""Start-up helpers: a background start, and how long and how much memory the process took."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, GiB (``ru_maxrss``: KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (interpreter start, imports and model loading), or None
+    where the process start time cannot be read."""
+    try:
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - an optional measurement
+        return None
+
+
+class Background:
+    """``fn()`` run in a thread from now; :meth:`result` joins it and returns or re-raises."""
+
+    def __init__(self, fn):
+        self.box: dict = {}
+
+        def run():
+            try:
+                self.box["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                self.box["error"] = e
+
+        self.thread = threading.Thread(target=run, name="policyzoo-start", daemon=True)
+        self.thread.start()
+
+    def result(self):
+        self.thread.join()
+        if "error" in self.box:
+            raise self.box["error"]
+        return self.box["value"]
