@@ -149,6 +149,13 @@ def test_lora_merged_weights_give_the_adapted_model(tmp_path):
         assert torch.allclose(_logprobs(again), want, atol=1e-5)
 
 
+def test_lora_init_is_seeded():
+    settings = load_config(None, "grpo", ["model.lora={r: 4}"]).model.lora
+    a, b, c = (dict(lora.wrap(_load(), settings, seed).named_parameters()) for seed in (0, 0, 1))
+    key = next(k for k in a if "lora_A" in k)
+    assert torch.equal(a[key], b[key]) and not torch.equal(a[key], c[key])
+
+
 def test_lora_dropout_only_inside_gradient_forwards():
     m = _lora_model(r=4, dropout=0.5)
     with torch.no_grad():

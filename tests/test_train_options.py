@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from _engine_helpers import metrics, run_train, tiny_model
+from _engine_helpers import ROOT, engine_env, metrics, run_train, tiny_model
 
 
 def test_lora_checkpointing_autocast_token_budget_and_user_deepspeed_config(tmp_path):
@@ -50,3 +52,24 @@ def test_lora_checkpointing_autocast_token_budget_and_user_deepspeed_config(tmp_
     assert float((after[key] - before[key]).abs().max()) > 0
     norm = "model.layers.0.input_layernorm.weight"  # not adapted: unchanged
     assert torch.equal(after[norm], before[norm])
+
+
+def test_a_lora_run_resumes_exactly(tmp_path):
+    # 3 steps straight, against 2 steps then --resume to 3: DeepSpeed's checkpoint holds the PEFT
+    # model (base + adapter) and the adapter's AdamW state; step 3 must come out the same
+    lora = ["algorithm.sample.n=4", "model.lora={r: 4, alpha: 16}", "train.lr=1e-2"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    for out, steps in ((full, 3), (cut, 2)):
+        proc = run_train(out, f"train.steps={steps}", *lora)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--resume", str(cut), "train.steps=3"],
+                          env=engine_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    a, b = metrics(full)[2], metrics(cut)[2]
+    assert a["step"] == b["step"] == 3
+    for key in ("loss", "reward_mean", "kl_ref", "grad_norm", "response_length_mean"):
+        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+    after_full = load_file(str(full / "final" / "model.safetensors"))
+    after_cut = load_file(str(cut / "final" / "model.safetensors"))
+    for k in after_full:
+        assert torch.allclose(after_full[k], after_cut[k], atol=1e-6), k

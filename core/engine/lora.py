@@ -28,9 +28,11 @@ import torch
 from ..errors import ConfigError
 
 
-def wrap(model, settings):
+def wrap(model, settings, seed: int = 0):
     """``model`` with LoRA adapters (a PEFT model; base weights frozen). ``settings``: the config's
-    ``model.lora`` section. Raises ConfigError when a target module does not exist."""
+    ``model.lora`` section. PEFT draws ``A`` at random (``B`` starts at 0): the draw is seeded with
+    ``seed`` (``train.seed``), so two runs of one config start from the same adapter. Raises
+    ConfigError when a target module does not exist."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -40,7 +42,9 @@ def wrap(model, settings):
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",
                      target_modules=targets if isinstance(targets, str) else list(targets), task_type="CAUSAL_LM")
     try:
-        return get_peft_model(model, cfg)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return get_peft_model(model, cfg)
     except ValueError as e:
         raise ConfigError("model.lora.target_modules", str(e).splitlines()[0],
                           "name linear layers of the model (e.g. [q_proj, v_proj]) or use all-linear") from None

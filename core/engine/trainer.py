@@ -85,7 +85,7 @@ class Trainer:
     def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
                  score_rows: int = 16, share_prompt: bool = True, lora=None, gradient_checkpointing: bool = False,
-                 autocast: bool = False, deepspeed_config: str | dict | None = None):
+                 autocast: bool = False, deepspeed_config: str | dict | None = None, seed: int = 0):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
@@ -111,7 +111,7 @@ class Trainer:
         model.eval()  # no dropout: the trainer must score exactly what the sampler sampled
         self.lora = lora is not None
         if self.lora:
-            model = lora_mod.wrap(model, lora)
+            model = lora_mod.wrap(model, lora, seed)
             model.eval()
         if gradient_checkpointing:
             enable_gradient_checkpointing(model)
