@@ -112,3 +112,31 @@ def test_micro_batched_logprobs_and_gradients_equal_the_per_row_forward(model):
     for n, p in model.named_parameters():
         assert torch.allclose(p.grad, ref[n], atol=1e-5 * scale), n
     model.zero_grad()
+
+
+class _Counting(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.rows = inner, []
+
+    def forward(self, **kw):
+        if kw.get("past_key_values") is None:  # a prompt forward: one per chunk
+            self.rows.append(kw["input_ids"].shape[0])
+        return self.inner(**kw)
+
+
+def test_no_grad_scoring_chunks_follow_the_token_budget(model):
+    from policyzoo.engine.trainer import Trainer
+
+    roll = make_rollout([[1, 40, 41, 42, 43], [1, 40, 41, 42, 43], [1, 50, 51], [1, 50, 51]],
+                        [list(range(60, 72)), [61, 62], [70], [71, 72, 73, 74]], 0.7, PAD)
+    tr = Trainer.__new__(Trainer)  # the scoring paths only, without DeepSpeed
+    tr.engine, tr.pad_id, tr.device, tr.share_prompt = _Counting(model), PAD, torch.device("cpu"), True
+    tr.score_rows = 16
+    whole = tr.logprobs(roll, grad=False)[0]
+    assert tr.engine.rows == [2]  # one chunk of 4 rows, 2 distinct prompts
+    tr.engine.rows, tr.score_tokens = [], 12
+    # costs 17, 7, 4, 7 under 12: [17] [7 4] [7] -> 3 chunks with 1, 2 (two prompts) and 1 distinct prompts
+    chunked = tr.logprobs(roll, grad=False)[0]
+    assert tr.engine.rows == [1, 2, 1]
+    assert torch.allclose(chunked, whole, atol=1e-6)

@@ -123,7 +123,8 @@ class Session:
                                critic_lr=c.engine.critic_lr or 10 * c.train.lr,
                                trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt,
                                lora=c.model.lora, gradient_checkpointing=c.train.gradient_checkpointing,
-                               autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed, seed=c.train.seed)
+                               autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed, seed=c.train.seed,
+                               score_tokens=c.train.max_tokens_per_micro_batch)
         parts = self.startup_parts = {"trainer_s": time.perf_counter() - t0}
         why = self.trainer.check_share_prompt(self.check_ids)
         if why:

@@ -26,12 +26,11 @@
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 from torch import nn
 
-from ..batch import Rollout
+from ..batch import Rollout, token_budget_bounds
 from ..errors import ConfigError
 from . import lora as lora_mod
 from .compute import autocast, enable_gradient_checkpointing
@@ -79,13 +78,15 @@ class ValueModel(nn.Module):
 class Trainer:
     """DeepSpeed engine(s) for one run. ``need_ref`` / ``need_critic`` load those models."""
 
+    score_tokens: int | None = None  #: token budget of the no-grad scoring chunks (set by ``__init__``)
     autocast = False  #: bf16 autocast in the scoring forwards (set by ``__init__``)
     lora = False  #: the policy is a PEFT model with LoRA adapters (set by ``__init__``)
 
     def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
                  score_rows: int = 16, share_prompt: bool = True, lora=None, gradient_checkpointing: bool = False,
-                 autocast: bool = False, deepspeed_config: str | dict | None = None, seed: int = 0):
+                 autocast: bool = False, deepspeed_config: str | dict | None = None, seed: int = 0,
+                 score_tokens: int | None = None):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
@@ -98,7 +99,7 @@ class Trainer:
         if lora is not None and zero_stage == 3:
             raise ConfigError("model.lora", "LoRA is supported at ZeRO stages 0-2", "set engine.zero_stage <= 2")
         self.info, self.stage, self.pad_id = info, zero_stage, info.pad_token_id
-        self.score_rows = score_rows
+        self.score_rows, self.score_tokens = score_rows, score_tokens
         #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing
         self.share_prompt = share_prompt and not gradient_checkpointing
         #: bf16 compute over fp32 weights (policyzoo.engine.compute)
@@ -194,8 +195,17 @@ class Trainer:
         return None
 
     def _chunked(self, fn, rollout: Rollout):
-        outs = [fn(rollout.select(torch.arange(len(rollout)) // self.score_rows == k))
-                for k in range(math.ceil(len(rollout) / self.score_rows))]
+        """``fn`` over row chunks of the no-grad scoring passes: ``score_rows`` rows each, or with
+        ``score_tokens`` (``train.max_tokens_per_micro_batch``) contiguous chunks of at most that
+        many prompt + real response tokens, so long answers never score more at once than a
+        training micro-batch does."""
+        if self.score_tokens:
+            costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, rollout.response_mask.sum(-1).tolist())]
+            bounds = token_budget_bounds(costs, self.score_tokens)
+        else:
+            bounds = [(k, min(k + self.score_rows, len(rollout))) for k in range(0, len(rollout), self.score_rows)]
+        rows = torch.arange(len(rollout))
+        outs = [fn(rollout.select((rows >= lo) & (rows < hi))) for lo, hi in bounds]
         if isinstance(outs[0], tuple):
             return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
         return torch.cat(outs)
