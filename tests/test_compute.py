@@ -171,3 +171,6 @@ def test_unknown_lora_target_is_a_config_error():
     settings = load_config(None, "grpo", ["model.lora={target_modules: [no_such_proj]}"]).model.lora
     with pytest.raises(ConfigError, match="target_modules"):
         lora.wrap(_load(), settings)
+    tied = load_config(None, "grpo", ["model.lora={target_modules: [q_proj, lm_head]}"]).model.lora
+    with pytest.raises(ConfigError, match="tied"):  # the tiny Llama ties its head to the embeddings
+        lora.wrap(_load(), tied)

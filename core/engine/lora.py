@@ -39,6 +39,10 @@ def wrap(model, settings, seed: int = 0):
         raise ConfigError("model.lora", "LoRA needs the peft package, which is not installed",
                           "pip install 'policyzoo[lora]' (or peft), or drop model.lora") from None
     targets = settings.target_modules
+    if not isinstance(targets, str) and "lm_head" in targets and getattr(model.config, "tie_word_embeddings", False):
+        raise ConfigError("model.lora.target_modules", "lm_head is tied to the input embeddings in this model: an "
+                          "adapter on it cannot be merged into the one shared weight vLLM holds",
+                          "leave lm_head out (all-linear already does)")
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",
                      target_modules=targets if isinstance(targets, str) else list(targets), task_type="CAUSAL_LM")
     try:
