@@ -26,6 +26,8 @@ class StepSettings:
     ``updates_per_batch``: optimizer steps on each sampled batch (PPO epochs); 1 = on-policy, and
     then old_logprobs are the current log-probs detached (no extra forward, ratio exactly 1).
     ``micro_batches``: gradient-accumulation splits of the batch (the loss is exact for any split).
+    ``max_tokens_per_micro_batch``: instead, micro-batches of at most this many prompt + response
+    tokens (:meth:`~policyzoo.batch.StepBatch.split_tokens`), so long answers take more of them.
     ``max_sample_rounds``: dynamic sampling budget (rounds of P prompts) when a filter resamples
     (:meth:`for_run` takes it from the filters).
     ``on_shortfall``: ``train_on_fewer`` or ``error`` when that budget cannot fill the batch;
@@ -38,6 +40,7 @@ class StepSettings:
 
     updates_per_batch: int = 1
     micro_batches: int = 1
+    max_tokens_per_micro_batch: int | None = None
     max_sample_rounds: int = 1
     on_shortfall: str = "train_on_fewer"
     reward_nan: str = "unscorable"
@@ -212,9 +215,16 @@ def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
     sums: Counter = Counter()
     counts: Counter = Counter()
     fault = _bad_rows("rewards", torch.isinf(rewards), rollout)
-    n_micro = min(settings.micro_batches, len(batch))
+    budget = settings.max_tokens_per_micro_batch
+    micro = batch.split_tokens(budget) if budget else batch.split(min(settings.micro_batches, len(batch)))
+    coll = policy.collective
+    if budget and coll.world_size > 1:  # every rank runs as many micro-batches (ZeRO 3, collectives in the clip)
+        most = int(coll.gather(torch.tensor([len(micro)])).max())
+        if most > len(micro):
+            micro = batch.split(min(most, len(batch)))
+    n_micro = metrics["micro_batches"] = len(micro)
     for _ in range(settings.updates_per_batch):
-        for mb in batch.split(n_micro) if fault is None else []:
+        for mb in micro if fault is None else []:
             logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True)
             fault = _bad_rows("logprobs", (~torch.isfinite(logprobs.detach()) & mb.response_mask).any(-1), mb.rollout)
             if fault is not None:

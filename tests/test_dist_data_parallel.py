@@ -42,10 +42,13 @@ def one_rank(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_two_ranks_equal_one_rank_on_the_whole_batch(tmp_path, one_rank, stage):
+# ZeRO 3 with a token budget: each rank's 8 rows cost 244 or 245 prompt + 12 response tokens, so
+# 600 tokens hold 2 rows: 4 micro-batches per rank, each rank's gradients exact
+@pytest.mark.parametrize("stage, extra", [(2, []), (3, []), (3, ["train.max_tokens_per_micro_batch=600"])],
+                         ids=["zero2", "zero3", "zero3-token-budget"])
+def test_two_ranks_equal_one_rank_on_the_whole_batch(tmp_path, one_rank, stage, extra):
     out = tmp_path / f"two-z{stage}"
-    _train(out, 2, f"engine.zero_stage={stage}")
+    _train(out, 2, f"engine.zero_stage={stage}", *extra)
     base = load_file(tiny_model() / "model.safetensors")
     a = load_file(one_rank / "final" / "model.safetensors")
     b = load_file(out / "final" / "model.safetensors")
@@ -64,6 +67,7 @@ def test_two_ranks_equal_one_rank_on_the_whole_batch(tmp_path, one_rank, stage):
         assert r2["reward_mean"] == pytest.approx(r1["reward_mean"], rel=1e-6)
         assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-6)
     assert json.loads((out / "plugins.json").read_text())[0]["distribution"] == "policyzoo"
+    assert [r["micro_batches"] for r in m2] == ([4, 4] if extra else [1, 1])
 
 
 def test_a_zero_0_checkpoint_of_one_rank_continues_on_two(tmp_path):

@@ -68,6 +68,39 @@ def test_token_budget_gives_the_same_update_on_the_bandit(name, catalog):
     assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5, abs=1e-7)
 
 
+class _TwoRanks:
+    """The collective of rank 0 of 2, whose other rank needs 6 micro-batches (sums: this rank only)."""
+
+    world_size, rank = 2, 0
+
+    def sum(self, x):
+        return x
+
+    def gather(self, x):
+        return torch.cat([x, torch.full_like(x, 6)])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_every_rank_runs_as_many_micro_batches_as_the_rank_that_needs_most(catalog):
+    def one(budget, collective=None):
+        bandit = Bandit.random(6, 5, right=2, min_len=2, max_len=20, seed=7, optimizer="sgd", lr=0.5)
+        if collective is not None:
+            bandit.collective = collective
+        calls = []
+        inner = bandit.backward
+        bandit.backward = lambda *a: (calls.append(1), inner(*a))[1]
+        run = bandit_run({"base": "grpo", "sample": {"max_tokens": 16}}, catalog)
+        theta0 = bandit.theta.detach().clone()
+        train_step(run, bandit, lambda: bandit.prompts(3), seed=3,
+                   settings=step_settings(run, max_tokens_per_micro_batch=budget))
+        return bandit.theta.detach() - theta0, len(calls)
+
+    d1, n1 = one(1000)  # 24 rows of at most 17 tokens fit one micro-batch
+    d2, n2 = one(1000, _TwoRanks())  # the other rank needs 6: this one splits its rows 6 ways too
+    assert (n1, n2) == (1, 6)
+    assert torch.allclose(d1, d2, rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def model():
     from transformers import AutoModelForCausalLM

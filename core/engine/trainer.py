@@ -78,6 +78,7 @@ class ValueModel(nn.Module):
 class Trainer:
     """DeepSpeed engine(s) for one run. ``need_ref`` / ``need_critic`` load those models."""
 
+    stage, world = 0, 1  #: ZeRO stage and data-parallel ranks (set by ``__init__``)
     score_tokens: int | None = None  #: token budget of the no-grad scoring chunks (set by ``__init__``)
     autocast = False  #: bf16 autocast in the scoring forwards (set by ``__init__``)
     lora = False  #: the policy is a PEFT model with LoRA adapters (set by ``__init__``)
@@ -202,6 +203,13 @@ class Trainer:
         if self.score_tokens:
             costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, rollout.response_mask.sum(-1).tolist())]
             bounds = token_budget_bounds(costs, self.score_tokens)
+            if self.stage == 3 and self.world > 1:  # ZeRO 3 gathers weights per forward: every rank as many
+                from .dist import gather
+
+                most = max(gather(len(bounds)))
+                if most > len(bounds):
+                    cuts = [round(i * len(rollout) / most) for i in range(most + 1)]
+                    bounds = list(zip(cuts[:-1], cuts[1:]))
         else:
             bounds = [(k, min(k + self.score_rows, len(rollout))) for k in range(0, len(rollout), self.score_rows)]
         rows = torch.arange(len(rollout))
