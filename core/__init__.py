@@ -3,7 +3,7 @@
 Public API::
 
     from policyzoo import hookimpl, use, Bundle, assemble
-    from policyzoo.slots import Sample, Reward, Filter, KL, Baseline, Ratio, Clip, Reduce
+    from policyzoo.slots import Sample, Env, Reward, Filter, KL, Baseline, Ratio, Clip, Reduce
 
 A component derives from its slot's base class (:mod:`policyzoo.slots`, also importable from here).
 """
@@ -13,13 +13,13 @@ from .batch import Rollout, StepBatch
 from .catalog import get_catalog, load_catalog
 from .components import Bundle, Component, Params, Use, use
 from .errors import ConfigError, DataError, PluginError, UserError
-from .hookspecs import Advantages, Importance, Keep, StepTotals, Surrogate, hookimpl
-from .slots import KL, Baseline, Clip, Filter, Ratio, Reduce, Reward, Sample
+from .hookspecs import Advantages, Episode, Importance, Keep, Observation, StepTotals, Surrogate, hookimpl
+from .slots import KL, Baseline, Clip, Env, Filter, Ratio, Reduce, Reward, Sample
 
 __version__ = "0.1.0"
 __all__ = [
-    "KL", "Advantages", "Baseline", "Bundle", "Clip", "Component", "ConfigError", "DataError", "Filter", "Importance",
-    "Keep", "Params", "PluginError", "Ratio", "Reduce", "Reward", "Rollout", "Run", "Sample", "StepBatch", "StepTotals",
-    "Surrogate", "Use", "UserError", "assemble", "get_catalog", "hookimpl", "load_catalog", "resolve_algorithm",
-    "use",
+    "KL", "Advantages", "Baseline", "Bundle", "Clip", "Component", "ConfigError", "DataError", "Env", "Episode",
+    "Filter", "Importance", "Keep", "Observation", "Params", "PluginError", "Ratio", "Reduce", "Reward", "Rollout",
+    "Run", "Sample", "StepBatch", "StepTotals", "Surrogate", "Use", "UserError", "assemble", "get_catalog",
+    "hookimpl", "load_catalog", "resolve_algorithm", "use",
 ]

@@ -19,11 +19,12 @@ from . import boundary, hookspecs
 from .catalog import Catalog, get_catalog
 from .components import Bundle, Component, Use
 from .errors import ComponentError, ConfigError, UserError, did_you_mean
-from .slots import KL, Baseline, Clip, Filter, Ratio, Reduce, Reward, Sample
+from .slots import KL, Baseline, Clip, Env, Filter, Ratio, Reduce, Reward, Sample
 
 DEFAULT_ALGORITHM = "grpo"
 SINGLE = [s for s, kind in hookspecs.SLOTS.items() if kind == "single"]
 COLLECT = [s for s, kind in hookspecs.SLOTS.items() if kind == "collect"]
+OPTIONAL = [s for s, kind in hookspecs.SLOTS.items() if kind == "optional"]
 
 
 def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
@@ -32,7 +33,7 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
 
     Per-slot override forms: ``{use: NAME, **params}`` replaces the component;
     ``{**params}`` (no ``use``) keeps the bundle's component and overrides parameters;
-    ``null`` removes an optional slot (``kl``); ``reward``/``filter`` take a list of those."""
+    ``null`` removes an optional slot (``kl``, ``env``); ``reward``/``filter`` take a list of those."""
     catalog = catalog or get_catalog()
     if isinstance(spec, Bundle):
         return catalog.resolve(spec)
@@ -58,7 +59,7 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
             items = value if isinstance(value, list) else ([] if value is None else [value])
             changes[slot] = tuple(_override(None, v, f"{where}.{slot}[{i}]") for i, v in enumerate(items))
         elif value is None:
-            if slot != "kl":
+            if hookspecs.SLOTS[slot] != "optional":
                 raise ConfigError(f"{where}.{slot}", f"the {slot} slot cannot be empty",
                                   f"name a {slot} component with `use:`")
             changes[slot] = None
@@ -104,12 +105,13 @@ class Run:
     """The chosen components of one training run, registered in their own plugin manager.
 
     Typed slot attributes: ``sample``, ``baseline``, ``ratio``, ``clip``, ``reduce`` (one component
-    each), ``kl`` (one or None), ``reward`` and ``filter`` (lists, the task's rewards first);
+    each), ``kl`` and ``env`` (one or None), ``reward`` and ``filter`` (lists, the task's rewards first);
     ``reward_labels`` (the metric key of each reward, unique); ``bundle``; ``hook`` (the pluggy
     relay); ``sources`` ``{slot: "name from dist version"}``. :meth:`call` and :meth:`call_each`
     call the hooks and check each result at the boundary (:mod:`policyzoo.boundary`)."""
 
     sample: Sample
+    env: Env | None
     reward: list[Reward]
     filter: list[Filter]
     kl: KL | None
@@ -127,6 +129,7 @@ class Run:
         self.pm.add_hookspecs(hookspecs.Spec)
         one = functools.partial(self._one, catalog, bundle, where)
         self.sample = one("sample")
+        self.env = None if bundle.env is None else one("env")
         self.reward = [self._make(catalog, "reward", u, f"rewards[{i}]") for i, u in enumerate(rewards)]
         self.reward += [self._make(catalog, "reward", u, f"{where}.reward[{i}]") for i, u in enumerate(bundle.reward)]
         self.filter = [self._make(catalog, "filter", u, f"{where}.filter[{i}]") for i, u in enumerate(bundle.filter)]
@@ -142,6 +145,12 @@ class Run:
             self.pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[policyzoo trace] {msg}"))
             self.pm.enable_tracing()
         self.check()
+
+    @property
+    def max_response_tokens(self) -> int:
+        """The response token limit L_max of this run: the env's ``max_total_tokens`` (the whole
+        trajectory after the prompt) with an env, else the sampler's ``max_tokens``."""
+        return self.env.params.max_total_tokens if self.env is not None else self.sample.params.max_tokens
 
     def _one(self, catalog: Catalog, bundle: Bundle, where: str, slot: str) -> Component:
         chosen = getattr(bundle, slot)
@@ -166,11 +175,15 @@ class Run:
 
     def check(self) -> None:
         """Exactly one implementation per single slot, then every component's own ``check``."""
-        for slot in SINGLE + ["kl"]:
+        for slot in SINGLE + OPTIONAL:
             n = len(getattr(self.pm.hook, slot).get_hookimpls())
-            if n > 1 or (n == 0 and slot != "kl"):
+            if n > 1 or (n == 0 and slot not in OPTIONAL):
                 raise ConfigError(f"algorithm.{slot}", f"{n} components implement the single slot {slot!r}",
                                   "choose exactly one component per single slot")
+        if self.env is not None and "env" not in self.pm.hook.sample.get_hookimpls()[0].argnames:
+            raise ConfigError("algorithm.sample", f"the sample component {self.sample.name!r} takes no `env`, so "
+                              f"it cannot drive the environment {self.env.name!r}",
+                              "use the `group` sampler (or one whose sample() takes env), or remove algorithm.env")
         for comp in self.components():
             comp.check(self)
 

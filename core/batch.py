@@ -34,6 +34,19 @@ class Rollout:
             component with ``greedy`` adds (the step removes them after the reward).
         policy_lag: ``[B]`` long or None: optimizer steps between the weights that sampled each row
             and the weights it trains (``engine.overlap``; None when sampling is never ahead).
+        max_tokens: the response token limit the sampler used (L_max).
+
+    Episode fields (None for single-turn rollouts; set by a sampler driving an ``env``): the
+    response is the trajectory after the prompt, model and environment tokens interleaved exactly
+    as generated, ``response_mask`` False and ``rollout_logprobs`` 0 on environment tokens.
+        env_rewards: ``[B]`` float, each episode's final reward (``Episode.reward()``), read by the
+            ``env_reward`` component.
+        turn_rewards: ``[B, T]`` float, per-turn rewards on the last token of their model turn, 0
+            elsewhere; ``policyzoo.loss.prepare`` adds them to ``token_rewards``.
+        turns / tool_calls / tool_errors: ``[B]`` long, model turns, tool calls and failed tool
+            calls per episode.
+        stop_reasons: B strings, why each episode ended: ``env`` (the environment stopped it),
+            ``turns`` (turn budget), ``tokens`` (token budget).
     """
 
     prompt_ids: list[list[int]]
@@ -49,6 +62,12 @@ class Rollout:
     max_tokens: int = 0
     greedy: Tensor | None = None
     policy_lag: Tensor | None = None
+    env_rewards: Tensor | None = None
+    turn_rewards: Tensor | None = None
+    turns: Tensor | None = None
+    tool_calls: Tensor | None = None
+    tool_errors: Tensor | None = None
+    stop_reasons: list[str] | None = None
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
@@ -181,21 +200,19 @@ def _concat(parts: list[Rollout]) -> Rollout:
     if len(parts) == 1:
         return parts[0]
     width = max(p.response_ids.shape[1] for p in parts)
-    first = parts[0]
-    return Rollout(
-        prompt_ids=[x for p in parts for x in p.prompt_ids],
-        response_ids=torch.cat([_pad_to(p.response_ids, width, 0) for p in parts]),
-        response_mask=torch.cat([_pad_to(p.response_mask, width, False) for p in parts]),
-        rollout_logprobs=torch.cat([_pad_to(p.rollout_logprobs, width, 0.0) for p in parts]),
-        group_ids=torch.cat([p.group_ids for p in parts]),
-        truncated=torch.cat([p.truncated for p in parts]),
-        prompts=[x for p in parts for x in p.prompts],
-        completions=[x for p in parts for x in p.completions],
-        rows=[x for p in parts for x in p.rows],
-        temperature=first.temperature,
-        max_tokens=first.max_tokens,
-        greedy=None if all(p.greedy is None for p in parts) else torch.cat(
-            [p.greedy if p.greedy is not None else torch.zeros(len(p), dtype=torch.bool) for p in parts]),
-        policy_lag=(torch.cat([p.policy_lag for p in parts]) if all(p.policy_lag is not None for p in parts)
-                    else None),
-    )
+    pads = {"response_ids": 0, "response_mask": False}  # other [B, T] fields pad with 0.0
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Rollout):
+        got = [getattr(p, f.name) for p in parts]
+        if f.name in ("temperature", "max_tokens"):
+            values[f.name] = got[0]
+        elif f.name == "greedy":  # rows of parts without greedy rows are not greedy
+            values[f.name] = None if all(v is None for v in got) else torch.cat(
+                [v if v is not None else torch.zeros(len(p), dtype=torch.bool) for v, p in zip(got, parts)])
+        elif any(v is None for v in got):  # an episode field absent from some part is absent
+            values[f.name] = None
+        elif isinstance(got[0], Tensor):
+            values[f.name] = torch.cat([_pad_to(v, width, pads.get(f.name, 0.0)) for v in got])
+        else:
+            values[f.name] = [x for v in got for x in v]
+    return Rollout(**values)

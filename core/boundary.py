@@ -66,6 +66,10 @@ def problems(slot: str, out: Any, rows: int, width: int | None = None) -> list[s
         _tensor(bad, out.rollout_logprobs, (n, t), "rollout_logprobs")
         _tensor(bad, out.group_ids, (n,), "group_ids", "any")
         _tensor(bad, out.truncated, (n,), "truncated", "bool")
+        if out.turn_rewards is not None:
+            _tensor(bad, out.turn_rewards, (n, t), "turn_rewards")
+        if out.env_rewards is not None:
+            _tensor(bad, out.env_rewards, (n,), "env_rewards")
     elif slot == "reward":
         x = as_rewards(out)
         if x is None:

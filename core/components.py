@@ -124,6 +124,7 @@ class _Inherit:
 #: a slot left to the parent bundle (the default of every slot field of :class:`Bundle`).
 INHERIT: Any = _Inherit()
 SINGLE_SLOTS = ("sample", "baseline", "ratio", "clip", "reduce")
+OPTIONAL_SLOTS = ("kl", "env")
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,8 @@ class Bundle:
     parent's component updates the parent's parameters (``clip=use("ppo_clip", eps_high=0.28)``
     under grpo keeps grpo's ``eps_low``); any other value replaces the parent's. ``kl=None``
     removes the parent's KL term. A bundle without a parent states every single slot (``kl``,
-    ``reward`` and ``filter`` default to none).
+    ``env``, ``reward`` and ``filter`` default to none). No zoo bundle sets ``env``: a run adds
+    one (``algorithm: {base: grpo, env: {use: calculator}}``) and every bundle trains unchanged.
 
     ``reward`` holds reward *extras* the algorithm adds to the task's rewards (e.g. DAPO's
     overlong penalty); ``filter`` its filters.
@@ -149,6 +151,7 @@ class Bundle:
     clip: Use = INHERIT
     reduce: Use = INHERIT
     kl: Use | None = INHERIT
+    env: Use | None = INHERIT
     reward: tuple[Use, ...] = INHERIT
     filter: tuple[Use, ...] = INHERIT
     parent: str | None = None
@@ -157,7 +160,7 @@ class Bundle:
 
     def __post_init__(self):
         if self.parent is None:  # a root bundle: unstated optional slots are empty
-            for key, empty in (("kl", None), ("reward", ()), ("filter", ())):
+            for key, empty in (("kl", None), ("env", None), ("reward", ()), ("filter", ())):
                 if getattr(self, key) is INHERIT:
                     object.__setattr__(self, key, empty)
         for key in ("reward", "filter"):
@@ -170,7 +173,7 @@ class Bundle:
     @property
     def complete(self) -> bool:
         """True when every slot is stated (nothing left to inherit)."""
-        return not any(getattr(self, s) is INHERIT for s in (*SINGLE_SLOTS, "kl", "reward", "filter"))
+        return not any(getattr(self, s) is INHERIT for s in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, "reward", "filter"))
 
     def inherit(self, parent: "Bundle | None", where: str = "") -> "Bundle":
         """This bundle with every unstated slot filled from ``parent`` (a complete bundle), or,
@@ -178,7 +181,7 @@ class Bundle:
         :class:`PluginError` for a root bundle that leaves a single slot unstated."""
         changes: dict[str, Any] = {}
         inherited = set()
-        for slot in (*SINGLE_SLOTS, "kl", "reward", "filter"):
+        for slot in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, "reward", "filter"):
             mine = getattr(self, slot)
             if parent is None:
                 if mine is INHERIT and slot in SINGLE_SLOTS:
@@ -186,7 +189,7 @@ class Bundle:
                                       "and has no parent to take it from",
                                       f"set {slot}=use(...), or parent='grpo' (or another bundle) to inherit it")
                 if mine is INHERIT:
-                    changes[slot] = None if slot == "kl" else ()
+                    changes[slot] = None if slot in OPTIONAL_SLOTS else ()
                 continue
             theirs = getattr(parent, slot)
             if mine is INHERIT:
@@ -203,7 +206,7 @@ class Bundle:
             if key not in fields:
                 raise ConfigError(f"{self.name}.replace", f"unknown slot {key!r}"
                                   f"{did_you_mean(key, fields)}",
-                                  "slots are: sample, reward, filter, kl, baseline, ratio, clip, reduce")
+                                  "slots are: sample, env, reward, filter, kl, baseline, ratio, clip, reduce")
         for key in ("reward", "filter"):
             if key in changes and isinstance(changes[key], Use):
                 changes[key] = (changes[key],)

@@ -20,8 +20,10 @@ Conventions for every step hook
 
 Call types
 ----------
-* **single**: exactly one component fills the slot in a run (``kl`` may be absent: no reference
-  model is loaded then). The run manager refuses to start otherwise. Declared ``firstresult``.
+* **single**: exactly one component fills the slot in a run. The run manager refuses to start
+  otherwise. Declared ``firstresult``.
+* **optional** (single): at most one component (``kl`` absent: no reference model is loaded;
+  ``env`` absent: one single-turn completion per sample). Declared ``firstresult``.
 * **collect**: zero or more components; results combine as stated on the hook (weighted sum of
   rewards; logical AND of keep masks).
 * **register**: called once per process on the catalog manager to add named components/bundles.
@@ -39,6 +41,7 @@ if TYPE_CHECKING:  # annotations only (these modules import this one)
     from .batch import Rollout
     from .components import Bundle
     from .policy import Policy
+    from .slots import Env
 
 PROJECT = "policyzoo"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -47,6 +50,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 #: slot name -> call type. The order is the order of one step.
 SLOTS: dict[str, str] = {
     "sample": "single",
+    "env": "optional",
     "reward": "collect",
     "filter": "collect",
     "kl": "optional",
@@ -111,6 +115,45 @@ class Importance:
     masked: Tensor | None = None
 
 
+@dataclass
+class Observation:
+    """What :meth:`Episode.step` returns after one model turn.
+
+    ``messages``: chat messages the environment answers with (e.g. ``[{"role": "tool", "content":
+    "42"}]``); they are rendered with the model's chat template and appended as environment tokens
+    (``response_mask`` False), then the model takes the next turn. ``done``: the episode ends after
+    this turn (an empty ``messages`` ends it too). ``reward``: an optional per-turn reward for the
+    model turn just taken (placed on its last token, reaching the baseline as ``token_rewards``).
+    ``tool_call`` / ``tool_error``: the turn called a tool / the call failed (metrics only)."""
+
+    messages: list[dict] = field(default_factory=list)
+    done: bool = False
+    reward: float | None = None
+    tool_call: bool = False
+    tool_error: bool = False
+
+
+class Episode:
+    """One environment episode, made by an ``env`` component from a data row (the reset).
+
+    ``prompt``: the conversation the model starts from (chat messages; default: the row's
+    ``prompt``, set by ``__init__``). :meth:`step` is called after every model turn with the turn's
+    decoded text and its token ids exactly as sampled; :meth:`reward` once, when the episode has
+    ended (by ``done``, the turn budget or the token budget), gives the sequence reward."""
+
+    def __init__(self, row: dict):
+        self.row = row
+        self.prompt = row["prompt"]
+
+    def step(self, turn_text: str, turn_ids: list[int]) -> Observation:
+        """React to one model turn: an :class:`Observation` (messages to append, or ``done``)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step(turn_text, turn_ids)")
+
+    def reward(self) -> float:
+        """The episode's final (sequence) reward; NaN = unscorable."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reward()")
+
+
 @dataclass(frozen=True)
 class StepTotals:
     """Normalisers over the whole optimizer step: all micro-batches and all data-parallel ranks.
@@ -169,14 +212,26 @@ class Spec:
 
     # ------------------------------------------------------------------ step hooks
     @hookspec(firstresult=True)
-    def sample(self, policy: Policy, prompts: list[dict], seed: int) -> Rollout:
-        """single. Generate G responses per prompt.
+    def sample(self, policy: Policy, prompts: list[dict], seed: int, env: Env | None) -> Rollout:
+        """single. Generate G responses (single-turn) or G episodes (with an ``env``) per prompt.
 
-        Args: ``policy`` (an engine exposing ``generate``), ``prompts`` (P data rows, each a dict
-        with at least ``prompt``), ``seed`` (int, for reproducible sampling).
+        Args: ``policy`` (an engine exposing ``generate``; with an env also ``generate_tokens``),
+        ``prompts`` (P data rows, each a dict with at least ``prompt``), ``seed`` (int, for
+        reproducible sampling), ``env`` (the run's ``env`` component, or None: single-turn).
         Returns: :class:`policyzoo.batch.Rollout` with B = P x G rows and explicit ``group_ids``.
         G is the component's ``n`` (1 for PPO and REINFORCE++). With the component's ``greedy``,
-        P more rows (one greedy response per prompt, same group id) marked in ``Rollout.greedy``."""
+        P more rows (one greedy response per prompt, same group id) marked in ``Rollout.greedy``.
+        With an env the response is the whole trajectory after the prompt -- model tokens and
+        environment tokens exactly as generated -- with ``response_mask`` False and
+        ``rollout_logprobs`` 0 on environment tokens, and the episode fields of the Rollout set
+        (``env_rewards``, ``turn_rewards``, ``turns``...)."""
+
+    @hookspec(firstresult=True)
+    def env(self, row: dict) -> Episode:
+        """optional single. Reset: start one :class:`Episode` from a data row. The sampler calls it
+        once per sample (G times per prompt), then drives the episodes turn by turn, the turns of
+        all episodes batched together, within the component's ``max_turns`` and
+        ``max_total_tokens``. Absent: every sample is one single-turn completion."""
 
     @hookspec
     def reward(self, rollout: Rollout) -> Tensor:

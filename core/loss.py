@@ -22,20 +22,30 @@ def step_totals(batch: StepBatch) -> StepTotals:
 
 def prepare(run, batch: StepBatch, scored: Tensor | None = None,
             collective: Collective = LOCAL) -> tuple[StepBatch, dict]:
-    """Per-token rewards (KL in reward placement), then advantages through ``baseline``.
+    """Per-token rewards (an env's per-turn rewards, KL in reward placement), then advantages
+    through ``baseline``.
+
+    Credit assignment: the sequence reward ``rewards [B]`` goes to the baseline as is (group
+    baselines broadcast the advantage over the row's model tokens; GAE puts it on the last one);
+    per-turn rewards ``rollout.turn_rewards [B, T]`` (on the last token of their turn) are added to
+    ``token_rewards`` on masked-in tokens, so token-level baselines (GAE) credit each turn where it
+    happened and group baselines score a row by its sum.
 
     ``scored [B, T]``: the trainer's log-probs at sampling time (no grad), needed for a KL in
     reward placement; the sampler's ``rollout_logprobs`` stand in when it is None."""
     mask = batch.response_mask
     metrics: dict[str, float] = {}
     token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    if batch.rollout.turn_rewards is not None:
+        turn = batch.rollout.turn_rewards.to(device=mask.device, dtype=torch.float32)
+        token_rewards = torch.where(mask, turn, token_rewards)
     if run.kl is not None and batch.ref_logprobs is not None:
         now = scored if scored is not None else batch.rollout.rollout_logprobs
         kl = run.call("kl", *mask.shape, logprobs=now, ref_logprobs=batch.ref_logprobs, response_mask=mask,
                       ratio=torch.ones_like(now))
         metrics["kl_ref"] = masked_mean(kl, mask)
         if run.kl.params.placement == "reward":
-            token_rewards = torch.where(mask, -run.kl.params.beta * kl, torch.zeros_like(kl))
+            token_rewards = token_rewards + torch.where(mask, -run.kl.params.beta * kl, torch.zeros_like(kl))
     parts = batch.reward_components  # [B, K]; a batch built without them has the rewards as its only one
     weights = torch.tensor([float(c.params.weight) for c in run.reward]) if parts is not None else torch.ones(1)
     parts = batch.rewards.unsqueeze(-1) if parts is None else parts

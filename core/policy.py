@@ -7,6 +7,7 @@ code that trains a language model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
@@ -15,8 +16,31 @@ from .batch import Rollout
 from .hookspecs import Collective, StepTotals
 
 
+@dataclass
+class Generated:
+    """One continuation from ``generate_tokens``: the sampled token ``ids`` (EOS included when
+    generated), their sampler ``logprobs`` (nats, same convention as ``rollout_logprobs``), the
+    decoded ``text`` (special tokens skipped) and ``stopped`` (True: ended by EOS; False: hit its
+    token limit)."""
+
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    stopped: bool
+
+
 @runtime_checkable
 class Policy(Protocol):
+    """What the step needs from an engine.
+
+    Engines that drive environments (an ``env`` in the run) also have ``tokenizer`` (a
+    transformers tokenizer with a chat template), ``pad_token_id`` and
+    ``generate_tokens(contexts, max_tokens, temperature, seeds, top_p=1.0) -> list[Generated]``:
+    one continuation of each token-id context (``contexts[i]``, a list of ids, continued for at
+    most ``max_tokens[i]`` tokens with seed ``seeds[i]``), all contexts in one batched call,
+    temperature 0 = greedy. They are not part of the protocol's required methods: the bandit test
+    bed has no tokens."""
+
     #: reductions over the data-parallel ranks (``policyzoo.hookspecs.LOCAL`` for one process)
     collective: Collective
 

@@ -9,7 +9,9 @@ not implement the hook method; nothing in the step reads a name that is not decl
 ==========  ==========================================  =========================================
 slot        declared (read by the step / engine)        hook method -> result
 ==========  ==========================================  =========================================
-sample      ``n`` (G), ``max_tokens``, ``greedy``       ``sample(policy, prompts, seed)`` -> Rollout
+sample      ``n`` (G), ``max_tokens``, ``greedy``       ``sample(policy, prompts, seed, env)``
+                                                        -> Rollout
+env         ``max_turns``, ``max_total_tokens``         ``env(row)`` -> Episode
 reward      ``weight``; ``label`` (metric key)          ``reward(rollout)`` -> ``[B]`` float
 filter      ``resample``, ``max_sample_rounds``         ``filter(rollout, rewards)`` -> Keep
 kl          ``beta``, ``placement``                     ``kl(logprobs, ref_logprobs, response_mask, ratio)``
@@ -38,7 +40,7 @@ from torch import Tensor
 
 from .batch import Rollout
 from .components import Component
-from .hookspecs import LOCAL, Advantages, Collective, Importance, Keep, StepTotals, Surrogate
+from .hookspecs import LOCAL, Advantages, Collective, Episode, Importance, Keep, StepTotals, Surrogate
 from .stats import whiten
 
 
@@ -51,7 +53,10 @@ class Sample(Component):
     ``greedy_rewards`` -- ReMax's baseline -- and drops it before the filters; it is never trained
     on). The engine sizes its context and KV cache from them, and length-based components
     (``overlong_penalty``, ``token_sum_norm``) default to ``max_tokens``. The step checks the
-    result: B = P x n rows (P x (n + 1) with ``greedy``), ``[B, T]`` tensors, ``[B]`` ids."""
+    result: B = P x n rows (P x (n + 1) with ``greedy``), ``[B, T]`` tensors, ``[B]`` ids. With an
+    ``env``, ``max_tokens`` bounds each model turn and the env's ``max_total_tokens`` the whole
+    trajectory; a sample component that does not take ``env`` cannot run with an env (the run
+    refuses to start)."""
 
     slot = "sample"
 
@@ -62,8 +67,32 @@ class Sample(Component):
                              "baseline's greedy_rewards (ReMax); never trained on")
 
     @abstractmethod
-    def sample(self, policy, prompts: list[dict], seed: int) -> Rollout:
-        """Generate ``n`` responses for each of ``prompts`` with ``policy`` (see hookspecs)."""
+    def sample(self, policy, prompts: list[dict], seed: int, env: Env | None) -> Rollout:
+        """Generate ``n`` responses (or episodes of ``env``) for each of ``prompts`` (see hookspecs)."""
+
+
+class Env(Component):
+    """Base of ``env`` components: multi-turn episodes (tool use) driven by the ``sample`` component.
+
+    Declared parameters: ``max_turns`` (the turn budget: model turns per episode, >= 1) and
+    ``max_total_tokens`` (the token budget: model plus environment tokens after the prompt, >= 1;
+    the engine sizes its context from it). An episode that is still going when either runs out
+    ends as truncated (metrics ``env_truncated_turns_frac`` / ``env_truncated_tokens_frac``).
+    The hook method ``env(row)`` is the reset: it returns a
+    :class:`~policyzoo.hookspecs.Episode` whose ``step(turn_text, turn_ids)`` answers each model
+    turn with an :class:`~policyzoo.hookspecs.Observation` and whose ``reward()`` is the
+    sequence reward, read by the ``env_reward`` reward component."""
+
+    slot = "env"
+
+    class Params(Component.Params):
+        max_turns: int = Field(4, ge=1, description="turn budget: model turns per episode (>= 1)")
+        max_total_tokens: int = Field(512, ge=1, description="token budget: model + environment tokens "
+                                      "after the prompt (>= 1)")
+
+    @abstractmethod
+    def env(self, row: dict) -> Episode:
+        """Start one episode from the data row ``row`` (see hookspecs)."""
 
 
 class Reward(Component):
@@ -253,7 +282,7 @@ class Reduce(Component):
 
 
 #: slot -> its base class (the catalog checks every component against it).
-BASES: dict[str, type[Component]] = {cls.slot: cls for cls in (Sample, Reward, Filter, KL, Baseline, Ratio,
+BASES: dict[str, type[Component]] = {cls.slot: cls for cls in (Sample, Env, Reward, Filter, KL, Baseline, Ratio,
                                                                 Clip, Reduce)}
 
-__all__ = ["BASES", "Baseline", "Clip", "Filter", "KL", "Ratio", "Reduce", "Reward", "Sample"]
+__all__ = ["BASES", "Baseline", "Clip", "Env", "Episode", "Filter", "KL", "Ratio", "Reduce", "Reward", "Sample"]

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from .batch import Rollout, StepBatch
+from .episodes import EPISODE_METRICS, episode_sums
 from .errors import ComponentError, UserError
 from .loss import micro_loss, prepare, step_totals
 
@@ -85,7 +86,7 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         prompts = next_prompts()
         t0 = time.perf_counter()
         rollout = run.call("sample", rows=len(prompts) * (run.sample.params.n + run.sample.params.greedy),
-                           policy=policy, prompts=prompts, seed=round_seed(seed, r))
+                           policy=policy, prompts=prompts, seed=round_seed(seed, r), env=run.env)
         greedy = _greedy_rows(run, rollout)
         metrics["time_rollout"] += time.perf_counter() - t0
         target_rows = target_rows or int((~greedy).sum())  # the greedy baseline rows are not trained on
@@ -125,6 +126,7 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
                 metrics[f"filtered/{reason}"] += count
         rollout.response_mask = mask
         metrics["sampled_rows"] += len(rollout)
+        metrics.update(episode_sums(rollout))
         metrics["reward_mean_sampled"] += float(torch.nansum(rewards))
         kept_rollouts.append(rollout.select(keep))
         kept_rewards.append(rewards[keep])
@@ -149,6 +151,8 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         rollout, rewards, parts = rollout.select(keep), rewards[keep], parts[keep]
         baseline_reward = baseline_reward[keep]
     metrics["reward_mean_sampled"] /= max(metrics["sampled_rows"], 1)
+    for key in EPISODE_METRICS if run.env is not None else ():  # means over the sampled episodes
+        metrics[key] = metrics[key] / max(metrics["sampled_rows"], 1)
     for label in run.reward_labels:  # mean over the rows actually sampled, NaN (unscorable) left out
         metrics[f"reward/{label}"] = reward_sums[label] / reward_counts[label] if reward_counts[label] else math.nan
     if run.sample.params.greedy:  # mean reward of the greedy baseline responses (NaN left out)

@@ -2,9 +2,9 @@
 
 from policyzoo.hookspecs import hookimpl
 
-from . import baseline, clip, filter, kl, mismatch, ratio, reduce, reward, sample
+from . import baseline, clip, env, filter, kl, mismatch, ratio, reduce, reward, sample
 
-MODULES = (sample, reward, filter, kl, baseline, ratio, mismatch, clip, reduce)
+MODULES = (sample, env, reward, filter, kl, baseline, ratio, mismatch, clip, reduce)
 
 
 @hookimpl

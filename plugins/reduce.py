@@ -118,9 +118,10 @@ class SeqMeanTokenSum(_PerRow):
 class TokenSumNorm(_PerRow):
     """sum over every masked token / (``constant`` x ``totals.sequences``).
 
-    ``constant`` None -> the run's ``sample.max_tokens`` (resolved in ``check``), never the
-    padded width of the batch (which changes with the longest response of each batch and would
-    reintroduce a length-dependent scale). Source: Dr. GRPO, Liu et al. 2025 (arXiv:2503.20783)
+    ``constant`` None -> the run's L_max (``sample.max_tokens``; with an env its
+    ``max_total_tokens``), resolved in ``check``, never the padded width of the batch (which
+    changes with the longest response of each batch and would reintroduce a length-dependent
+    scale). Source: Dr. GRPO, Liu et al. 2025 (arXiv:2503.20783)
     Sec. 3.2 (masked sum divided by the generation budget, then mean over responses).
     Errors: :class:`ConfigError` when ``constant`` is None and the sampler has no ``max_tokens``."""
 
@@ -138,7 +139,7 @@ class TokenSumNorm(_PerRow):
     def check(self, run) -> None:
         super().check(run)
         if self.params.constant is None:
-            max_tokens = run.sample.params.max_tokens
+            max_tokens = run.max_response_tokens
             if not max_tokens:
                 raise ConfigError("algorithm.reduce.constant",
                                   "constant is None and the sampler has no max_tokens to default to",

@@ -30,7 +30,8 @@ class OverlongPenalty(Reward):
     With |y| the response's token count (``response_mask`` sum), L_max = ``max_tokens`` and
     L_cache = ``cache``: 0 if |y| <= L_max - L_cache; ((L_max - L_cache) - |y|) / L_cache if
     L_max - L_cache < |y| <= L_max; -1 if |y| > L_max. ``max_tokens`` None -> the run's
-    ``sample.max_tokens`` (resolved in ``check``; the rollout's ``max_tokens`` if unchecked);
+    ``sample.max_tokens``, with an env its ``max_total_tokens`` (resolved in ``check``; the
+    rollout's ``max_tokens`` if unchecked);
     ``cache`` None -> 20% of L_max (the paper's ratio, 4096 of 20480), so short budgets do not
     penalise every response; a ``cache`` larger than L_max is clipped to L_max (the ramp then
     starts at length 0).
@@ -50,7 +51,7 @@ class OverlongPenalty(Reward):
 
     def check(self, run) -> None:
         if self.params.max_tokens is None:
-            self.max_tokens = run.sample.params.max_tokens
+            self.max_tokens = run.max_response_tokens
 
     @hookimpl
     def reward(self, rollout):
@@ -334,4 +335,28 @@ class RewardModel(Reward):
         return torch.cat(out) if out else torch.zeros(0)
 
 
-COMPONENTS = (OverlongPenalty, AnswerMatch, Function, MathVerify, RewardModel)
+# ----------------------------------------------------------------------------- environment reward
+class EnvReward(Reward):
+    """The environment's episode reward, ``[B]`` float: ``rollout.env_rewards`` (each episode's
+    ``Episode.reward()``), so an env's reward goes through the same weighting, metrics
+    (``reward/env_reward``) and baselines as any other. The task's default reward when the run
+    has an env. Errors: ``ConfigError`` when the run has no ``env``.
+    Source: the environment's own reward, ``Episode.reward()`` (the outcome reward of TRL's
+    ``environment_factory`` and verl's agent loop)."""
+
+    name = "env_reward"
+
+    def check(self, run) -> None:
+        if run.env is None:
+            raise ConfigError("rewards (env_reward)", "the run has no environment, so there is no episode reward",
+                              "add one, e.g. `algorithm: {base: grpo, env: {use: calculator}}`, or drop env_reward")
+
+    @hookimpl
+    def reward(self, rollout):
+        if rollout.env_rewards is None:
+            raise ConfigError("rewards (env_reward)", "the rollout holds no episode rewards (single-turn sampling)",
+                              "set algorithm.env, or drop env_reward")
+        return rollout.env_rewards.float()
+
+
+COMPONENTS = (OverlongPenalty, AnswerMatch, Function, MathVerify, RewardModel, EnvReward)

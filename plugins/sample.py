@@ -8,6 +8,7 @@ import torch
 from pydantic import Field
 
 from policyzoo.batch import Rollout
+from policyzoo.episodes import run_episodes
 from policyzoo.slots import Sample
 from policyzoo.errors import ConfigError, UserError
 from policyzoo.hookspecs import hookimpl
@@ -33,8 +34,14 @@ class Group(Sample):
     (after the P x n sampled rows, in its prompt's group, ``Rollout.greedy`` True): ReMax's
     baseline (the step rewards and removes it).
 
-    Errors: :class:`ConfigError` for an engine that cannot honour ``top_p``; :class:`UserError` when
-    the engine returns a rollout of the wrong size (B != P x n).
+    With an ``env`` (the run's ``env`` slot) every sample is an episode: the turns of all P x n
+    episodes are sampled together through ``policy.generate_tokens`` (one batched call per turn,
+    per-episode seeds) and the rollout is token-exact (:mod:`policyzoo.episodes`); ``max_tokens``
+    then bounds each model turn, the env's ``max_total_tokens`` the trajectory; ``greedy`` adds
+    one greedy episode per prompt.
+
+    Errors: :class:`ConfigError` for an engine that cannot honour ``top_p`` or cannot drive an env;
+    :class:`UserError` when the engine returns a rollout of the wrong size (B != P x n).
     Source: Shao et al. 2024 (DeepSeekMath, arXiv:2402.03300) Sec. 4.1 for groups of G samples.
     """
 
@@ -50,8 +57,16 @@ class Group(Sample):
         self._next_group = 0
 
     @hookimpl
-    def sample(self, policy, prompts, seed):
+    def sample(self, policy, prompts, seed, env):
         p = self.params
+        if env is not None:
+            if not callable(getattr(policy, "generate_tokens", None)):
+                raise ConfigError("algorithm.env", f"{type(policy).__name__} cannot drive the environment "
+                                  f"{env.name!r}: it has no generate_tokens (token-level continuation)",
+                                  "train with the language-model engine, or remove algorithm.env")
+            rollout = run_episodes(policy, env, prompts, p.n, p.max_tokens, p.temperature, seed, top_p=p.top_p)
+            best = run_episodes(policy, env, prompts, 1, p.max_tokens, 0.0, seed) if p.greedy else None
+            return self._regroup(rollout, best, p)
         kwargs = {}
         if p.top_p < 1.0:
             try:
@@ -69,14 +84,19 @@ class Group(Sample):
             raise UserError("sample: group", f"{type(policy).__name__}.generate returned {len(rollout)} rows "
                             f"(group_ids {tuple(rollout.group_ids.shape)}) for {len(prompts)} prompts x n={p.n}",
                             "generate must return len(prompts) x n rows with one group id per row")
+        best = policy.generate(prompts, 1, p.max_tokens, 0.0, seed, **kwargs) if p.greedy else None
+        return self._regroup(rollout, best, p)
+
+    def _regroup(self, rollout: Rollout, best: Rollout | None, p) -> Rollout:
+        """Stamp temperature and max_tokens; renumber groups so ids never repeat within a run; append
+        ``best``, one greedy response per prompt (prompt-major), in its prompt's group, marked."""
         rollout.temperature = p.temperature
         rollout.max_tokens = p.max_tokens
         ids = torch.as_tensor(rollout.group_ids)
         first_seen = {g: k for k, g in enumerate(dict.fromkeys(ids.tolist()))}
         rollout.group_ids = torch.tensor([self._next_group + first_seen[g] for g in ids.tolist()], dtype=torch.long)
-        if p.greedy:  # one greedy response per prompt (prompt-major), in its prompt's group, marked
-            best: Rollout = policy.generate(prompts, 1, p.max_tokens, 0.0, seed, **kwargs)
-            best.group_ids = torch.arange(len(prompts), dtype=torch.long) + self._next_group
+        if best is not None:
+            best.group_ids = torch.arange(len(best), dtype=torch.long) + self._next_group
             rollout.greedy = torch.zeros(len(rollout), dtype=torch.bool)
             best.greedy = torch.ones(len(best), dtype=torch.bool)
             best.temperature, best.max_tokens = p.temperature, p.max_tokens

@@ -183,7 +183,7 @@ class NucleusPolicy(FakePolicy):
 def test_group_sampler_calls_generate_and_stamps_rollout():
     pol = FakePolicy()
     two = [{"prompt": "a"}, {"prompt": "b"}]
-    ro = Group(n=3, max_tokens=64, temperature=0.7).sample(policy=pol, prompts=two, seed=5)
+    ro = Group(n=3, max_tokens=64, temperature=0.7).sample(policy=pol, prompts=two, seed=5, env=None)
     assert pol.calls == [(2, 3, 64, 0.7, 5)]
     assert len(ro) == 6 and ro.temperature == 0.7 and ro.max_tokens == 64
     assert ro.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
@@ -191,17 +191,17 @@ def test_group_sampler_calls_generate_and_stamps_rollout():
     # rounds of dynamic sampling concatenated never merge different prompts into one group
     again = Group(n=3).sample  # a fresh component starts at 0
     sampler = Group(n=2)
-    first = sampler.sample(policy=FakePolicy(), prompts=[{"prompt": "a"}, {"prompt": "b"}], seed=0)
-    second = sampler.sample(policy=FakePolicy(), prompts=[{"prompt": "c"}, {"prompt": "d"}], seed=1)
+    first = sampler.sample(policy=FakePolicy(), prompts=[{"prompt": "a"}, {"prompt": "b"}], seed=0, env=None)
+    second = sampler.sample(policy=FakePolicy(), prompts=[{"prompt": "c"}, {"prompt": "d"}], seed=1, env=None)
     assert first.group_ids.tolist() == [0, 0, 1, 1] and second.group_ids.tolist() == [2, 2, 3, 3]
-    assert again(policy=FakePolicy(), prompts=[{"prompt": "a"}], seed=0).group_ids.tolist() == [0, 0, 0]
+    assert again(policy=FakePolicy(), prompts=[{"prompt": "a"}], seed=0, env=None).group_ids.tolist() == [0, 0, 0]
     nuc = NucleusPolicy()
-    Group(n=2, top_p=0.9).sample(policy=nuc, prompts=[{"prompt": "a"}], seed=0)
+    Group(n=2, top_p=0.9).sample(policy=nuc, prompts=[{"prompt": "a"}], seed=0, env=None)
     assert nuc.top_p == 0.9
     with pytest.raises(ConfigError):
-        Group(top_p=0.9).sample(policy=FakePolicy(), prompts=[{"prompt": "a"}], seed=0)
+        Group(top_p=0.9).sample(policy=FakePolicy(), prompts=[{"prompt": "a"}], seed=0, env=None)
     with pytest.raises(UserError):
-        Group(n=3).sample(policy=FakePolicy(rows_per_prompt=2), prompts=[{"prompt": "a"}], seed=0)
+        Group(n=3).sample(policy=FakePolicy(rows_per_prompt=2), prompts=[{"prompt": "a"}], seed=0, env=None)
 
 
 @pytest.mark.parametrize("bad", [{"n": 0}, {"temperature": 0.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"max_tokens": 0}])

@@ -124,7 +124,8 @@ def overlapped_step(session, policy: OverlapPolicy, step: int, next_prompts) -> 
     if step < c.train.steps and not boundary:
         prompts, seed = next_prompts(peek=True), round_seed(c.train.seed * SEED_STRIDE + step + 1, 0)
         rows = len(prompts) * (run.sample.params.n + run.sample.params.greedy)
-        policy.prefetch(lambda rec: run.call("sample", rows=rows, policy=rec, prompts=prompts, seed=seed))
+        policy.prefetch(lambda rec: run.call("sample", rows=rows, policy=rec, prompts=prompts, seed=seed,
+                                                   env=run.env))
     m = learn(run, policy, rollout, rewards, m, session.settings, parts, greedy)
     policy.wait()  # a failed or skipped update leaves no sampling running into the next step
     return {**m, "stale_dropped": dropped}

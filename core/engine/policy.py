@@ -82,6 +82,24 @@ class LMPolicy:
         self.stats["tokens"] += int(out.response_mask.sum())
         return out
 
+    @property
+    def tokenizer(self):
+        return self.rollout.tokenizer
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.rollout.info.pad_token_id
+
+    def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
+                        seeds: list[int], top_p: float = 1.0):
+        """Batched continuation of token-id contexts (multi-turn episodes; see
+        :class:`policyzoo.policy.Policy`)."""
+        t0 = time.perf_counter()
+        out = self.rollout.generate_tokens(contexts, max_tokens, temperature, seeds, top_p=top_p)
+        self.stats["seconds"] += time.perf_counter() - t0
+        self.stats["tokens"] += sum(len(g.ids) for g in out)
+        return out
+
     def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False):
         return self.trainer.logprobs(rollout, grad=grad, entropy=entropy)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import Rollout
+from ..policy import Generated
 from .models import encode_prompt
 
 SEED_MOD = 2**62
@@ -118,6 +119,24 @@ class VLLMRollout(_Base):
                 comps.append(c.text)
         return build_rollout(prompt_ids, responses, lps, trunc, rows, texts, comps, n, self.info.pad_token_id,
                              temperature, max_tokens, first_index)
+
+    def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
+                        seeds: list[int], top_p: float = 1.0) -> list[Generated]:
+        """One continuation of each token-id context, all in one ``LLM.generate`` call (vLLM batches
+        them; shared prefixes hit its prefix cache), request ``i`` seeded with ``seeds[i]``;
+        ``temperature`` 0 is greedy. For multi-turn episodes (``policyzoo.episodes``)."""
+        from vllm import SamplingParams
+
+        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=m, logprobs=0, seed=s)
+                  for m, s in zip(max_tokens, seeds)]
+        outs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], params, use_tqdm=False)
+        res = []
+        for out in outs:
+            c = out.outputs[0]
+            toks = list(c.token_ids)
+            res.append(Generated(toks, [d[t].logprob for d, t in zip(c.logprobs, toks)], c.text,
+                                 c.finish_reason != "length"))
+        return res
 
     def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
         """One greedy (temperature 0) response per prompt, for held-out evaluation."""
@@ -225,6 +244,29 @@ class HFRollout(_Base):
 
     def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
         return self.generate(rows, 1, max_tokens, 1.0, 0, greedy=True)
+
+    @torch.no_grad()
+    def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
+                        seeds: list[int], top_p: float = 1.0) -> list[Generated]:
+        """One continuation per context, one ``generate`` call each (seeded with ``seeds[i]``);
+        ``temperature`` 0 is greedy. Log-probs as in :meth:`generate`."""
+        eos, res = list(self.info.eos_token_ids), []
+        for ids, m, seed in zip(contexts, max_tokens, seeds):
+            torch.manual_seed(seed)
+            x = torch.tensor([ids], device=self.model.device)
+            greedy = temperature == 0
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
+                                      temperature=None if greedy else temperature, top_p=None if greedy else top_p,
+                                      top_k=None, max_new_tokens=m, eos_token_id=eos,
+                                      pad_token_id=self.info.pad_token_id, output_scores=True,
+                                      return_dict_in_generate=True)
+            toks = out.sequences[0, len(ids):].cpu().tolist()
+            stop = next((k for k, t in enumerate(toks) if t in eos), None)
+            toks = toks if stop is None else toks[:stop + 1]
+            lp = torch.stack(out.scores, 1)[0, :len(toks)].float().log_softmax(-1).cpu() if out.scores else None
+            res.append(Generated(toks, [] if lp is None else lp[torch.arange(len(toks)), torch.tensor(toks)].tolist(),
+                                 self.tokenizer.decode(toks, skip_special_tokens=True), stop is not None))
+        return res
 
     @torch.no_grad()
     def load_weights(self, named_tensors) -> None:

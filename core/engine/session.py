@@ -34,6 +34,7 @@ class Session:
     @classmethod
     def prepare(cls, config, resume: str | None, force_resume: bool = False) -> "Session":
         from ..assembly import Run, resolve_algorithm, resolved_view
+        from ..components import use
         from ..config import reward_uses, step_settings
         from ..data import check_prompt_lengths, load_task
         from .models import encode_prompt, resolve_model
@@ -51,17 +52,20 @@ class Session:
         dist.check_same_catalog(get_catalog())
         self.task = load_task(config.data)
         bundle = resolve_algorithm(config.algorithm)
-        self.task_rewards_n = len(reward_uses(config, self.task.default_rewards))
-        self.run = Run(bundle, rewards=reward_uses(config, self.task.default_rewards))
+        # with an env, the episode's reward is the task's default reward (`env_reward`)
+        defaults = [use("env_reward")] if bundle.env is not None else self.task.default_rewards
+        self.task_rewards_n = len(reward_uses(config, defaults))
+        self.run = Run(bundle, rewards=reward_uses(config, defaults))
         self.settings = step_settings(config, self.run)
         sp = self.run.sample.params
-        self.max_tokens, self.n = sp.max_tokens, sp.n
+        self.turn_tokens, self.n = sp.max_tokens, sp.n
+        self.max_tokens = self.run.max_response_tokens  # the whole trajectory with an env
         self.model = resolve_model(config.model.path, config.model.trust_remote_code)
         budget = self.model.max_context - self.max_tokens
         if budget < 1:
-            raise ConfigError("algorithm.sample.max_tokens", f"{self.max_tokens} response tokens leave no room for a "
-                              f"prompt in the model's {self.model.max_context}-token context",
-                              "lower sample.max_tokens")
+            key = "algorithm.env.max_total_tokens" if self.run.env is not None else "algorithm.sample.max_tokens"
+            raise ConfigError(key, f"{self.max_tokens} response tokens leave no room for a "
+                              f"prompt in the model's {self.model.max_context}-token context", f"lower {key}")
         tok = self.model.tokenizer
         check_chat_template(tok, self.task.train_rows + self.task.eval_rows, f"model.path ({self.model.path})")
         self.warnings = [w for w in (system_turn_warning(tok, self.task.train_rows),
@@ -171,7 +175,8 @@ class Session:
             return {}
         t0 = time.perf_counter()
         try:
-            rec = evaluate(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows, self.max_tokens)
+            rec = evaluate(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows, self.turn_tokens,
+                           env=self.run.env, policy=self.policy)
         except UserError as e:  # a reward error on a held-out row
             _at_step(e, f"held-out evaluation at step {step}")
             raise

@@ -109,8 +109,10 @@ def build_run(cls, params: dict, catalog: Catalog):
     (``grpo`` first). Returns ``(run, instance)``; raises ContractFailure-ready UserError text."""
     own = [b for b, _ in catalog.bundles.values() if any(u.name == cls.name for u in _uses(b, cls.slot))]
     zoo = [catalog.bundles[n][0] for n in ["grpo"] + sorted(catalog.bundles) if n in catalog.bundles]
+    envs = sorted(catalog.components.get("env", {}))  # for components that need an env (env_reward)
+    with_env = [b.replace(env=use(envs[0])) for b in zoo[:1]] if envs and cls.slot != "env" else []
     errors = []
-    for base in own + zoo:
+    for base in own + zoo + with_env:
         u = use(cls.name, **params)
         bundle = base.replace(**{cls.slot: (u,) if cls.slot in ("reward", "filter") else u})
         try:

@@ -43,8 +43,16 @@ EXAMPLES = {
 }
 
 
+#: the data row an ``env`` component is reset from in the contract suite
+ENV_ROW = {"prompt": [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "What is 1 + 2?"}],
+           "answer": "3"}
+
+
 def context(slot: str):
-    """``(policy, prompts)`` for a slot's call: a small bandit and 2 prompt rows for ``sample``."""
+    """``(policy, prompts)`` for a slot's call: a small bandit and 2 prompt rows for ``sample``;
+    for ``env`` no policy and :data:`ENV_ROW`."""
+    if slot == "env":
+        return None, [dict(ENV_ROW)]
     if slot != "sample":
         return None, None
     from .bandit import Bandit

@@ -21,10 +21,12 @@ LOSS_SLOTS = ("ratio", "clip", "kl", "reduce")
 def call(comp, tb: ToyBatch, policy=None, prompts=None):
     """Call ``comp``'s hook method with the arguments it declares, taken from ``tb``.
 
-    ``ratio`` for a clip is computed in the graph from ``tb.logprobs`` (the token ratio)."""
+    ``ratio`` for a clip is computed in the graph from ``tb.logprobs`` (the token ratio); a
+    ``sample`` gets no env (single-turn), an ``env`` the first of ``prompts`` as its ``row``."""
     method = getattr(comp, comp.slot)
     kw = tb.hook_kwargs()
-    kw["policy"], kw["prompts"] = policy, prompts or []
+    kw["policy"], kw["prompts"], kw["env"] = policy, prompts or [], None
+    kw["row"] = (prompts or [None])[0]
     names = [p for p in inspect.signature(method).parameters if p != "self"]
     return method(**{n: kw[n] for n in names if n in kw})
 
@@ -56,6 +58,8 @@ def check_output(slot: str, out, tb: ToyBatch, prompts=None) -> list[str]:
     """Shape/type problems of a slot's output on the toy batch (empty list = fine): the step's own
     boundary check (:func:`policyzoo.boundary.problems`), plus, for ``sample``, P groups of G."""
     b, t = tb.shape
+    if slot == "env":
+        return episode_problems(out)
     if slot == "sample":
         p = len(prompts or [])
         rows = len(out) if isinstance(out, Rollout) else b
@@ -65,6 +69,25 @@ def check_output(slot: str, out, tb: ToyBatch, prompts=None) -> list[str]:
                        "(expected P x G rows in P groups)")
         return bad
     return boundary.problems(slot, out, b, t)
+
+
+def episode_problems(episode) -> list[str]:
+    """An ``env`` result must be an Episode whose ``prompt`` is chat messages or text, whose
+    ``step`` returns an Observation on a tool-call turn and on an answer turn, and whose
+    ``reward()`` is a float."""
+    from ..hookspecs import Episode, Observation
+
+    if not isinstance(episode, Episode):
+        return [f"env(row) returned {type(episode).__name__}, not an Episode"]
+    bad = [] if isinstance(episode.prompt, (str, list)) else [f"prompt is a {type(episode.prompt).__name__}"]
+    for text in ("calc(1 + 2)", "Answer: 3"):
+        obs = episode.step(text, [])
+        if not isinstance(obs, Observation):
+            bad.append(f"step({text!r}) returned {type(obs).__name__}, not an Observation")
+    r = episode.reward()
+    if not isinstance(r, (int, float)) or isinstance(r, bool):
+        bad.append(f"reward() returned {type(r).__name__}, not a float")
+    return bad
 
 
 def per_token(slot: str, out) -> Tensor | None:

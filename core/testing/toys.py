@@ -135,6 +135,7 @@ def toy_batch(seed: int = 0, lengths=LENGTHS, group_ids=GROUP_IDS, rewards=REWAR
         rows=[{"prompt": f"What is {int(x)} + 1?", "answer": str(int(x) + 1)} for x in gid.tolist()],
         temperature=1.0,
         max_tokens=t,
+        env_rewards=r.clone(),  # as an env would report them (read by env_reward)
     )
     return ToyBatch(
         rollout=rollout,
