@@ -169,3 +169,21 @@ def test_env_tokens_carry_no_gradient_and_turn_rewards_reach_gae(tok):
     loss, _ = micro_loss(run, batch, logprobs, step_totals(batch))
     (grad,) = torch.autograd.grad(loss, logprobs)
     assert (grad[0, 10:31] == 0).all() and (grad[0, :10] != 0).all() and math.isfinite(float(loss.detach()))
+
+
+def test_plot_adds_the_episode_panels_for_a_run_with_an_env(tmp_path):
+    import struct
+
+    from policyzoo.engine.plot import ENV_PANELS, main as plot
+    from policyzoo.engine.rundir import RunDir
+
+    rd = RunDir(tmp_path)
+    rd.create({}, {})
+    rd.log({"step": 0, "kind": "eval", "eval_accuracy": 0.2, "eval_env_tool_call_frac": 0.1})
+    for s in (1, 2):
+        rd.log({"step": s, "kind": "train", "reward_mean": 0.1 * s, "env_turns_mean": 1.5, "env_tool_call_frac": 0.3,
+                "env_tool_errors_mean": 0.0, "env_truncated_turns_frac": 0.0, "env_truncated_tokens_frac": 0.1})
+    png = plot(str(tmp_path)).read_bytes()
+    width, height = struct.unpack(">II", png[16:24])  # the PNG header's IHDR size
+    assert (width, height) == (1300, 1050)  # 13 x (3 rows x 3.5) inches at 100 dpi
+    assert [t for t, _ in ENV_PANELS] == ["episodes calling a tool", "per episode", "truncated episodes"]

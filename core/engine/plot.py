@@ -3,7 +3,9 @@
 Panels: reward mean (with the held-out accuracy of eval records as points), KL to the reference,
 response length (mean and max), clip fraction (low and high), entropy, fraction of zero-std
 groups. A metric a run does not have (e.g. KL without a ``kl`` component) is drawn as an empty
-panel that says so.
+panel that says so. A run with an environment gets a third row: the fraction of episodes that
+called a tool (training samples, and the greedy held-out episodes as points), turns and tool
+errors per episode, and the fraction of episodes truncated by the turn or the token budget.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ PANELS = [
     ("entropy (nats/token)", [("entropy", "entropy")]),
     ("zero-std groups", [("zero_std_frac", "fraction")]),
 ]
+ENV_PANELS = [
+    ("episodes calling a tool", [("env_tool_call_frac", "training samples")]),
+    ("per episode", [("env_turns_mean", "turns"), ("env_tool_errors_mean", "tool errors")]),
+    ("truncated episodes", [("env_truncated_turns_frac", "turn budget"),
+                            ("env_truncated_tokens_frac", "token budget")]),
+]
+#: panel title -> (eval record key, label) drawn as points over the training curve
+EVAL_POINTS = {"reward": ("eval_accuracy", "held-out accuracy (greedy)"),
+               "episodes calling a tool": ("eval_env_tool_call_frac", "held-out (greedy)")}
 
 
 def main(run_dir: str, output: str | None = None) -> Path:
@@ -37,25 +48,27 @@ def main(run_dir: str, output: str | None = None) -> Path:
     if not train:
         raise UserError(str(run_dir), "no training steps in metrics.jsonl (or no metrics.jsonl)",
                         "pass a run directory written by `policyzoo train`")
-    evals = [r for r in records if r.get("kind") == "eval" and r.get("eval_accuracy") is not None]
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7), constrained_layout=True)
-    for ax, (title, series) in zip(axes.flat, PANELS):
+    evals = [r for r in records if r.get("kind") == "eval"]
+    panels = PANELS + (ENV_PANELS if any("env_turns_mean" in r for r in train) else [])
+    fig, axes = plt.subplots(len(panels) // 3, 3, figsize=(13, 3.5 * (len(panels) // 3)), constrained_layout=True)
+    for ax, (title, series) in zip(axes.flat, panels):
         drawn = False
         for key, label in series:
             pts = [(r["step"], r[key]) for r in train if r.get(key) is not None]
             if pts:
                 ax.plot(*zip(*pts), marker="o", ms=3, label=label)
                 drawn = True
-        if title == "reward" and evals:
-            ax.plot([r["step"] for r in evals], [r["eval_accuracy"] for r in evals], "s--", color="tab:red",
-                    label="held-out accuracy (greedy)")
+        key, label = EVAL_POINTS.get(title, (None, None))
+        points = [(r["step"], r[key]) for r in evals if r.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points), "s--", color="tab:red", label=label)
             drawn = True
         if not drawn:
             ax.text(0.5, 0.5, "not in this run", ha="center", va="center", transform=ax.transAxes, color="gray")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if len(series) > 1 or (title == "reward" and evals):
+        if len(series) > 1 or points:
             ax.legend(fontsize=8)
     fig.suptitle(f"policyzoo run: {Path(run_dir).name}")
     out = Path(output) if output else rd.path / "curves.png"

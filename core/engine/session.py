@@ -71,9 +71,11 @@ class Session:
         self.warnings = [w for w in (system_turn_warning(tok, self.task.train_rows),
                                      sampling_warning(getattr(sp, "temperature", 1.0), self.n)) if w]
         count = lambda msgs: len(encode_prompt(self.model.tokenizer, msgs))  # noqa: E731
-        lengths = check_prompt_lengths(self.task.train_rows, count, budget, "data (training rows)",
+        env = self.run.env  # an env may start its episodes from another prompt than the row's
+        start = (lambda rows: [dict(r, prompt=env.env(r).prompt) for r in rows]) if env else (lambda rows: rows)
+        lengths = check_prompt_lengths(start(self.task.train_rows), count, budget, "data (training rows)",
                                        self.task.train_origins)
-        lengths += check_prompt_lengths(self.task.eval_rows, count, budget, "data (held-out rows)",
+        lengths += check_prompt_lengths(start(self.task.eval_rows), count, budget, "data (held-out rows)",
                                         self.task.eval_origins)
         self.max_model_len = min(self.model.max_context, max(lengths) + self.max_tokens + 8)
         row = (self.task.eval_rows or self.task.train_rows)[0]
