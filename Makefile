@@ -29,7 +29,13 @@ DEMO_ARGS ?= --algo grpo --output-dir $(DEMO_DIR) train.steps=$(DEMO_STEPS) trai
 	train.lr=1e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=16 data.eval_size=100 \
 	engine.sync_check=true train.save_every=10
 
-.PHONY: setup test demo clean-venv
+AGENT_DEMO_DIR ?= runs/agent-demo
+AGENT_DEMO_STEPS ?= 12
+AGENT_DEMO_ARGS ?= --algo grpo --output-dir $(AGENT_DEMO_DIR) train.steps=$(AGENT_DEMO_STEPS) \
+	train.prompts_per_step=4 train.lr=2e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=24 \
+	algorithm.env.use=calculator algorithm.env.task_examples=true data.eval_size=32 engine.sync_check=true
+
+.PHONY: setup test demo demo-agent clean-venv
 
 setup: $(STAMP)
 
@@ -58,6 +64,11 @@ demo: $(STAMP)
 	$(VENV)/bin/policyzoo train $(DEMO_ARGS)
 	$(VENV)/bin/policyzoo plot $(DEMO_DIR)
 	$(PY) -c "import json; s = json.load(open('$(DEMO_DIR)/summary.json')); print(f'held-out accuracy (greedy): {s[\"eval_accuracy_before\"]:.2f} -> {s[\"eval_accuracy_after\"]:.2f}')"
+
+demo-agent: $(STAMP)
+	rm -rf $(AGENT_DEMO_DIR)
+	$(VENV)/bin/policyzoo train $(AGENT_DEMO_ARGS)
+	$(VENV)/bin/policyzoo plot $(AGENT_DEMO_DIR)
 
 clean-venv:
 	rm -rf $(VENV)

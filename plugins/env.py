@@ -119,11 +119,12 @@ class CalcEpisode(Episode):
 
     def __init__(self, row: dict, params, system: str, example: list[dict], boxed: bool):
         super().__init__(row)
-        question = row["prompt"] if isinstance(row["prompt"], str) else next(
-            (m["content"] for m in reversed(row["prompt"]) if m.get("role") == "user"), "")
+        turns = [{"role": "user", "content": row["prompt"]}] if isinstance(row["prompt"], str) else [
+            m for m in row["prompt"] if m.get("role") != "system"]  # the task's few-shot turns, then the question
         example = [dict(m, role=params.tool_role if m["role"] == "tool" else m["role"]) for m in example]
         self.prompt = [{"role": "system", "content": params.system_prompt or system},
-                       *(example if params.example else []), {"role": "user", "content": question}]
+                       *(turns[:-1] if params.task_examples else []), *(example if params.example else []),
+                       turns[-1]]
         self.params, self.boxed, self.final = params, boxed, None
 
     def step(self, turn_text: str, turn_ids: list[int]) -> Observation:
@@ -156,8 +157,9 @@ class Calculator(Env):
     """A calculator tool for the arithmetic task: the model may call ``calc(expr)`` and must answer.
 
     Reset: the prompt becomes the tool instructions (``system_prompt``), one worked example that
-    calls the tool (``example``) and the row's question (its last user message; the task's own
-    system prompt and few-shot examples are replaced). Step: the first ``calc(...)`` of a turn is
+    calls the tool (``example``; after the task's own few-shot turns, which answer without the
+    tool, if ``task_examples``), and the row's question (its last message); the task's system prompt is
+    replaced. Step: the first ``calc(...)`` of a turn is
     computed by :func:`calc` (exact, no ``eval``) and answered as a ``tool_role`` message; a turn
     without a call is the final answer. Reward: 1.0 when the final answer ("Answer: n", else the
     last number of the final turn) equals the row's ``answer``, else 0.0. ``call_reward`` > 0
@@ -175,6 +177,8 @@ class Calculator(Env):
                                       "after the prompt (>= 1)")
         system_prompt: str | None = Field(None, description="tool instructions; None = the built-in ones")
         example: bool = Field(True, description="put one worked tool-call example before the question")
+        task_examples: bool = Field(False, description="keep the task's own few-shot turns (which answer "
+                                    "without the tool) before the question")
         tool_role: str = Field("tool", description="chat role of the calculator's answers")
         call_reward: float = Field(0.0, description="per-turn reward of a successful calc call (0 = none)")
 

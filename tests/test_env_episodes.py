@@ -82,6 +82,12 @@ def test_calculator_episode_answers_calls_and_scores_the_final_answer():
     # the prompt: tool instructions, the worked example, then the row's question (last user message)
     assert ep.prompt == [{"role": "system", "content": CALC_SYSTEM}, *CALC_EXAMPLE,
                          {"role": "user", "content": "What is 2 + 2?"}]
+    # task_examples: the task's own few-shot turns (which answer without the tool) come first
+    shot = [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "Answer: 2"}]
+    row = dict(ROW, prompt=[ROW["prompt"][0], *shot, ROW["prompt"][1]])
+    assert Calculator(task_examples=True).env(row).prompt == [{"role": "system", "content": CALC_SYSTEM}, *shot,
+                                                              *CALC_EXAMPLE, ROW["prompt"][1]]
+    assert Calculator(example=False).env(row).prompt == [{"role": "system", "content": CALC_SYSTEM}, ROW["prompt"][1]]
     assert ep.step("calc(2+2)", []) == Observation([{"role": "tool", "content": "4"}], tool_call=True, reward=0.25)
     err = ep.step("calc(1/0)", [])
     assert err.tool_error and err.reward is None and err.messages[0]["content"] == "error: division by zero"
