@@ -57,7 +57,8 @@ def episode_sums(rollout: Rollout) -> dict[str, float]:
 
 def env_turn_ids(tokenizer, messages: list[dict], eos_generated: bool) -> list[int]:
     """Token ids that follow a model turn when the environment answers with ``messages``: the
-    chat template's end of the assistant turn (unless the model generated it: ``eos_generated``),
+    chat template's end of the assistant turn (unless the model generated it: ``eos_generated``,
+    its last token is the tokenizer's ``eos_token``; another stop id keeps the template's),
     the messages, and the generation prompt of the next assistant turn (see the module docstring).
     Raises :class:`ConfigError` when the template does not reproduce the assistant's content."""
     base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
@@ -162,7 +163,8 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
             elif turn == max_turns - 1:
                 t.stop = "turns"
             else:
-                answer = env_turn_ids(tok, obs.messages, eos_generated=out.stopped)
+                ended = bool(out.ids) and out.ids[-1] == tok.eos_token_id  # the template's end-of-turn token
+                answer = env_turn_ids(tok, obs.messages, eos_generated=ended)
                 if len(t.ids) + len(answer) >= budget:
                     t.stop = "tokens"
                 else:

@@ -68,7 +68,7 @@ def main(run_dir: str, output: str | None = None) -> Path:
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if len(series) > 1 or points:
+        if drawn and (len(series) > 1 or points):
             ax.legend(fontsize=8)
     fig.suptitle(f"policyzoo run: {Path(run_dir).name}")
     out = Path(output) if output else rd.path / "curves.png"

@@ -127,8 +127,9 @@ class VLLMRollout(_Base):
         ``temperature`` 0 is greedy. For multi-turn episodes (``policyzoo.episodes``)."""
         from vllm import SamplingParams
 
-        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=m, logprobs=0, seed=s)
-                  for m, s in zip(max_tokens, seeds)]
+        stop = list(self.info.eos_token_ids)
+        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=m, logprobs=0, seed=s,
+                                 stop_token_ids=stop) for m, s in zip(max_tokens, seeds)]
         outs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], params, use_tqdm=False)
         res = []
         for out in outs:
