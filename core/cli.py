@@ -115,8 +115,10 @@ def cmd_train(args, out: Console) -> None:
 
         from .data import load_task
 
-        rewards = reward_uses(config, load_task(config.data).default_rewards if config.rewards is None else [])
-        run = Run(resolve_algorithm(config.algorithm), rewards=rewards)
+        bundle = resolve_algorithm(config.algorithm)
+        rewards = reward_uses(config, load_task(config.data).default_rewards if config.rewards is None else [],
+                              bundle.env is not None)
+        run = Run(bundle, rewards=rewards)
         out.print(yaml.safe_dump(resolved_view(config, run), sort_keys=False))
         return
     from .engine.train import main as train_main

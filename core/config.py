@@ -235,12 +235,14 @@ def step_settings(config: Config, run):
                                 max_tokens_per_micro_batch=config.train.max_tokens_per_micro_batch)
 
 
-def reward_uses(config: Config, default: list) -> tuple:
-    """``rewards:`` entries as :class:`~policyzoo.Use` (the task's default when not given)."""
+def reward_uses(config: Config, default: list, has_env: bool = False) -> tuple:
+    """``rewards:`` entries as :class:`~policyzoo.Use`; when not given, the task's ``default`` --
+    or, in a run with an environment (``has_env``), the episode reward ``env_reward``."""
     from .assembly import _override
+    from .components import use
 
     if config.rewards is None:
-        return tuple(default)
+        return (use("env_reward"),) if has_env else tuple(default)
     if not config.rewards:
         raise ConfigError("rewards", "the list is empty: every advantage would be 0 and nothing would be learned",
                           "name at least one reward, e.g. `rewards: [{use: answer_match}]`, or drop the key "

@@ -193,3 +193,34 @@ def test_plot_adds_the_episode_panels_for_a_run_with_an_env(tmp_path):
     width, height = struct.unpack(">II", png[16:24])  # the PNG header's IHDR size
     assert (width, height) == (1300, 1050)  # 13 x (3 rows x 3.5) inches at 100 dpi
     assert [t for t, _ in ENV_PANELS] == ["episodes calling a tool", "per episode", "truncated episodes"]
+
+
+# ----------------------------------------------------------------------------- assembly
+def test_env_is_optional_and_its_reward_defaults_to_env_reward():
+    import types
+
+    from policyzoo import ConfigError, Sample
+    from policyzoo.catalog import load_catalog
+    from policyzoo.config import load_config, reward_uses
+
+    assert assemble("grpo").env is None  # no zoo bundle sets an env: single-turn as before
+    config = load_config(None, "grpo", ["algorithm.env.use=calculator", "algorithm.env.max_turns=5"])
+    run = assemble(config.algorithm, rewards=reward_uses(config, [use("answer_match")], has_env=True))
+    assert run.env.params.max_turns == 5 and [c.name for c in run.reward] == ["env_reward"]
+    assert run.max_response_tokens == 192  # L_max of the run: the env's token budget, not sample.max_tokens
+    assert reward_uses(load_config(None, "grpo", []), [use("answer_match")]) == (use("answer_match"),)
+    with pytest.raises(ConfigError, match="no environment"):
+        assemble("grpo", rewards=(use("env_reward"),))
+
+    class OneTurn(Sample):  # a third-party sampler that predates environments
+        """Samples without an env. Source: a test fixture."""
+        name = "one_turn"
+
+        def sample(self, policy, prompts, seed):
+            raise AssertionError("never called")
+
+    plugin = types.SimpleNamespace(__name__="one_turn_plugin", register_components=lambda register: register(OneTurn))
+    catalog = load_catalog(autoload=False, extra=[plugin])
+    assemble({"base": "grpo", "sample": {"use": "one_turn"}}, catalog=catalog)  # fine without an env
+    with pytest.raises(ConfigError, match="takes no `env`"):
+        assemble({"base": "grpo", "sample": {"use": "one_turn"}, "env": {"use": "calculator"}}, catalog=catalog)

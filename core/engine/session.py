@@ -34,7 +34,6 @@ class Session:
     @classmethod
     def prepare(cls, config, resume: str | None, force_resume: bool = False) -> "Session":
         from ..assembly import Run, resolve_algorithm, resolved_view
-        from ..components import use
         from ..config import reward_uses, step_settings
         from ..data import check_prompt_lengths, load_task
         from .models import encode_prompt, resolve_model
@@ -52,10 +51,9 @@ class Session:
         dist.check_same_catalog(get_catalog())
         self.task = load_task(config.data)
         bundle = resolve_algorithm(config.algorithm)
-        # with an env, the episode's reward is the task's default reward (`env_reward`)
-        defaults = [use("env_reward")] if bundle.env is not None else self.task.default_rewards
-        self.task_rewards_n = len(reward_uses(config, defaults))
-        self.run = Run(bundle, rewards=reward_uses(config, defaults))
+        rewards = reward_uses(config, self.task.default_rewards, bundle.env is not None)
+        self.task_rewards_n = len(rewards)
+        self.run = Run(bundle, rewards=rewards)
         self.settings = step_settings(config, self.run)
         sp = self.run.sample.params
         self.turn_tokens, self.n = sp.max_tokens, sp.n
