@@ -224,3 +224,35 @@ def test_env_is_optional_and_its_reward_defaults_to_env_reward():
     assemble({"base": "grpo", "sample": {"use": "one_turn"}}, catalog=catalog)  # fine without an env
     with pytest.raises(ConfigError, match="takes no `env`"):
         assemble({"base": "grpo", "sample": {"use": "one_turn"}, "env": {"use": "calculator"}}, catalog=catalog)
+
+
+def test_gsm8k_calculator_scores_the_last_boxed_answer():
+    from policyzoo.plugins.env import GSM8K_CALC_SYSTEM, GSM8KCalculator
+
+    row = {"prompt": [{"role": "system", "content": "task"}, {"role": "user", "content": "Q?"}], "answer": "72"}
+    env = GSM8KCalculator()
+    assert (env.params.max_turns, env.params.max_total_tokens) == (6, 768)
+    ep = env.env(row)
+    assert ep.prompt == [{"role": "system", "content": GSM8K_CALC_SYSTEM}, {"role": "user", "content": "Q?"}]
+    assert ep.step("calc(48 + 24)", []).messages == [{"role": "tool", "content": "72"}]
+    assert ep.step("So \\boxed{70} no, \\boxed{72}", []).done and ep.reward() == 1.0  # the last box counts
+    unboxed = env.env(row)
+    unboxed.step("The answer is 72", [])
+    assert unboxed.reward() == 0.0  # no \boxed{}: no answer
+
+
+def test_episode_fields_survive_select_and_concat(tok):
+    from policyzoo.batch import Rollout
+
+    a = run_episodes(ScriptedPolicy(tok, [[("calc(2+2)", True)], [("Answer: 4", True)]]), Calculator(), [ROW], 1,
+                     16, 1.0, 0)  # 41 tokens (10 + 21 + 10)
+    b = run_episodes(ScriptedPolicy(tok, [[("Answer: 4", True), ("Answer: 5", True)]]), Calculator(), [ROW], 2,
+                     16, 1.0, 0)  # 2 rows of 10 tokens
+    both = Rollout.concat([a, b])
+    assert both.response_ids.shape == (3, 41) and both.turn_rewards.shape == (3, 41)
+    assert both.stop_reasons == ["env"] * 3 and both.turns.tolist() == [2, 1, 1]
+    assert both.env_rewards.tolist() == [1.0, 1.0, 0.0] and not both.response_mask[1:, 10:].any()
+    kept = both.select(torch.tensor([False, True, True]))
+    assert kept.turns.tolist() == [1, 1] and kept.tool_calls.tolist() == [0, 0] and len(kept.stop_reasons) == 2
+    plain = Rollout.concat([a, Rollout(**{**a.__dict__, "turns": None})])
+    assert plain.turns is None  # a field absent from one part is absent from the whole
