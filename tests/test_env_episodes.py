@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from policyzoo import Observation, assemble, use
+from policyzoo import ConfigError, Observation, assemble, use
 from policyzoo.batch import StepBatch
 from policyzoo.episodes import env_turn_ids, run_episodes
 from policyzoo.loss import micro_loss, prepare, step_totals
@@ -50,7 +50,7 @@ class ScriptedPolicy:
 
     def generate_tokens(self, contexts, max_tokens, temperature, seeds, top_p=1.0):
         self.calls.append({"contexts": [list(c) for c in contexts], "max_tokens": list(max_tokens),
-                           "seeds": list(seeds)})
+                           "seeds": list(seeds), "temperature": temperature})
         out = []
         for k, m in enumerate(max_tokens):
             text, eos = self.script[len(self.calls) - 1][k]
@@ -199,7 +199,7 @@ def test_plot_adds_the_episode_panels_for_a_run_with_an_env(tmp_path):
 def test_env_is_optional_and_its_reward_defaults_to_env_reward():
     import types
 
-    from policyzoo import ConfigError, Sample
+    from policyzoo import Sample
     from policyzoo.catalog import load_catalog
     from policyzoo.config import load_config, reward_uses
 
@@ -256,3 +256,17 @@ def test_episode_fields_survive_select_and_concat(tok):
     assert kept.turns.tolist() == [1, 1] and kept.tool_calls.tolist() == [0, 0] and len(kept.stop_reasons) == 2
     plain = Rollout.concat([a, Rollout(**{**a.__dict__, "turns": None})])
     assert plain.turns is None  # a field absent from one part is absent from the whole
+
+
+def test_group_sampler_drives_episodes_and_adds_greedy_ones(tok):
+    from policyzoo.plugins.sample import Group
+
+    # 1 prompt x n = 2 sampled episodes (one call), then ReMax's greedy episode (a call at temperature 0)
+    pol = ScriptedPolicy(tok, [[("Answer: 4", True), ("Answer: 5", True)], [("Answer: 4", True)]])
+    r = Group(n=2, max_tokens=16, temperature=0.7, greedy=True).sample(policy=pol, prompts=[ROW], seed=0,
+                                                                       env=Calculator())
+    assert [c["temperature"] for c in pol.calls] == [0.7, 0.0]
+    assert r.greedy.tolist() == [False, False, True] and r.group_ids.tolist() == [0, 0, 0]
+    assert r.env_rewards.tolist() == [1.0, 0.0, 1.0] and r.temperature == 0.7 and r.max_tokens == 16
+    with pytest.raises(ConfigError, match="generate_tokens"):  # the bandit has no tokens
+        Group(n=2).sample(policy=object(), prompts=[ROW], seed=0, env=Calculator())
