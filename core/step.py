@@ -169,17 +169,19 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
 
 
 def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
-               settings: StepSettings = StepSettings()) -> dict:
-    """One optimizer step (or ``updates_per_batch`` of them) on a freshly sampled batch."""
+               settings: StepSettings = StepSettings(), on_batch: Callable[[StepBatch], None] | None = None) -> dict:
+    """One optimizer step (or ``updates_per_batch`` of them) on a freshly sampled batch.
+    ``on_batch`` (if given) sees the batch with its advantages before the update (for logging)."""
     rollout, rewards, parts, greedy_rewards, metrics = collect(run, policy, next_prompts, seed, settings)
-    return learn(run, policy, rollout, rewards, metrics, settings, parts, greedy_rewards)
+    return learn(run, policy, rollout, rewards, metrics, settings, parts, greedy_rewards, on_batch)
 
 
 def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
           settings: StepSettings = StepSettings(), reward_components: torch.Tensor | None = None,
-          greedy_rewards: torch.Tensor | None = None) -> dict:
+          greedy_rewards: torch.Tensor | None = None, on_batch: Callable[[StepBatch], None] | None = None) -> dict:
     """Score, advantages, update(s) and weight sync on a batch from :func:`collect` (its rollout,
-    rewards, metrics, reward components ``[B, K]`` and greedy rewards).
+    rewards, metrics, reward components ``[B, K]`` and greedy rewards); ``on_batch`` as in
+    :func:`train_step`.
 
     Rows sampled by older weights than the trainer's (``rollout.policy_lag`` > 0, see
     ``engine.overlap``) are off-policy: their ``old_logprobs`` are the sampler's
@@ -211,6 +213,8 @@ def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
                       sum_pi_squared=sum_pi_squared)
     batch, adv_metrics = prepare(run, batch, scored, policy.collective)
     metrics.update(adv_metrics)
+    if on_batch is not None:
+        on_batch(batch)
     totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
 
     # Update: each pass over the batch is one optimizer step; micro-batches accumulate exactly.

@@ -82,6 +82,7 @@ class AnswerMatch(Reward):
     Source: GSM8K's "#### answer" format (Cobbe et al. 2021, arXiv:2110.14168)."""
 
     name = "answer_match"
+    needs_answer = True  # prompt-only data is refused before training
 
     @hookimpl
     def reward(self, rollout):
@@ -127,17 +128,24 @@ def load_function(path: str, where: str):
 
 
 class Function(Reward):
-    """A user reward function, called TRL-style on the whole batch.
+    """A user reward function, called TRL-style on the whole batch; ``[B]`` float32.
 
-    ``function`` = "package.module:name" is imported when the run is built. It is called as
-    ``fn(prompts=[B str], completions=[B str], **columns)`` where ``columns`` are the data rows'
-    keys as lists of B values (missing keys None), except ``prompt`` and ``completion`` (as TRL
-    drops them) and ``prompts``/``completions`` (the names above). It must return B numbers; None
-    means unscorable (NaN). Returns ``[B]`` float32.
+    ``function`` = "package.module:name" is imported when the run is built (the Python API,
+    ``policyzoo.train(rewards=[callable])``, registers a callable under ``policyzoo.api:REWARDS.<name>``).
+    It is called with TRL ``GRPOTrainer``'s keyword arguments: ``prompts`` and ``completions``
+    (B each), ``completion_ids`` (B lists of generated token ids, end-of-sequence token included when
+    generated), ``trainer_state`` (:class:`policyzoo.runstate.TrainerState`: ``global_step``,
+    ``max_steps``, ``epoch``), and every other column of the data rows as a list of B values
+    (missing keys None; ``prompt``, ``completion`` and ``completion_ids`` are not repeated, keys
+    starting with ``_`` are internal). Conversational data (the row's prompt was a list of chat
+    messages) gets ``prompts`` as the message lists the model saw and ``completions`` as
+    ``[{"role": "assistant", "content": text}]``; plain-text data gets the prompt strings as given in
+    the data and the completion strings. It must return B numbers; None means unscorable (NaN).
+    Its metric is ``reward/<name>`` (the function's name).
     Errors (:class:`RewardFunctionError`, a ``UserError``): a path that does not import; a raising
     function (the function is re-run row by row to name the first failing row); a result of the
     wrong length or with a non-number (naming the row).
-    Source: TRL ``GRPOTrainer`` reward-function convention (huggingface.co/docs/trl)."""
+    Source: TRL ``GRPOTrainer._calculate_rewards`` reward-function convention (huggingface.co/docs/trl)."""
 
     name = "function"
 
@@ -157,22 +165,37 @@ class Function(Reward):
 
     @staticmethod
     def _columns(rows: list[dict]) -> dict[str, list]:
-        skip = {"prompt", "completion", "prompts", "completions"}
-        keys = list(dict.fromkeys(k for row in rows for k in row if k not in skip))
+        skip = {"prompt", "completion", "completion_ids", "prompts", "completions", "trainer_state"}
+        keys = list(dict.fromkeys(k for row in rows for k in row if k not in skip and not str(k).startswith("_")))
         return {k: [row.get(k) for row in rows] for k in keys}
 
-    def _call(self, prompts, completions, rows):
-        return self.fn(prompts=list(prompts), completions=list(completions), **self._columns(rows))
+    @staticmethod
+    def _inputs(rollout, rows: list[dict]) -> tuple[list, list, list]:
+        """``(prompts, completions, completion_ids)`` in TRL's form (see the class docstring)."""
+        texts = list(rollout.completions)
+        ids = [r[m].tolist() for r, m in zip(rollout.response_ids, rollout.response_mask)]
+        raw = [row.get("_raw_prompt") for row in rows]
+        if raw and all(isinstance(x, list) for x in raw):
+            return ([row["prompt"] for row in rows], [[{"role": "assistant", "content": t}] for t in texts], ids)
+        prompts = [x if isinstance(x, str) else p for x, p in zip(raw, rollout.prompts)] if rollout.prompts else raw
+        return prompts, texts, ids
+
+    def _call(self, prompts, completions, ids, rows):
+        from policyzoo.runstate import current
+
+        return self.fn(prompts=list(prompts), completions=list(completions), completion_ids=list(ids),
+                       trainer_state=current(), **self._columns(rows))
 
     @hookimpl
     def reward(self, rollout):
         name = self.params.function
         b = len(rollout)
         rows = rollout.rows if len(rollout.rows) == b else [{} for _ in range(b)]
+        prompts, completions, ids = self._inputs(rollout, rows)
         try:
-            result = self._call(rollout.prompts, rollout.completions, rows)
+            result = self._call(prompts, completions, ids, rows)
         except Exception as e:
-            row = self._failing_row(rollout, rows)
+            row = self._failing_row(prompts, completions, ids, rows)
             prompt = rollout.prompt_excerpt(row, 60) if row is not None else ""
             at = f"row {row} (prompt {prompt!r})" if row is not None else "the batch"
             raise RewardFunctionError(f"reward: function {name}", f"{name} raised {type(e).__name__}: {e} "
@@ -198,10 +221,10 @@ class Function(Reward):
                                           "return a float, or None for an unscorable row") from None
         return torch.tensor(out, dtype=torch.float32)
 
-    def _failing_row(self, rollout, rows) -> int | None:
-        for i in range(len(rollout)):
+    def _failing_row(self, prompts, completions, ids, rows) -> int | None:
+        for i in range(len(completions)):
             try:
-                self._call(rollout.prompts[i:i + 1], rollout.completions[i:i + 1], rows[i:i + 1])
+                self._call(prompts[i:i + 1], completions[i:i + 1], ids[i:i + 1], rows[i:i + 1])
             except Exception:
                 return i
         return None
@@ -222,6 +245,7 @@ class MathVerify(Reward):
     Source: Hugging Face Math-Verify (github.com/huggingface/Math-Verify), gold first in verify."""
 
     name = "math_verify"
+    needs_answer = True
 
     class Params(Reward.Params):
         timeout: int = Field(5, ge=1, description="seconds allowed per parse and per verify (main thread only)")

@@ -24,9 +24,11 @@ class Group(Sample):
     temperature and length-based rewards/reduces see the same limit.
 
     Conventions: ``max_tokens`` counts response tokens only (EOS included), and is the L_max that
-    the ``overlong_penalty`` reward and the ``token_sum_norm`` reduce default to. ``top_p < 1`` is
-    passed as ``top_p=`` to engines whose ``generate`` accepts it; an engine without it raises a
-    :class:`ConfigError` instead of silently sampling from the full distribution. (Nucleus sampling
+    the ``overlong_penalty`` reward and the ``token_sum_norm`` reduce default to. ``top_p``, ``top_k``,
+    ``min_p``, ``repetition_penalty`` and ``stop`` are passed to ``generate`` only when set (not their
+    "off" value), and only to engines whose ``generate`` takes them; an engine without one raises a
+    :class:`ConfigError` instead of silently sampling from the full distribution. (Like top_p, these
+    change the sampled distribution; the trainer scores with temperature only, as TRL and verl.) (Nucleus sampling
     makes the sampler's distribution differ from the trainer's; the ratio still uses the trainer's
     ``old_logprobs``, as TRL and verl do.)
 
@@ -40,7 +42,7 @@ class Group(Sample):
     then bounds each model turn, the env's ``max_total_tokens`` the trajectory; ``greedy`` adds
     one greedy episode per prompt.
 
-    Errors: :class:`ConfigError` for an engine that cannot honour ``top_p`` or cannot drive an env;
+    Errors: :class:`ConfigError` for an engine that cannot honour a setting or cannot drive an env;
     :class:`UserError` when the engine returns a rollout of the wrong size (B != P x n).
     Source: Shao et al. 2024 (DeepSeekMath, arXiv:2402.03300) Sec. 4.1 for groups of G samples.
     """
@@ -51,6 +53,13 @@ class Group(Sample):
         temperature: float = Field(1.0, gt=0, description="sampling temperature (> 0); the trainer "
                                    "divides logits by the same value")
         top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass in (0, 1]; 1 = off")
+        top_k: int = Field(0, ge=0, description="sample from the k most likely tokens only; 0 = off")
+        min_p: float = Field(0.0, ge=0, le=1, description="drop tokens below min_p x the top token's "
+                             "probability; 0 = off")
+        repetition_penalty: float = Field(1.0, gt=0, description="divide logits of tokens already in the prompt or "
+                                          "response by this (> 1 discourages repeats); 1 = off")
+        stop: list[str] = Field([], description="strings that end a response (the string itself is kept in the "
+                                "tokens); [] = end-of-sequence token and max_tokens only")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -67,17 +76,17 @@ class Group(Sample):
             rollout = run_episodes(policy, env, prompts, p.n, p.max_tokens, p.temperature, seed, top_p=p.top_p)
             best = run_episodes(policy, env, prompts, 1, p.max_tokens, 0.0, seed) if p.greedy else None
             return self._regroup(rollout, best, p)
-        kwargs = {}
-        if p.top_p < 1.0:
-            try:
-                accepts = "top_p" in inspect.signature(policy.generate).parameters
-            except (TypeError, ValueError):
-                accepts = False
-            if not accepts:
-                raise ConfigError("sample: group -> top_p", f"top_p = {p.top_p} but "
-                                  f"{type(policy).__name__}.generate takes no top_p",
-                                  "set sample.top_p: 1.0, or use an engine that supports nucleus sampling")
-            kwargs["top_p"] = p.top_p
+        off = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "stop": []}
+        kwargs = {k: getattr(p, k) for k, v in off.items() if getattr(p, k) != v}
+        try:
+            accepted = inspect.signature(policy.generate).parameters
+        except (TypeError, ValueError):
+            accepted = {}
+        for key in kwargs:
+            if key not in accepted:
+                raise ConfigError(f"sample: group -> {key}", f"{key} = {kwargs[key]} but "
+                                  f"{type(policy).__name__}.generate takes no {key}",
+                                  f"set sample.{key}: {off[key]}, or use an engine that supports it")
         rollout: Rollout = policy.generate(prompts, p.n, p.max_tokens, p.temperature, seed, **kwargs)
         expected = len(prompts) * p.n
         if len(rollout) != expected or tuple(rollout.group_ids.shape) != (expected,):

@@ -97,10 +97,10 @@ def test_missing_file(tmp_path):
 
 
 def test_unknown_format(tmp_path):
-    (tmp_path / "d.csv").write_text("q,a\n")
-    with pytest.raises(DataError, match="unknown data format '.csv'") as e:
-        load_task({"path": str(tmp_path / "d.csv")})
-    assert ".jsonl" in e.value.fix
+    (tmp_path / "d.txt").write_text("q,a\n")
+    with pytest.raises(DataError, match="unknown data format '.txt'") as e:
+        load_task({"path": str(tmp_path / "d.txt")})
+    assert ".jsonl" in e.value.fix and ".csv" in e.value.fix
 
 
 def test_missing_column_lists_columns_and_suggests(tmp_path):
@@ -142,8 +142,25 @@ def test_bad_rows_and_bad_json(tmp_path):
 
 def test_nothing_left_to_train_on(tmp_path):
     with pytest.raises(DataError, match="no training rows left") as e:
-        load(write_jsonl(tmp_path / "d.jsonl", ROWS), eval_size=12)
+        load(write_jsonl(tmp_path / "d.jsonl", ROWS), eval_size=0, few_shot=12)
     assert "eval_size" in e.value.fix
+
+
+def test_eval_size_never_takes_a_small_file(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    # 12 rows: a count of 6 or more would hold out half of them or more -> none held out, one warning
+    for asked in (6, 12, 100):
+        task = load(path, eval_size=asked)
+        assert (len(task.eval_rows), len(task.train_rows)) == (0, 12)
+        assert len(task.warnings) == 1 and f"eval_size={asked} would leave {max(12 - asked, 0)} of the 12 rows" \
+            in task.warnings[0]
+        assert "fraction" in task.warnings[0]
+    task = load(path, eval_size=5)  # 2 x 5 = 10 < 12: held out as asked
+    assert (len(task.eval_rows), len(task.train_rows), task.warnings) == (5, 7, [])
+    task = load(path, eval_size=0.25)  # a fraction: 0.25 x 12 = 3 rows
+    assert (len(task.eval_rows), len(task.train_rows), task.warnings) == (3, 9, [])
+    held = {r["q"] for r in task.eval_rows}
+    assert held.isdisjoint(r["q"] for r in task.train_rows)
 
 
 def test_unknown_setting_is_a_config_error():

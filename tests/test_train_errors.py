@@ -36,7 +36,9 @@ def test_bad_input_is_one_clear_error_before_training(tmp_path, case):
         args, expect = [model, f"data.path={data}"], "prompt"
     elif case == "long_prompt":
         rows = good + [{"prompt": "x" * 3000, "answer": "1"}]  # byte tokenizer: > 3000 tokens, context 1024
-        args, expect = [model, f"data.path={_jsonl(tmp_path / 'd.jsonl', rows)}", "data.eval_size=2"], "longer than"
+        args = [model, f"data.path={_jsonl(tmp_path / 'd.jsonl', rows)}", "data.eval_size=2",
+                "data.on_long_prompt=error"]
+        expect = "longer than"
     elif case == "non_numeric":
         rows = good + [{"prompt": "Name a colour", "answer": "blue"}]
         args, expect = [model, f"data.path={_jsonl(tmp_path / 'd.jsonl', rows)}"], "blue"
@@ -47,6 +49,20 @@ def test_bad_input_is_one_clear_error_before_training(tmp_path, case):
     assert "Traceback" not in proc.stderr
     assert "error at" in proc.stderr and "fix:" in proc.stderr and expect in proc.stderr, proc.stderr[-2000:]
     assert not (out / "checkpoints").exists()
+
+
+def test_long_prompts_are_dropped_with_a_count_by_default(tmp_path):
+    good = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    train = _jsonl(tmp_path / "train.jsonl", good[:10] + [{"prompt": "x" * 3000, "answer": "1"}] + good[10:])
+    held = _jsonl(tmp_path / "held.jsonl", good[:3])
+    proc, out = _train(tmp_path, f"model.path={tiny_model()}", f"data.path={train}", f"data.eval_path={held}",
+                       "train.steps=1", "train.report_to=[]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 21 training rows, one of 3000+ tokens (byte tokenizer) in a 1024-token context; 3 held-out rows
+    assert "warning: dropped 1 training and 0 held-out rows whose prompt is longer than" in proc.stderr
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"kind": "eval"' in x]
+    assert [e["eval_rows"] for e in evals] == [3, 3]  # data.eval_path's rows, before and after
+    assert not (out / "tensorboard").exists()  # report_to: [] writes no tracker files
 
 
 def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path):

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from _engine_helpers import ROOT, engine_env, metrics, run_train, train_cmd
 
-ARGS = ["train.steps=6", "train.save_every=2", "algorithm.sample.n=4", "engine.zero_stage=0"]
+ARGS = ["train.steps=6", "train.save_every=2", "algorithm.sample.n=4", "engine.zero_stage=0",
+        "train.log_completions_every=1"]
 VOLATILE = ("time_", "rollout_tokens_per_s", "sync_seconds")
 
 
@@ -62,6 +63,15 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     a, b = metrics(full), metrics(cut)
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]  # steps logged after the checkpoint were dropped, redone
     for x, y in zip(a, b):
+        _same(x, y)
+    # completions.jsonl: rows logged after the checkpoint were dropped and redone, the same rows again
+    # (group ids restart with the process, so they are left out)
+    def rows(run):
+        return [{k: v for k, v in json.loads(x).items() if k != "group"}
+                for x in (run / "completions.jsonl").read_text().splitlines()]
+    ra, rb = rows(full), rows(cut)
+    assert len(ra) == len(rb) == 6 * 2 * 4  # 6 steps x P=2 x n=4
+    for x, y in zip(ra, rb):
         _same(x, y)
     wa = load_file(str(full / "final" / "model.safetensors"))
     wb = load_file(str(cut / "final" / "model.safetensors"))

@@ -17,8 +17,8 @@ saved ``datasets`` folder via ``path`` + ``prompt_column`` / ``answer_column``. 
 from .answers import gsm8k_final_answer, normalize_number
 from .batching import batch_at, prompt_batches, rows_at
 from .config import DataSettings
-from .rows import check_prompt_lengths
+from .rows import check_prompt_lengths, fit_prompt_lengths
 from .task import Task, load_task
 
-__all__ = ["DataSettings", "Task", "batch_at", "check_prompt_lengths", "gsm8k_final_answer", "load_task",
-           "normalize_number", "prompt_batches", "rows_at"]
+__all__ = ["DataSettings", "Task", "batch_at", "check_prompt_lengths", "fit_prompt_lengths", "gsm8k_final_answer",
+           "load_task", "normalize_number", "prompt_batches", "rows_at"]

@@ -7,6 +7,8 @@ A task row is the source row (all its columns) with two keys set:
   examples as user/assistant pairs, then the row's own prompt. A string prompt becomes one user
   message; a list of messages is kept as is (the system message is added only if it has none).
 * ``answer``: the reference answer as a string (normalised when the task is numeric).
+* ``_raw_prompt``: the row's own prompt as the data gives it (a string, or a list of messages),
+  for TRL-style reward functions (plain-text data gets the string, chat data the messages).
 
 Every check runs on every row before training, and names the row by its 0-based index in the
 source (for JSON Lines: the index among non-empty lines).
@@ -25,17 +27,21 @@ ROLES = ("system", "user", "assistant", "tool")
 def check_rows(raw: list[dict], prompt_column: str, answer_column: str, answer_type: str,
                where: str) -> list[dict]:
     """Validate the columns of every row; return copies with ``answer`` set (normalised numbers
-    for ``answer_type == "number"``) and the prompt left in ``prompt_column``."""
+    for ``answer_type == "number"``) and the prompt left in ``prompt_column``.
+
+    Prompt-only data: when no row has ``answer_column``, the rows get no ``answer`` key and the
+    caller decides (:func:`missing_column` gives the error to raise if a reward needs answers)."""
     if not raw:
         raise DataError(where, "the data set is empty (0 rows)", "point data.path / data.name at data with rows")
-    columns = list(raw[0])
-    for col, key in ((prompt_column, "prompt_column"), (answer_column, "answer_column")):
-        if col not in raw[0]:
-            raise DataError(f"{where} (data.{key})", f"no column {col!r} in the data{did_you_mean(col, columns)}; "
-                            f"columns are: {', '.join(map(str, columns))}",
-                            f"set data.{key} to the column that holds the {key.split('_')[0]}")
+    if prompt_column not in raw[0]:
+        raise missing_column(raw, prompt_column, "prompt_column", where)
+    has_answer = any(answer_column in row for row in raw)
     out = []
     for i, row in enumerate(raw):
+        if not has_answer:
+            _check_prompt(row.get(prompt_column), f"{where}, row {i}, column {prompt_column!r}")
+            out.append(dict(row))
+            continue
         for col in (prompt_column, answer_column):
             if row.get(col) is None:
                 raise DataError(f"{where}, row {i}", f"column {col!r} is missing or null",
@@ -75,6 +81,14 @@ def _check_prompt(value, where: str) -> None:
                     f"{type(value).__name__}", "write the prompt as text or as [{'role': 'user', 'content': ...}]")
 
 
+def missing_column(raw: list[dict], column: str, key: str, where: str) -> DataError:
+    """The error for a column (``data.<key>``) that the rows of ``raw`` do not have."""
+    columns = list(raw[0]) if raw else []
+    return DataError(f"{where} (data.{key})", f"no column {column!r} in the data{did_you_mean(column, columns)}; "
+                     f"columns are: {', '.join(map(str, columns))}",
+                     f"set data.{key} to the column that holds the {key.split('_')[0]}")
+
+
 def as_messages(value) -> list[dict]:
     """A prompt (string or list of messages) as a fresh list of messages."""
     if isinstance(value, str):
@@ -107,7 +121,7 @@ def build_prompts(rows: list[dict], prompt_column: str, system_prompt: str | Non
             head, own = [own[0]], own[1:]
         elif system_prompt:
             head = [{"role": "system", "content": system_prompt}]
-        out.append({**row, "prompt": head + shots + own})
+        out.append({**row, "prompt": head + shots + own, "_raw_prompt": row[prompt_column]})
     return out
 
 
@@ -138,3 +152,17 @@ def check_prompt_lengths(rows: list[dict], count_tokens: Callable[[list[dict]], 
                             "shorten or drop the row, lower data.few_shot, or lower the response's max tokens")
         counts.append(n)
     return counts
+
+
+def fit_prompt_lengths(rows: list[dict], count_tokens: Callable[[list[dict]], int], max_prompt_tokens: int,
+                       where: str, on_long: str = "error", origins: list[str] | None = None
+                       ) -> tuple[list[dict], list[int], list[str] | None, int]:
+    """``(kept rows, their token counts, their origins, number dropped)``: with ``on_long == "drop"``
+    the rows whose prompt is longer than ``max_prompt_tokens`` are left out (with their entries of
+    ``origins``); with ``"error"`` the first one raises (see :func:`check_prompt_lengths`)."""
+    if on_long == "error":
+        return rows, check_prompt_lengths(rows, count_tokens, max_prompt_tokens, where, origins), origins, 0
+    keep = [i for i, n in enumerate(int(count_tokens(row["prompt"])) for row in rows) if n <= max_prompt_tokens]
+    counts = check_prompt_lengths([rows[i] for i in keep], count_tokens, max_prompt_tokens, where)
+    return ([rows[i] for i in keep], counts, [origins[i] for i in keep] if origins else origins,
+            len(rows) - len(keep))

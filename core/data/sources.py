@@ -15,28 +15,62 @@ from pathlib import Path
 from ..errors import DataError, did_you_mean
 
 FORMATS = {".json": "JSON (a list of objects)", ".jsonl": "JSON Lines (one object per line)",
-           ".parquet": "Parquet"}
+           ".csv": "CSV (a header line, then one row per line)", ".parquet": "Parquet"}
+BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 def read_path(path: str, split: str, where: str = "data.path") -> list[dict]:
-    """Rows of a local file (by extension) or of a ``save_to_disk`` folder (``split`` picks one
-    split of a saved ``DatasetDict``)."""
+    """Rows of a local file (by extension: ``.json`` by the json module, which checks it holds one
+    list of objects; the others with ``datasets.load_dataset``), of a folder
+    written by ``save_to_disk`` (``split`` picks one split of a saved ``DatasetDict``), or of a
+    folder of data files (``load_dataset(folder)``: files named after their split, e.g.
+    ``train.jsonl`` and ``test.jsonl``). Without the ``datasets`` package, JSON, JSON Lines and
+    Parquet files are still read (by the json module and pyarrow)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise DataError(where, f"no such file or folder: {p.resolve()}",
                         f"check the path (a relative path is read from {Path.cwd()})")
     if p.is_dir():
+        if not any((p / n).exists() for n in ("dataset_dict.json", "dataset_info.json", "state.json")):
+            return _from_datasets_object(_load_dataset(str(p), {}, p, where, split=None), split, where)
         return _from_datasets_object(_load_from_disk(p, where), split, where)
     suffix = p.suffix.lower()
-    if suffix == ".jsonl":
-        return _read_jsonl(p, where)
-    if suffix == ".json":
+    if suffix not in FORMATS:
+        raise DataError(where, f"unknown data format {suffix or '(no extension)'!r} of {p.name}",
+                        "use one of: " + ", ".join(f"{k} = {v}" for k, v in FORMATS.items())
+                        + ", or a folder written by datasets' save_to_disk")
+    if suffix == ".json":  # one list of objects (load_dataset would also take a lone object as one row)
         return _read_json(p, where)
-    if suffix == ".parquet":
-        return _read_parquet(p, where)
-    raise DataError(where, f"unknown data format {suffix or '(no extension)'!r} of {p.name}",
-                    "use one of: " + ", ".join(f"{k} = {v}" for k, v in FORMATS.items())
-                    + ", or a folder written by datasets' save_to_disk")
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        if suffix == ".csv":
+            _import_datasets(where)  # raises: CSV is read by datasets only
+        return {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}[suffix](p, where)
+    try:
+        return _load_dataset(BUILDERS[suffix], {"data_files": str(p)}, p, where, split="train").to_list()
+    except DataError:
+        if suffix == ".jsonl":  # name the bad line, or read rows whose columns differ from row to row
+            return _read_jsonl(p, where)
+        raise
+
+
+def _load_dataset(builder: str, kwargs: dict, p: Path, where: str, split: str | None):
+    datasets = _import_datasets(where)
+    quiet, level = datasets.utils.are_progress_bars_disabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()  # "Generating train split" bars say nothing about a local file
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors become one DataError here
+    with _hub_offline():
+        try:
+            return datasets.load_dataset(builder, split=split, **kwargs)
+        except Exception as e:  # datasets raises many types for a file it cannot read
+            raise DataError(f"{where}: {p.name}", f"datasets.load_dataset could not read it ({type(e).__name__}: "
+                            f"{str(e)[:300]})", "check the file's format (" + ", ".join(
+                                f"{k} = {v}" for k, v in FORMATS.items()) + ")") from None
+        finally:
+            datasets.logging.set_verbosity(level)
+            if not quiet:
+                datasets.enable_progress_bars()
 
 
 def _read_jsonl(p: Path, where: str) -> list[dict]:

@@ -4,9 +4,14 @@ Split rules (all deterministic in ``data.seed``):
 
 * Built-in ``arithmetic``: held-out, example and training problems are generated separately
   (see :mod:`policyzoo.data.arithmetic`); ``limit`` training problems (default 5000).
-* Sources with a separate held-out split (``eval_split``; gsm8k uses ``test`` by default): the
-  first ``eval_size`` rows of that split, in source order.
+* ``eval_path`` (a separate file or folder), else a separate held-out split (``eval_split``; gsm8k
+  uses ``test`` by default): the first ``eval_size`` rows of it, in source order.
 * Otherwise ``eval_size`` rows of ``split`` are held out, chosen by a seeded shuffle.
+* ``eval_size`` is a count, or a fraction in (0, 1) of the rows (rounded to the nearest count). A
+  count that would hold out half of the rows or more holds out none (a warning in
+  ``Task.warnings``): a small file is for training, not for a held-out set that leaves nothing.
+* Prompt-only data (no ``answer_column`` in any row): rows without ``answer``; ``Task.missing_answer``
+  holds the error to raise when a reward needs answers (checked once the rewards are known).
 * Few-shot examples are the first ``few_shot`` remaining rows (source order) and leave the
   training rows; then ``limit`` keeps the first rows of what is left.
 
@@ -29,7 +34,7 @@ from . import arithmetic
 from .answers import gsm8k_final_answer, gsm8k_worked_solution
 from .batching import prompt_batches
 from .config import DataSettings
-from .rows import build_prompts, check_rows
+from .rows import build_prompts, check_rows, missing_column
 from .sources import _read_jsonl, read_cached_dataset, read_path
 
 GSM8K_SYSTEM_PROMPT = ("Solve the math word problem. Think step by step, then give the final "
@@ -55,6 +60,10 @@ class Task:
     #: row's 0-based index in its source file or split (as :func:`check_rows` counts), for messages
     train_origins: list[str] = field(default_factory=list)
     eval_origins: list[str] = field(default_factory=list)
+    #: things the user should know about how the rows were chosen (printed as warnings by the engine)
+    warnings: list[str] = field(default_factory=list)
+    #: for prompt-only data: the error for a reward that needs the reference answers; else None
+    missing_answer: DataError | None = None
 
     def batches(self, P: int, start: int = 0) -> Iterator[list[dict]]:
         """``prompt_batches(self.train_rows, P, self.seed, start)``: P training rows per step."""
@@ -113,7 +122,8 @@ def _load_arithmetic(s: DataSettings) -> Task:
                           "from data.path or a `datasets` name", "remove them, or set data.path")
     k = 2 if s.few_shot is None else s.few_shot
     try:
-        held, examples, train = arithmetic.generate(s.seed, s.eval_size, k, s.limit or arithmetic.DEFAULT_TRAIN_SIZE)
+        size = s.limit or arithmetic.DEFAULT_TRAIN_SIZE  # a fractional eval_size is a fraction of it
+        held, examples, train = arithmetic.generate(s.seed, _eval_count(s.eval_size, size), k, size)
     except ValueError as e:
         raise ConfigError("data.eval_size (arithmetic)", str(e),
                           "lower data.eval_size (at most a few thousand)") from None
@@ -132,23 +142,36 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     pc = s.prompt_column or default_prompt_column
     has_splits = s.path is None or Path(s.path).is_dir()
     train_where = f"{where}, split {s.split!r}" if has_splits else where
-    rows = check_rows(read(s.split), pc, s.answer_column, s.answer_type, train_where)
+    raw = read(s.split)
+    rows = check_rows(raw, pc, s.answer_column, s.answer_type, train_where)
     origin = {id(r): f"{train_where}, row {i}" for i, r in enumerate(rows)}  # the source's own row numbers
+    warnings: list[str] = []
     eval_split = s.eval_split or default_eval_split
     if s.eval_split is not None and not has_splits:
         raise ConfigError("data.eval_split", f"{s.path} is a single file, it has no splits",
-                          "remove data.eval_split (eval_size rows are then held out of the file), or use a "
-                          "folder saved by datasets with train/test splits")
-    if eval_split is not None and eval_split != s.split:
-        held = check_rows(read(eval_split), pc, s.answer_column, s.answer_type,
-                          f"{where}, split {eval_split!r}")[:s.eval_size]
+                          "remove data.eval_split (eval_size rows are then held out of the file), set "
+                          "data.eval_path to a held-out file, or use a folder saved by datasets with train/test splits")
+    if s.eval_path is not None:
+        eval_where = f"data.eval_path ({s.eval_path})"
+        held = check_rows(read_path(s.eval_path, eval_split or "test", "data.eval_path"), pc, s.answer_column,
+                          s.answer_type, eval_where)
+        held, pool = held[:_eval_count(s.eval_size, len(held))], rows
+        origin.update({id(r): f"{eval_where}, row {i}" for i, r in enumerate(held)})
+    elif eval_split is not None and eval_split != s.split:
+        held = check_rows(read(eval_split), pc, s.answer_column, s.answer_type, f"{where}, split {eval_split!r}")
+        held, pool = held[:_eval_count(s.eval_size, len(held))], rows
         origin.update({id(r): f"{where}, split {eval_split!r}, row {i}" for i, r in enumerate(held)})
-        pool = rows
     else:
+        n = _eval_count(s.eval_size, len(rows))
+        if isinstance(s.eval_size, int) and n and 2 * n >= len(rows):
+            warnings.append(f"data.eval_size={n} would leave {max(len(rows) - n, 0)} of the {len(rows)} rows of "
+                            f"{name_of(s)} for training, so none are held out and there is no held-out evaluation; "
+                            "set data.eval_size to a fraction (e.g. 0.1) or data.eval_path to evaluate")
+            n = 0
         order = list(range(len(rows)))
         random.Random(f"policyzoo-heldout:{s.seed}").shuffle(order)
-        chosen = set(order[:s.eval_size])
-        held = [rows[i] for i in order[:s.eval_size]]
+        chosen = set(order[:n])
+        held = [rows[i] for i in order[:n]]
         pool = [r for i, r in enumerate(rows) if i not in chosen]
     k = s.few_shot or 0
     examples, train = pool[:k], pool[k:]
@@ -158,8 +181,18 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
                         f"evaluation, {len(examples)} used as few-shot examples",
                         "lower data.eval_size or data.few_shot, or set data.eval_split")
     system = system if s.system_prompt is None else s.system_prompt
-    name = s.name if s.path is None else s.path
     plain = s.prompt_format == "plain"
-    return Task(name, build_prompts(train, pc, system, examples, solved, plain),
+    missing = None if any("answer" in r for r in rows) else missing_column(raw, s.answer_column, "answer_column", where)
+    return Task(name_of(s), build_prompts(train, pc, system, examples, solved, plain),
                 build_prompts(held, pc, system, examples, solved, plain), [use("math_verify")], s.seed,
-                [origin[id(r)] for r in train], [origin[id(r)] for r in held])
+                [origin[id(r)] for r in train], [origin[id(r)] for r in held], warnings, missing)
+
+
+def name_of(s: DataSettings) -> str:
+    return s.name if s.path is None else s.path
+
+
+def _eval_count(eval_size: int | float, n: int) -> int:
+    """Held-out rows for ``eval_size`` (a count, or a fraction of ``n`` rounded half to even)."""
+    return round(eval_size * n) if isinstance(eval_size, float) else int(eval_size)
+

@@ -36,15 +36,16 @@ FIXED = {
 BETAS = (0.9, 0.999)
 
 
-def ds_config(stage: int, lr: float, weight_decay: float, grad_clip: float, dtype: str) -> dict:
+def ds_config(stage: int, lr: float, weight_decay: float, grad_clip: float, dtype: str,
+              betas: tuple[float, float] = BETAS, eps: float = 1e-8) -> dict:
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
         "gradient_clipping": float(grad_clip),
         "zero_optimization": {"stage": int(stage)},
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay, "betas": list(BETAS),
-                                                  "eps": 1e-8, "torch_adam": True,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay, "betas": list(betas),
+                                                  "eps": eps, "torch_adam": True,
                                                   "fused": True}},
         "bf16": {"enabled": dtype == "bfloat16"},
         "steps_per_print": 2**31,

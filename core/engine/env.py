@@ -7,6 +7,7 @@ at import time). Values already set by the user or a launcher (``torchrun`` sets
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -56,7 +57,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # unless quiet_libraries(verbose=True) set INFO
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -84,3 +85,69 @@ def check_vllm_threads(threads: int | None) -> None:
                           f"OpenMP thread count is {omp or cpu_count()} (fixed at start-up, before the config is read)",
                           f"start the process with OMP_NUM_THREADS={threads} in the environment, drop "
                           "engine.threads, or use engine.rollout=transformers")
+
+
+#: warnings that say nothing a user can act on, silenced unless --verbose (module regex, message regex)
+NOISE = [
+    (r"", r".*[Tt]riton.*"),  # "Triton is not installed / not supported on CPU" (vLLM, DeepSpeed on CPU)
+    (r"", r".*reduce_op.*deprecated.*"),  # torch.distributed.reduce_op, still used by DeepSpeed
+    (r"", r".*NUMA.*"),  # vLLM-CPU's thread binding without libnuma
+]
+
+
+def quiet_libraries(verbose: bool = False) -> None:
+    """Silence library output that says nothing to the user (Triton missing on CPU, DeepSpeed's
+    deprecated ``reduce_op``, vLLM's NUMA binding notes, transformers' and DeepSpeed's info logs).
+    With ``verbose`` (``policyzoo train --verbose``, ``policyzoo.train(verbose=True)``) everything is
+    shown: info-level logs of vLLM, transformers and DeepSpeed, and every warning."""
+    import logging
+    import warnings
+
+    if verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info")
+        logging.getLogger("DeepSpeed").setLevel(logging.INFO)
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    logging.getLogger("vllm.triton_utils.importing").setLevel(logging.ERROR)  # logged at import, before its config
+    for module, message in NOISE:
+        warnings.filterwarnings("ignore", message=message, module=module)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
+
+
+@contextlib.contextmanager
+def captured_output(log_file: Path, enabled: bool = True):
+    """Send everything written to this process's stdout and stderr (file descriptors 1 and 2, so
+    C++ and library prints too: DeepSpeed's op-build line, vLLM's NUMA notes and load bars) to
+    ``log_file`` (appended) while loading models. Nothing is lost: on an exception the captured text
+    is also written to stderr before the exception propagates."""
+    if not enabled:
+        yield
+        return
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+    if not ok:
+        sys.stderr.write(log_file.read_text(errors="replace")[-20000:])

@@ -107,13 +107,13 @@ class OverlapPolicy:
         return out
 
 
-def overlapped_step(session, policy: OverlapPolicy, step: int, next_prompts) -> dict:
+def overlapped_step(session, policy: OverlapPolicy, step: int, next_prompts, on_batch=None) -> dict:
     """One step of ``session`` with overlap: collect step ``step``'s batch, start sampling the next
     step's (unless a checkpoint, an evaluation or the end comes first: nothing sampled ahead
     crosses them), train on this one. ``next_prompts(peek=True)`` returns the next prompts without
-    drawing them."""
+    drawing them; ``on_batch`` as in :func:`policyzoo.step.train_step`."""
     from ..step import collect, learn, round_seed
-    from .session import SEED_STRIDE
+    from .loop import SEED_STRIDE
 
     c, run = session.config, session.run
     dropped = policy.stale_dropped
@@ -126,6 +126,6 @@ def overlapped_step(session, policy: OverlapPolicy, step: int, next_prompts) -> 
         rows = len(prompts) * (run.sample.params.n + run.sample.params.greedy)
         policy.prefetch(lambda rec: run.call("sample", rows=rows, policy=rec, prompts=prompts, seed=seed,
                                                    env=run.env))
-    m = learn(run, policy, rollout, rewards, m, session.settings, parts, greedy)
+    m = learn(run, policy, rollout, rewards, m, session.settings, parts, greedy, on_batch)
     policy.wait()  # a failed or skipped update leaves no sampling running into the next step
     return {**m, "stale_dropped": dropped}

@@ -71,15 +71,18 @@ class LMPolicy:
 
     # --------------------------------------------------------------------- Policy protocol
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0) -> Rollout:
+                 top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                 stop: list[str] = ()) -> Rollout:
         t0 = time.perf_counter()
         if temperature == 0 and n == 1:  # greedy decoding (a baseline response, e.g. ReMax's)
             out = self.rollout.greedy(prompts, max_tokens)
         else:
-            out = self.rollout.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p,
+            out = self.rollout.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p, top_k=top_k,
+                                        min_p=min_p, repetition_penalty=repetition_penalty, stop=list(stop),
                                         first_index=self.first_index)
         self.stats["seconds"] += time.perf_counter() - t0
         self.stats["tokens"] += int(out.response_mask.sum())
+        self.stats["prompt_tokens"] = self.stats.get("prompt_tokens", 0) + sum(len(x) for x in out.prompt_ids)
         return out
 
     @property

@@ -1,25 +1,66 @@
-"""The training progress bar: steps done, time left, and the live reward."""
+"""Training progress: a live bar on a terminal, one line per step otherwise.
+
+On a terminal (rich decides: ``console.is_terminal``) a bar shows steps done, time elapsed and
+left, and the last step's ``reward`` (``reward_mean``), held-out ``accuracy`` (the last
+``eval_accuracy``), mean response length and rollout speed. Without one (a log file, a job
+scheduler) each step prints one line with the same numbers, its time and the ETA: the mean step
+time of this session so far x the steps left. Numbers are rounded (3 significant digits for the
+reward, 2 decimals for the accuracy).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import math
+import time
+from datetime import timedelta
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+def summary_text(m: dict, accuracy: float | None) -> str:
+    """``reward 0.423  accuracy 0.25  len 12  1540 tok/s`` (accuracy left out before any evaluation)."""
+    parts = [f"reward {m.get('reward_mean', math.nan):.3g}"]
+    if accuracy is not None and math.isfinite(accuracy):
+        parts.append(f"accuracy {accuracy:.2f}")
+    parts += [f"len {m.get('response_length_mean', 0):.0f}", f"{m.get('rollout_tokens_per_s', 0):.0f} tok/s"]
+    if m.get("skipped"):
+        parts.append("skipped")
+    return "  ".join(parts)
+
+
+def eta(seconds_per_step: float, steps_left: int) -> str:
+    """``H:MM:SS`` for ``steps_left`` steps of ``seconds_per_step`` (whole seconds, rounded)."""
+    return str(timedelta(seconds=round(seconds_per_step * steps_left)))
 
 
 class _Bar:
     def __init__(self, progress: Progress, task):
         self.progress, self.task = progress, task
 
-    def advance(self, m: dict) -> None:
-        info = (f"reward {m.get('reward_mean', float('nan')):.3f}  len {m.get('response_length_mean', 0):.0f}  "
-                f"{m.get('rollout_tokens_per_s', 0):.0f} tok/s")
-        self.progress.update(self.task, advance=1, info=info)
+    def advance(self, m: dict, accuracy: float | None = None) -> None:
+        self.progress.update(self.task, advance=1, info=summary_text(m, accuracy))
+
+
+class _Lines:
+    def __init__(self, console, total: int, done: int):
+        self.console, self.total, self.done = console, total, done
+        self.first, self.t0 = done, time.perf_counter()
+
+    def advance(self, m: dict, accuracy: float | None = None) -> None:
+        self.done += 1
+        per_step = (time.perf_counter() - self.t0) / (self.done - self.first)
+        self.console.print(f"step {self.done}/{self.total}  {summary_text(m, accuracy)}  "
+                           f"{m.get('time_step', per_step):.1f} s/step  ETA {eta(per_step, self.total - self.done)}",
+                           highlight=False, markup=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
 def progress_bar(console, total: int, done: int):
-    """``with progress_bar(console, steps, start) as bar: bar.advance(metrics)``."""
+    """``with progress_bar(console, steps, start) as bar: bar.advance(metrics, accuracy)``."""
+    if not console.is_terminal:
+        yield _Lines(console, total, done)
+        return
     progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console)
     with progress:

@@ -101,13 +101,16 @@ class VLLMRollout(_Base):
         self.llm = LLM(str(model_info.path), **kwargs)
 
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0, first_index: int = 0) -> Rollout:
+                 top_p: float = 1.0, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, stop: list[str] = ()) -> Rollout:
         from vllm import SamplingParams
 
         prompt_ids, texts = self.encode(rows)
+        extra = dict(top_k=top_k or -1, min_p=min_p, repetition_penalty=repetition_penalty, stop=list(stop) or None,
+                     include_stop_str_in_output=True)
         params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
                                  stop_token_ids=list(self.info.eos_token_ids),
-                                 seed=request_seed(seed, first_index + i, n)) for i in range(len(rows))]
+                                 seed=request_seed(seed, first_index + i, n), **extra) for i in range(len(rows))]
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
         responses, lps, trunc, comps = [], [], [], []
         for out in outs:
@@ -216,17 +219,22 @@ class HFRollout(_Base):
 
     @torch.no_grad()
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0, greedy: bool = False, first_index: int = 0) -> Rollout:
+                 top_p: float = 1.0, greedy: bool = False, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, stop: list[str] = ()) -> Rollout:
         prompt_ids, texts = self.encode(rows)
         dev = self.model.device
         responses, lps, trunc, comps = [], [], [], []
         eos = set(self.info.eos_token_ids)
+        stops = {"stop_strings": list(stop), "tokenizer": self.tokenizer} if stop else {}
         for i, ids in enumerate(prompt_ids):
             torch.manual_seed(request_seed(seed, first_index + i, n))
             x = torch.tensor([ids], device=dev)
             out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
                                       temperature=None if greedy else temperature, top_p=None if greedy else top_p,
-                                      top_k=None, max_new_tokens=max_tokens, num_return_sequences=n,
+                                      top_k=None if greedy else (top_k or None),
+                                      min_p=None if greedy or not min_p else min_p,
+                                      repetition_penalty=None if repetition_penalty == 1.0 else repetition_penalty,
+                                      max_new_tokens=max_tokens, num_return_sequences=n, **stops,
                                       eos_token_id=list(eos), pad_token_id=self.info.pad_token_id,
                                       output_scores=True, return_dict_in_generate=True)
             gen = out.sequences[:, len(ids):].cpu()

@@ -11,8 +11,6 @@ number of batches drawn, so a resumed run repeats the uninterrupted run exactly 
 
 from __future__ import annotations
 
-import logging
-import os
 from pathlib import Path
 
 from .rundir import ResumeError
@@ -30,22 +28,24 @@ def config_from_run_dir(run_dir: str, overrides: list[str] = ()):
     return load_config(str(path), None, list(overrides))
 
 
-def _quiet_libraries() -> None:
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+def open_session(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False):
+    """Set up the process, run every check and load the models: a started
+    :class:`~policyzoo.engine.session.Session` (what ``policyzoo.Trainer`` drives step by step)."""
+    from .env import check_vllm_threads, quiet_libraries, setup_process
 
-
-def main(config, resume: str | None = None, force_resume: bool = False) -> dict:
-    from .env import check_vllm_threads, setup_process
-
+    quiet_libraries(verbose)
     if config.engine.rollout == "vllm":
         check_vllm_threads(config.engine.threads)
     threads = setup_process(config.engine.threads, config.engine.kv_cache_gb)
-    _quiet_libraries()
     from .session import Session
 
     session = Session.prepare(config, resume, force_resume)  # every check; no model loaded yet
+    session.verbose = verbose
     session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
                           f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
     session.start()
-    return session.train()
+    return session
+
+
+def main(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False) -> dict:
+    return open_session(config, resume, force_resume, verbose).train()

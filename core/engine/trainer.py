@@ -57,6 +57,19 @@ def pack(rollout: Rollout, pad_id: int, device) -> tuple[torch.Tensor, torch.Ten
     return ids.to(device), attn.to(device), pos.to(device), t
 
 
+def lr_schedule(name: str, warmup_steps: int, total_steps: int):
+    """``optimizer -> LambdaLR`` for DeepSpeed: ``transformers.get_scheduler`` with ``name``
+    (``constant``: ``constant_with_warmup``; ``linear`` and ``cosine`` decay to 0 at
+    ``total_steps``), linear warm-up from 0 over ``warmup_steps`` optimizer steps. DeepSpeed steps
+    it after every applied optimizer step (not after a skipped one) and saves it in checkpoints.
+    The learning rate of optimizer step k (0-based) is ``lr x factor(k)``."""
+    from transformers import get_scheduler
+
+    kind = "constant_with_warmup" if name == "constant" else name
+    return lambda optimizer: get_scheduler(kind, optimizer, num_warmup_steps=warmup_steps,
+                                           num_training_steps=max(total_steps, 1))
+
+
 class ValueModel(nn.Module):
     """A causal LM's transformer body with a scalar head: ``values [B, keep]`` at the last ``keep``
     positions (the head is zero-initialised)."""
@@ -87,12 +100,15 @@ class Trainer:
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
                  score_rows: int = 16, share_prompt: bool = True, lora=None, gradient_checkpointing: bool = False,
                  autocast: bool = False, deepspeed_config: str | dict | None = None, seed: int = 0,
-                 score_tokens: int | None = None):
+                 score_tokens: int | None = None,
+                 betas: tuple[float, float] = BETAS, eps: float = 1e-8, schedule: str = "constant",
+                 warmup_steps: int = 0, total_steps: int = 1):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
         user = read_user_config(deepspeed_config)
-        policy_cfg = merge(ds_config(zero_stage, lr, weight_decay, grad_clip, dtype), user)
+        policy_cfg = merge(ds_config(zero_stage, lr, weight_decay, grad_clip, dtype, betas, eps), user)
+        sched = lr_schedule(schedule, warmup_steps, total_steps)
         zero_stage = stage_of(policy_cfg)  # the user's config may set the stage
         if dtype == "bfloat16" and zero_stage == 0:
             raise ConfigError("model.dtype", "bfloat16 at engine.zero_stage 0 trains differently from fp32 on this "
@@ -120,7 +136,8 @@ class Trainer:
         trainable = [p for p in model.parameters() if p.requires_grad]
         #: trained parameters (all of them, or the LoRA adapter's)
         self.trainable_params = sum(p.numel() for p in trainable)
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=policy_cfg)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=policy_cfg,
+                                               lr_scheduler=sched)
         self.ref = None
         if need_ref and not self.lora:  # with LoRA the reference is the base model (adapter off)
             self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
@@ -130,8 +147,9 @@ class Trainer:
             vm = ValueModel(path, tdtype, trust_remote_code)
             if gradient_checkpointing:
                 enable_gradient_checkpointing(vm.body)
-            cfg = merge(ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype), user)
-            self.critic, *_ = deepspeed.initialize(model=vm, model_parameters=vm.parameters(), config=cfg)
+            cfg = merge(ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype, betas, eps), user)
+            self.critic, *_ = deepspeed.initialize(model=vm, model_parameters=vm.parameters(), config=cfg,
+                                                   lr_scheduler=sched)
         self._need_ref = need_ref
         self._nonfinite = 0
         from .dist import world_size
@@ -312,6 +330,10 @@ class Trainer:
             out["grad_norm"] = float(norm)
         return out
 
+    def lr(self) -> float:
+        """The policy's learning rate for the next optimizer step."""
+        return float(self.engine.get_lr()[0])
+
     def discard(self) -> None:
         """Drop the accumulated gradients without touching weights or optimizer state."""
         for e in (self.engine, self.critic):
@@ -368,16 +390,24 @@ class Trainer:
             self.critic.load_checkpoint(folder, tag="critic", load_optimizer_states=True)
         return client or {}
 
-    def set_optimizer(self, lr: float, weight_decay: float, critic_lr: float) -> None:
-        """Set every parameter group's ``lr``, ``weight_decay`` and ``betas`` (:data:`BETAS`) to
-        the configured values. Called after :meth:`load`: DeepSpeed restores the optimizer's
-        parameter groups as saved, so without this a resume with another ``train.lr`` would go
-        on at the checkpoint's rate. The Adam moments and step counts are kept."""
+    def set_optimizer(self, lr: float, weight_decay: float, critic_lr: float,
+                      betas: tuple[float, float] = BETAS, eps: float = 1e-8) -> None:
+        """Set every parameter group's ``lr``, ``weight_decay``, ``betas`` and ``eps`` to the
+        configured values. Called after :meth:`load`: DeepSpeed restores the optimizer's parameter
+        groups as saved, so without this a resume with another ``train.lr`` would go on at the
+        checkpoint's rate. The learning-rate schedule's base rate becomes ``lr`` too, and the group's
+        rate ``lr`` x the schedule's factor at the restored step. The Adam moments and step counts
+        are kept."""
         for eng, rate in ((self.engine, lr), (self.critic, critic_lr)):
             if eng is None:
                 continue
-            for group in eng.optimizer.param_groups:
-                group.update(lr=rate, weight_decay=weight_decay, betas=BETAS)
+            sched = getattr(eng, "lr_scheduler", None)
+            groups = eng.optimizer.param_groups
+            if sched is not None and hasattr(sched, "lr_lambdas"):
+                sched.base_lrs = [rate] * len(groups)
+            for i, group in enumerate(groups):
+                factor = sched.lr_lambdas[i](sched.last_epoch) if hasattr(sched, "lr_lambdas") else 1.0
+                group.update(lr=rate * factor, initial_lr=rate, weight_decay=weight_decay, betas=betas, eps=eps)
 
     def export(self, folder: str) -> None:
         """``save_pretrained`` (safetensors) of the trained policy and its tokenizer (rank 0 writes;
