@@ -174,10 +174,12 @@ def test_sampling_options_reach_the_engine_only_when_set():
             return super().generate(prompts, n, max_tokens, temperature, seed)
 
     bandit, prompts = Recording([[1, 2, 3]], [[True, False, False]]), [{"question": 0, "prompt": "q0"}]
-    Group(n=2, top_k=5, min_p=0.1, repetition_penalty=1.2, stop=["\n"]).sample(policy=bandit, prompts=prompts, seed=0, env=None)
+    group = Group(n=2, top_k=5, min_p=0.1, repetition_penalty=1.2, stop=["\n"])
+    group.sample(policy=bandit, prompts=prompts, seed=0, env=None)
     assert bandit.seen == {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "stop": ["\n"]}
     Group(n=2).sample(policy=bandit, prompts=prompts, seed=0, env=None)  # "off" values are not passed at all
     assert bandit.seen == {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "stop": ()}
     with pytest.raises(ConfigError) as e:  # an engine without the keyword: refused, never ignored
-        Group(n=2, min_p=0.1).sample(policy=Bandit([[1, 2, 3]], [[True, False, False]]), prompts=prompts, seed=0, env=None)
+        Group(n=2, min_p=0.1).sample(policy=Bandit([[1, 2, 3]], [[True, False, False]]), prompts=prompts, seed=0,
+                                     env=None)
     assert "min_p" in e.value.where and "takes no min_p" in e.value.why
