@@ -171,11 +171,11 @@ class Session(RunLoop):
 
         self.rundir.write_plugins([{"distribution": p.dist, "version": p.version, "module": p.module}
                                    for p in get_catalog().plugins])
-        parts["resume_and_run_dir_s"] = time.perf_counter() - t0 - sum(parts.values())
         from .tracking import Tracker
 
         self.tracker = Tracker(self.rundir.path, c.train.report_to, c.model_dump(),
                                self.state["step"] if self.resume_from is not None else None)
+        parts["resume_and_run_dir_s"] = time.perf_counter() - t0 - sum(parts.values())
         self.startup_s = time.perf_counter() - t0
         self.process_to_ready_s = process_age_s()
         self.skips, self.last_saved, self.stop_requested = 0, self.state["step"], False
