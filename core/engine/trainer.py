@@ -25,10 +25,8 @@
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
-from torch import nn
 
 from ..batch import Rollout, token_budget_bounds
 from ..errors import ConfigError
@@ -36,59 +34,14 @@ from . import lora as lora_mod
 from .compute import autocast, enable_gradient_checkpointing
 from .dsconfig import BETAS, ds_config, merge, read_user_config
 from .dsconfig import zero_stage as stage_of
+from .modeling import ValueModel, lr_schedule, pack
+from .trainer_io import TrainerIO
 from .prefix import shared_prompt_logprobs, token_logprobs
 
-__all__ = ["BETAS", "Trainer", "ValueModel", "ds_config", "pack"]
+__all__ = ["BETAS", "Trainer", "ValueModel", "ds_config", "lr_schedule", "pack", "token_logprobs"]
 
 
-def pack(rollout: Rollout, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """``input_ids, attention_mask, position_ids [B, Pmax + T]`` and ``T``: prompts left-padded,
-    responses right-padded (padding after a response is attended but, being later, changes nothing)."""
-    b = len(rollout)
-    t = rollout.response_ids.shape[1]
-    pmax = max(len(p) for p in rollout.prompt_ids)
-    ids = torch.full((b, pmax + t), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, pmax + t), dtype=torch.long)
-    for i, p in enumerate(rollout.prompt_ids):
-        ids[i, pmax - len(p):pmax] = torch.tensor(p, dtype=torch.long)
-        attn[i, pmax - len(p):] = 1
-    ids[:, pmax:] = rollout.response_ids
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    return ids.to(device), attn.to(device), pos.to(device), t
-
-
-def lr_schedule(name: str, warmup_steps: int, total_steps: int):
-    """``optimizer -> LambdaLR`` for DeepSpeed: ``transformers.get_scheduler`` with ``name``
-    (``constant``: ``constant_with_warmup``; ``linear`` and ``cosine`` decay to 0 at
-    ``total_steps``), linear warm-up from 0 over ``warmup_steps`` optimizer steps. DeepSpeed steps
-    it after every applied optimizer step (not after a skipped one) and saves it in checkpoints.
-    The learning rate of optimizer step k (0-based) is ``lr x factor(k)``."""
-    from transformers import get_scheduler
-
-    kind = "constant_with_warmup" if name == "constant" else name
-    return lambda optimizer: get_scheduler(kind, optimizer, num_warmup_steps=warmup_steps,
-                                           num_training_steps=max(total_steps, 1))
-
-
-class ValueModel(nn.Module):
-    """A causal LM's transformer body with a scalar head: ``values [B, keep]`` at the last ``keep``
-    positions (the head is zero-initialised)."""
-
-    def __init__(self, path: str, dtype, trust_remote_code: bool):
-        super().__init__()
-        from transformers import AutoModel
-
-        self.body = AutoModel.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
-        self.head = nn.Linear(self.body.config.hidden_size, 1, dtype=dtype)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(self, input_ids, attention_mask, position_ids, keep: int):
-        h = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-        return self.head(h[:, -keep:]).squeeze(-1).float()
-
-
-class Trainer:
+class Trainer(TrainerIO):
     """DeepSpeed engine(s) for one run. ``need_ref`` / ``need_critic`` load those models."""
 
     stage, world = 0, 1  #: ZeRO stage and data-parallel ranks (set by ``__init__``)
@@ -343,85 +296,3 @@ class Trainer:
             if hasattr(e.optimizer, "zero_grad"):
                 e.optimizer.zero_grad(set_to_none=True)
         self._nonfinite = 0
-
-    # ---------------------------------------------------------------------------- weights
-    @contextlib.contextmanager
-    def full_weights(self):
-        """``[(hf_name, tensor)]`` of the policy's full weights (gathered under ZeRO-3)."""
-        import deepspeed
-
-        if self.lora:  # ZeRO 0-2 only: every weight is held whole on every rank
-            yield lora_mod.merged_weights(self.engine.module)
-            return
-        params = list(self.engine.module.named_parameters())
-        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None, enabled=self.stage == 3):
-            yield [(n, p.data) for n, p in params]
-
-    def weights_finite(self) -> bool:
-        """True when every policy (and critic) weight is finite (gathered under ZeRO-3; the
-        answer is agreed over data-parallel ranks)."""
-        from .dist import any_rank
-
-        with self.full_weights() as weights:
-            bad = any(not bool(torch.isfinite(t).all()) for _, t in weights)
-        if self.critic is not None:
-            bad = bad or any(not bool(torch.isfinite(p.data).all()) for p in self.critic.module.parameters()
-                             if p.data.numel())
-        return not any_rank(bad)
-
-    def save(self, folder: str, client_state: dict) -> None:
-        self.engine.save_checkpoint(folder, tag="policy", client_state=client_state, save_latest=False)
-        if self.critic is not None:
-            self.critic.save_checkpoint(folder, tag="critic", save_latest=False)
-
-    def load(self, folder: str) -> dict:
-        """Restore a checkpoint written by :meth:`save`. Every file is read with
-        ``torch.load(weights_only=True)`` (DeepSpeed's own loader unpickles anything): a file that
-        holds other objects than tensors, containers and DeepSpeed's three state classes raises
-        :class:`~policyzoo.engine.rundir.ResumeError` and nothing in it is executed."""
-        from .rundir import weights_only_load
-
-        for e in (self.engine, self.critic):
-            if e is not None:
-                e.checkpoint_engine.load = weights_only_load
-        _, client = self.engine.load_checkpoint(folder, tag="policy", load_optimizer_states=True,
-                                                load_lr_scheduler_states=True)
-        if self.critic is not None:
-            self.critic.load_checkpoint(folder, tag="critic", load_optimizer_states=True)
-        return client or {}
-
-    def set_optimizer(self, lr: float, weight_decay: float, critic_lr: float,
-                      betas: tuple[float, float] = BETAS, eps: float = 1e-8) -> None:
-        """Set every parameter group's ``lr``, ``weight_decay``, ``betas`` and ``eps`` to the
-        configured values. Called after :meth:`load`: DeepSpeed restores the optimizer's parameter
-        groups as saved, so without this a resume with another ``train.lr`` would go on at the
-        checkpoint's rate. The learning-rate schedule's base rate becomes ``lr`` too, and the group's
-        rate ``lr`` x the schedule's factor at the restored step. The Adam moments and step counts
-        are kept."""
-        for eng, rate in ((self.engine, lr), (self.critic, critic_lr)):
-            if eng is None:
-                continue
-            sched = getattr(eng, "lr_scheduler", None)
-            groups = eng.optimizer.param_groups
-            if sched is not None and hasattr(sched, "lr_lambdas"):
-                sched.base_lrs = [rate] * len(groups)
-            for i, group in enumerate(groups):
-                factor = sched.lr_lambdas[i](sched.last_epoch) if hasattr(sched, "lr_lambdas") else 1.0
-                group.update(lr=rate * factor, initial_lr=rate, weight_decay=weight_decay, betas=betas, eps=eps)
-
-    def export(self, folder: str) -> None:
-        """``save_pretrained`` (safetensors) of the trained policy and its tokenizer (rank 0 writes;
-        every rank takes part in the ZeRO-3 gather); with LoRA the merged model, and the adapter in
-        ``folder/adapter`` (``policyzoo.engine.lora``)."""
-        from .dist import rank
-
-        if self.lora:
-            if rank() == 0:
-                lora_mod.export(self.engine.module, folder, self.info.tokenizer)
-            return
-        with self.full_weights() as weights:
-            state = {n: t.detach().cpu().clone() for n, t in weights}
-        if rank() != 0:
-            return
-        self.engine.module.save_pretrained(folder, state_dict=state, safe_serialization=True)
-        self.info.tokenizer.save_pretrained(folder)

@@ -1,0 +1,141 @@
+"""User reward functions, called TRL-style (a ``reward`` component)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import torch
+from pydantic import Field
+
+from policyzoo.errors import UserError
+from policyzoo.hookspecs import hookimpl
+from policyzoo.slots import Reward
+
+
+class RewardFunctionError(UserError):
+    """A user reward function could not be imported, raised, or returned the wrong thing."""
+
+
+def load_function(path: str, where: str):
+    """Import ``"package.module:function"``; raise :class:`RewardFunctionError` with the fix."""
+    module_name, _, attr = path.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as e:
+        raise RewardFunctionError(where, f"cannot import module {module_name!r} of reward function {path!r}: "
+                                  f"{type(e).__name__}: {e}", "check the module is importable (installed or "
+                                  "on PYTHONPATH) and the path is 'package.module:function'") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise RewardFunctionError(where, f"module {module_name!r} has no attribute {attr!r}",
+                                      f"define `def {attr.split('.')[-1]}(prompts, completions, **kwargs)` "
+                                      f"in {module_name} or fix the name")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise RewardFunctionError(where, f"{path!r} is a {type(obj).__name__}, not a function",
+                                  "point `function` at a callable")
+    return obj
+
+
+class Function(Reward):
+    """A user reward function, called TRL-style on the whole batch; ``[B]`` float32.
+
+    ``function`` = "package.module:name" is imported when the run is built (the Python API,
+    ``policyzoo.train(rewards=[callable])``, registers a callable under ``policyzoo.api:REWARDS.<name>``).
+    It is called with TRL ``GRPOTrainer``'s keyword arguments: ``prompts`` and ``completions``
+    (B each), ``completion_ids`` (B lists of generated token ids, end-of-sequence token included when
+    generated), ``trainer_state`` (:class:`policyzoo.runstate.TrainerState`: ``global_step``,
+    ``max_steps``, ``epoch``), and every other column of the data rows as a list of B values
+    (missing keys None; ``prompt``, ``completion`` and ``completion_ids`` are not repeated, keys
+    starting with ``_`` are internal). Conversational data (the row's prompt was a list of chat
+    messages) gets ``prompts`` as the message lists the model saw and ``completions`` as
+    ``[{"role": "assistant", "content": text}]``; plain-text data gets the prompt strings as given in
+    the data and the completion strings. It must return B numbers; None means unscorable (NaN).
+    Its metric is ``reward/<name>`` (the function's name).
+    Errors (:class:`RewardFunctionError`, a ``UserError``): a path that does not import; a raising
+    function (the function is re-run row by row to name the first failing row); a result of the
+    wrong length or with a non-number (naming the row).
+    Source: TRL ``GRPOTrainer._calculate_rewards`` reward-function convention (huggingface.co/docs/trl)."""
+
+    name = "function"
+
+    class Params(Reward.Params):
+        function: str = Field(..., pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+                              description="import path 'package.module:function' of "
+                              "fn(prompts, completions, **columns)")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.fn = load_function(self.params.function, f"reward: function -> {self.params.function}")
+
+    @property
+    def label(self) -> str:
+        """The function's own name (``reward/<name>`` in the metrics), as TRL logs reward functions."""
+        return self.params.function.rpartition(":")[2].rpartition(".")[2]
+
+    @staticmethod
+    def _columns(rows: list[dict]) -> dict[str, list]:
+        skip = {"prompt", "completion", "completion_ids", "prompts", "completions", "trainer_state"}
+        keys = list(dict.fromkeys(k for row in rows for k in row if k not in skip and not str(k).startswith("_")))
+        return {k: [row.get(k) for row in rows] for k in keys}
+
+    @staticmethod
+    def _inputs(rollout, rows: list[dict]) -> tuple[list, list, list]:
+        """``(prompts, completions, completion_ids)`` in TRL's form (see the class docstring)."""
+        texts = list(rollout.completions)
+        ids = [r[m].tolist() for r, m in zip(rollout.response_ids, rollout.response_mask)]
+        raw = [row.get("_raw_prompt") for row in rows]
+        if raw and all(isinstance(x, list) for x in raw):
+            return ([row["prompt"] for row in rows], [[{"role": "assistant", "content": t}] for t in texts], ids)
+        prompts = [x if isinstance(x, str) else p for x, p in zip(raw, rollout.prompts)] if rollout.prompts else raw
+        return prompts, texts, ids
+
+    def _call(self, prompts, completions, ids, rows):
+        from policyzoo.runstate import current
+
+        return self.fn(prompts=list(prompts), completions=list(completions), completion_ids=list(ids),
+                       trainer_state=current(), **self._columns(rows))
+
+    @hookimpl
+    def reward(self, rollout):
+        name = self.params.function
+        b = len(rollout)
+        rows = rollout.rows if len(rollout.rows) == b else [{} for _ in range(b)]
+        prompts, completions, ids = self._inputs(rollout, rows)
+        try:
+            result = self._call(prompts, completions, ids, rows)
+        except Exception as e:
+            row = self._failing_row(prompts, completions, ids, rows)
+            prompt = rollout.prompt_excerpt(row, 60) if row is not None else ""
+            at = f"row {row} (prompt {prompt!r})" if row is not None else "the batch"
+            raise RewardFunctionError(f"reward: function {name}", f"{name} raised {type(e).__name__}: {e} "
+                                      f"on {at}", f"fix {name} or the data row; return None for rows it "
+                                      "cannot score") from None
+        try:
+            values = list(result)
+        except TypeError:
+            values = None
+        if values is None or len(values) != b:
+            got = f"{len(values)} values" if values is not None else repr(type(result).__name__)
+            raise RewardFunctionError(f"reward: function {name}", f"returned {got} for {b} completions",
+                                      "return one float (or None) per completion, in order")
+        out = []
+        for i, v in enumerate(values):
+            if v is None:
+                out.append(math.nan)
+                continue
+            try:
+                out.append(float(v))
+            except (TypeError, ValueError):
+                raise RewardFunctionError(f"reward: function {name}, row {i}", f"returned {v!r}, not a number",
+                                          "return a float, or None for an unscorable row") from None
+        return torch.tensor(out, dtype=torch.float32)
+
+    def _failing_row(self, prompts, completions, ids, rows) -> int | None:
+        for i in range(len(completions)):
+            try:
+                self._call(prompts[i:i + 1], completions[i:i + 1], ids[i:i + 1], rows[i:i + 1])
+            except Exception:
+                return i
+        return None

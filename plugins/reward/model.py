@@ -1,0 +1,91 @@
+"""A learned reward model (a ``reward`` component)."""
+
+from __future__ import annotations
+
+
+import torch
+from pydantic import Field
+
+from policyzoo.errors import ConfigError, UserError
+from policyzoo.hookspecs import hookimpl
+from policyzoo.slots import Reward
+
+
+class RewardModel(Reward):
+    """A frozen transformers sequence-classification model as reward, ``[B]`` float32 (logits).
+
+    ``path``: any local folder that ``AutoModelForSequenceClassification`` loads (weights are
+    loaded once, lazily, at the first call; the folder is checked at construction). Input text:
+    the row's chat ``prompt`` plus the completion as an assistant turn through the reward model's
+    own chat template if it has one, else ``rollout.prompts[i] + completion``. Sequences longer
+    than ``max_length`` tokens are cut from the left (the end of the completion is kept); batches
+    are right-padded (pad = eos if the tokenizer has no pad token). The score is the model's own
+    pooled logit (transformers pools at the last non-pad token, as TRL's RewardTrainer trains it)
+    for label ``label``; None requires a single-label model. No grad; eval mode; fp32.
+    Errors: ``ConfigError`` for a missing folder, a folder that does not load, or a label that is
+    not one of the model's; ``UserError`` when transformers is missing.
+    Source: Ouyang et al. 2022, InstructGPT (arXiv:2203.02155) Sec. 3.5 (a scalar learned reward)."""
+
+    name = "reward_model"
+
+    class Params(Reward.Params):
+        path: str = Field(..., description="local folder of a transformers sequence-classification model")
+        batch_size: int = Field(8, ge=1, description="completions scored per forward pass")
+        max_length: int = Field(1024, ge=1, description="tokens per scored sequence (cut from the left)")
+        label: int | None = Field(None, ge=0, description="logit index to use; None = the single label")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        import os
+
+        self.where = f"reward: reward_model -> path {self.params.path}"
+        if not os.path.isfile(os.path.join(self.params.path, "config.json")):
+            raise ConfigError(self.where, "no such model folder (no config.json there)",
+                              "point path at a folder written by save_pretrained")
+        self.model = self.tokenizer = None
+
+    def _load(self):
+        try:
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        except ImportError:
+            raise UserError("reward: reward_model", "the transformers package is not installed",
+                            "pip install transformers") from None
+        try:
+            tok = AutoTokenizer.from_pretrained(self.params.path)
+            model = AutoModelForSequenceClassification.from_pretrained(self.params.path, dtype=torch.float32)
+        except Exception as e:
+            raise ConfigError(self.where, f"cannot load a sequence-classification model: {type(e).__name__}: "
+                              f"{str(e)[:200]}", "use a folder with a *ForSequenceClassification model") from None
+        n, label = model.config.num_labels, self.params.label
+        if (label is None and n != 1) or (label is not None and label >= n):
+            raise ConfigError(f"{self.where} -> label", f"the model has {n} labels ({model.config.id2label}), "
+                              f"label = {label}", f"set label to one of 0..{n - 1}")
+        tok.truncation_side, tok.padding_side = "left", "right"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tok.pad_token_id
+        self.tokenizer, self.model = tok, model.eval().requires_grad_(False)
+
+    def _text(self, rollout, i: int) -> str:
+        row, completion = rollout.rows[i] if rollout.rows else {}, rollout.completions[i]
+        if self.tokenizer.chat_template and isinstance(row.get("prompt"), list):
+            chat = row["prompt"] + [{"role": "assistant", "content": completion}]
+            return self.tokenizer.apply_chat_template(chat, tokenize=False)
+        return rollout.prompts[i] + completion
+
+    @hookimpl
+    def reward(self, rollout):
+        if self.model is None:
+            self._load()
+        texts = [self._text(rollout, i) for i in range(len(rollout))]
+        step = self.params.batch_size if self.tokenizer.pad_token is not None else 1
+        special = not self.tokenizer.chat_template
+        out = []
+        with torch.no_grad():
+            for lo in range(0, len(texts), step):
+                enc = self.tokenizer(texts[lo:lo + step], padding=step > 1, truncation=True, return_tensors="pt",
+                                     max_length=self.params.max_length, add_special_tokens=special)
+                logits = self.model(**enc).logits
+                out.append(logits[:, self.params.label or 0].float())
+        return torch.cat(out) if out else torch.zeros(0)
