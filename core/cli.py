@@ -251,7 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `train --algo grpo x=1 --dry-run y=2`: argparse stops taking key=value after an option
+        if getattr(args, "overrides", None) is not None and all("=" in x and not x.startswith("-") for x in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.parse_args(argv)  # argparse's own message and exit 2
     out = Console() if sys.stdout.isatty() else Console(width=200)
     try:
         args.fn(args, out)

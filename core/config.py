@@ -185,7 +185,13 @@ def load_config(path: str | None = None, algo: str | None = None, overrides: lis
         if "=" not in item:
             raise ConfigError(item, "an override must look like key=value", "e.g. train.lr=1e-6")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw != "" else None)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError as e:
+            raise ConfigError(key.strip(), f"the value {raw!r} is not valid YAML ({getattr(e, 'problem', e)})",
+                              "values are read as YAML: close brackets and braces, and quote text with ':' "
+                              "or '#' in it, e.g. 'data.system_prompt=\"Answer: a number\"'") from None
+        _set_dotted(tree, key.strip(), value)
     return validate(tree, where=path or "config")
 
 

@@ -211,3 +211,17 @@ def test_an_empty_config_file_is_refused_not_a_default_run(tmp_path, text):
     out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--config", str(f), "--dry-run"],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "holds no settings" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_overrides_may_follow_options_and_bad_yaml_is_an_error_block(capsys):
+    import yaml as _yaml
+
+    from policyzoo.cli import main
+
+    # argparse alone stops taking key=value after an option: both overrides must arrive
+    assert main(["train", "--algo", "grpo", "train.steps=3", "--dry-run", "train.lr=1e-5"]) == 0
+    view = _yaml.safe_load(capsys.readouterr().out)
+    assert view["train"]["steps"] == 3 and view["train"]["lr"] == 1e-5
+    assert main(["train", "--algo", "grpo", "algorithm.clip={use: cispo", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error at algorithm.clip:") and "is not valid YAML" in err and "Traceback" not in err

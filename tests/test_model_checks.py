@@ -81,7 +81,7 @@ def test_a_template_that_adds_its_own_system_turn_is_reported(tmp_path):
     assert s.task.train_rows[0]["prompt"][0]["role"] == "user"  # "" really gives no system message
     [w] = s.warnings
     assert "adds its own: '<|im_start|>system You are a helpful AI assistant named SmolLM" in w
-    assert 'data.system_prompt: "" cannot remove it' in w
+    assert "an empty data.system_prompt would not remove it" in w
     # with a system message of the task's own (the arithmetic default) the template adds none
     assert _prepare(tmp_path / "b", _copy(tmp_path / "b", SMOLLM2_TEMPLATE)).warnings == []
     # the tiny model's plain ChatML template never adds one

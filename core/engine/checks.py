@@ -62,8 +62,9 @@ def system_turn_warning(tokenizer, rows: list[dict]) -> str | None:
         return None
     excerpt = " ".join(added.split())[:160]
     return (f"the prompts have no system message, and the model's chat template adds its own: {excerpt!r}; "
-            "data.system_prompt: \"\" cannot remove it. Set data.system_prompt to the text you want instead, "
-            "or edit the template's default (tokenizer.chat_template) in a copy of the model folder")
+            "it is used as is (an empty data.system_prompt would not remove it). To change it, set "
+            "data.system_prompt to the text you want, or edit the template's default (tokenizer.chat_template) "
+            "in a copy of the model folder")
 
 
 def sampling_warning(temperature: float, n: int) -> str | None:

@@ -202,7 +202,7 @@ class RunLoop:
         for r in self.rundir.read_metrics():
             if r.get("kind") == "eval" and r.get("step") == 0:
                 return r.get("eval_accuracy")
-        return math.nan
+        return None  # nothing held out: null in summary.json, like eval_accuracy_after
 
     def _save(self, step: int, batches: int, export: bool = False):
         """Write the checkpoint of ``step`` (with ``export``: also a save_pretrained export in
