@@ -137,7 +137,12 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
     traces: list[_Trace] = []
     for i, row in enumerate(rows):
         for j in range(n):
-            ep = env.env(row)
+            try:
+                ep = env.env(row)
+            except TypeError as e:  # e.g. an Episode subclass without step() or reward()
+                raise ComponentError(f"env component {env!r}", f"env(row) raised TypeError: {e}",
+                                     "implement step(turn_text, turn_ids) and reward() on the Episode "
+                                     "subclass it returns") from e
             if not isinstance(ep, Episode):
                 raise ComponentError(f"env component {env!r}", f"env(row) returned {type(ep).__name__}, not an "
                                      "Episode", "return an instance of a policyzoo.Episode subclass")

@@ -31,6 +31,7 @@ Call types
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -133,8 +134,10 @@ class Observation:
     tool_error: bool = False
 
 
-class Episode:
-    """One environment episode, made by an ``env`` component from a data row (the reset).
+class Episode(ABC):
+    """One environment episode, made by an ``env`` component from a data row (the reset). A
+    subclass implements :meth:`step` and :meth:`reward` (abstract: one that lacks either cannot be
+    made, and the rollout names the env component).
 
     ``prompt``: the conversation the model starts from (chat messages; default: the row's
     ``prompt``, set by ``__init__``). :meth:`step` is called after every model turn with the turn's
@@ -145,13 +148,13 @@ class Episode:
         self.row = row
         self.prompt = row["prompt"]
 
+    @abstractmethod
     def step(self, turn_text: str, turn_ids: list[int]) -> Observation:
         """React to one model turn: an :class:`Observation` (messages to append, or ``done``)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement step(turn_text, turn_ids)")
 
+    @abstractmethod
     def reward(self) -> float:
         """The episode's final (sequence) reward; NaN = unscorable."""
-        raise NotImplementedError(f"{type(self).__name__} must implement reward()")
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ class Sequence(Ratio):
         return torch.exp(seq).unsqueeze(-1).expand_as(logprobs)
 
 
-class GSPOToken(Ratio):
+class GSPOToken(Sequence):
     """GSPO-token: s_it = sg(s_i) x pi(y_it) / sg(pi(y_it)), ``[B, T]``; s_i the ``sequence`` ratio.
 
     In log space log s_it = sg(clamp(mean_t log r_it, +-max_log_ratio)) + logprobs_t - sg(logprobs_t):
@@ -75,11 +75,7 @@ class GSPOToken(Ratio):
     token get 1. Source: Zheng et al. 2025, GSPO (arXiv:2507.18071) eq. 13-14; verl
     ``policy_loss.loss_mode: gspo`` (which clamps only from above, after adding the token term)."""
 
-    name = "gspo_token"
-    level = "sequence"
-
-    class Params(Ratio.Params):
-        max_log_ratio: float = Field(10.0, gt=0, description="|mean log r| clamp before exp (> 0)")
+    name = "gspo_token"  # level and Params (max_log_ratio, default 10) are the sequence ratio's
 
     @hookimpl
     def ratio(self, logprobs, old_logprobs, response_mask):

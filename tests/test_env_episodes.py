@@ -270,3 +270,20 @@ def test_group_sampler_drives_episodes_and_adds_greedy_ones(tok):
     assert r.env_rewards.tolist() == [1.0, 0.0, 1.0] and r.temperature == 0.7 and r.max_tokens == 16
     with pytest.raises(ConfigError, match="generate_tokens"):  # the bandit has no tokens
         Group(n=2).sample(policy=object(), prompts=[ROW], seed=0, env=Calculator())
+
+
+def test_an_episode_without_step_or_reward_names_the_env(tok):
+    from policyzoo import Episode
+    from policyzoo.errors import ComponentError
+
+    class Half(Episode):  # reward() missing: the abstract Episode cannot be made
+        def step(self, turn_text, turn_ids):
+            return Observation(done=True)
+
+    class HalfEnv(Calculator):
+        def env(self, row):
+            return Half(row)
+
+    with pytest.raises(ComponentError, match=r"(?s)env component .*reward"):
+        run_episodes(ScriptedPolicy(tok, [[("Answer: 4", True)]]), HalfEnv(), [ROW], n=1, max_tokens=16,
+                     temperature=1.0, seed=0)

@@ -17,6 +17,8 @@ their union as ``pg_clipfrac``). Shapes ``[B, T]``. verl names: ``policy_loss.lo
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import torch
 from pydantic import Field
 
@@ -26,9 +28,9 @@ from policyzoo.slots import Clip
 
 class _DPPO(Clip):
 
+    @abstractmethod
     def inside(self, lp, lp_old, positive):
         """``[B, T]`` bool v_t from the log-probs (no grad): the update keeps token t (``positive``: A > 0)."""
-        raise NotImplementedError
 
     @hookimpl
     def clip(self, ratio, advantages, logprobs, old_logprobs, response_mask):
