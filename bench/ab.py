@@ -3,17 +3,19 @@
 Runs ``policyzoo train`` with the common settings plus ``--a`` overrides, then again plus ``--b``
 overrides (``--set``: both; one after the other, each in its own process, with every other setting and the seed
 equal), and compares: median step / rollout / train time over the steps after ``--warmup``, the
-process's peak RSS (``summary.json``'s ``peak_rss_gib``), trainable parameters, and the reward
+process's resident memory after a step (median of the metric ``rss_gib``: what a run holds once
+started), its peak RSS (``summary.json``'s ``peak_rss_gib``: start-up transients included),
+trainable parameters, and the reward
 curve (mean per 10-step window, and the mean paired per-step difference B - A with its standard
 error; both runs draw the same prompts at every step).
 
-``--record KEY=QUANTITY`` writes ``B / A`` of a quantity (``peak_rss``, ``time_step``,
+``--record KEY=QUANTITY`` writes ``B / A`` of a quantity (``rss``, ``peak_rss``, ``time_step``,
 ``time_train``, ``time_rollout``, ``startup``: the run's start-up after imports), the
 ``speedup`` (A's median step time / B's) or the paired ``reward_diff`` (B - A) to
 ``bench/results/summary.json`` (``bench/summary.py``), e.g.:
 
 * LoRA vs full fine-tuning: ``python bench/ab.py --steps 8 --b "model.lora={r: 16}"
-  --record lora_memory_ratio=peak_rss --record lora_step_ratio=time_step --out bench/results/lora``
+  --record lora_memory_ratio=rss --record lora_step_ratio=time_step --out bench/results/lora``
 * one-step overlap of sampling and training: ``python bench/ab.py --steps 12 --b engine.overlap=one_step
   --record async_speedup=speedup --out bench/results/overlap``
 * parallel start of vLLM and DeepSpeed: ``python bench/ab.py --steps 2 --warmup 1
@@ -39,7 +41,7 @@ import summary as bench_summary  # noqa: E402
 
 COMMON = ["train.prompts_per_step=4", "algorithm.sample.n=8", "algorithm.sample.max_tokens=16", "train.lr=1e-5",
           "data.eval_size=20", "engine.sync_check=true"]
-QUANTITIES = ("peak_rss", "time_step", "time_train", "time_rollout", "reward_diff", "speedup", "startup")
+QUANTITIES = ("rss", "peak_rss", "time_step", "time_train", "time_rollout", "reward_diff", "speedup", "startup")
 
 
 def train(out: Path, steps: int, threads: int, extra: list[str]) -> dict:
@@ -62,7 +64,9 @@ def compare(a: dict, b: dict, warmup: int) -> dict:
     res = {f"{k}_{side}": med(run, k) for k in ("time_step", "time_rollout", "time_train")
            for side, run in (("a", a), ("b", b))}
     res["peak_rss_a"], res["peak_rss_b"] = a["summary"]["peak_rss_gib"], b["summary"]["peak_rss_gib"]
-    for k in ("peak_rss", "time_step", "time_train", "time_rollout"):
+    # steady-state memory: resident memory at the end of each step (the peak may be a start-up transient)
+    res["rss_a"], res["rss_b"] = med(a, "rss_gib"), med(b, "rss_gib")
+    for k in ("rss", "peak_rss", "time_step", "time_train", "time_rollout"):
         res[k] = res[f"{k}_b"] / res[f"{k}_a"]
     res["speedup"] = res["time_step_a"] / res["time_step_b"]
     res["startup_a"], res["startup_b"] = a["summary"]["startup_seconds"], b["summary"]["startup_seconds"]
@@ -80,7 +84,8 @@ def table(res: dict, args) -> str:
     lines = [f"A: {' '.join(args.a) or '(common settings)'}; B: {' '.join(args.b)}; medians over steps "
              f"{args.warmup + 1}..{args.steps}", "", "| | A | B | B / A |", "|---|---|---|---|"]
     for k, label in (("time_step", "step, s"), ("time_rollout", "rollout, s"), ("time_train", "train, s"),
-                     ("peak_rss", "peak RSS, GiB"), ("startup", "start-up after imports, s")):
+                     ("rss", "RSS after a step, GiB"), ("peak_rss", "peak RSS, GiB"),
+                     ("startup", "start-up after imports, s")):
         lines.append(f"| {label} | {res[k + '_a']:.2f} | {res[k + '_b']:.2f} | {res[k]:.2f} |")
     lines.append(f"| trainable parameters | {res['trainable_a']} | {res['trainable_b']} | |")
     lines += ["", "| steps | mean reward A | mean reward B |", "|---|---|---|"]

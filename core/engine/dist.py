@@ -31,7 +31,7 @@ from ..hookspecs import Collective
 #: metrics that add up over ranks; ``time_*`` and flags take the max; the rest are means
 SUMMED = {"loss", "value_loss", "rows", "sampled_rows", "rollout_tokens", "prompt_tokens", "rollout_tokens_per_s",
           "shortfall_rows", "reward_unscorable"}
-MAXED = {"skipped", "grad_norm", "sync_max_diff", "stop_requested", "policy_lag_max"}
+MAXED = {"skipped", "grad_norm", "sync_max_diff", "stop_requested", "policy_lag_max", "rss_gib", "peak_rss_gib"}
 
 
 class DistError(UserError):

@@ -14,7 +14,7 @@ from .. import runstate
 from ..errors import Interrupted, TrainingError, UserError
 from . import dist
 from .resume import checkpoint_state
-from .startup import peak_rss_gib
+from .startup import peak_rss_gib, rss_gib
 
 SEED_STRIDE = 1_000_003
 
@@ -99,6 +99,7 @@ class RunLoop:
         delta = {k: self.policy.stats.get(k, 0) - stats0.get(k, 0) for k in ("tokens", "prompt_tokens", "seconds")}
         m.update(step=step, kind="train", time_step=time.perf_counter() - t0, rollout_tokens=delta["tokens"],
                  prompt_tokens=delta["prompt_tokens"], stop_requested=int(self.stop_requested),
+                 rss_gib=rss_gib(), peak_rss_gib=peak_rss_gib(),
                  rollout_tokens_per_s=delta["tokens"] / delta["seconds"] if delta["seconds"] > 0 else 0.0)
         m = dist.merge_metrics(dist.gather(m))  # every rank holds the merged record
         self.stop_requested = bool(m.pop("stop_requested"))

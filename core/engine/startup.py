@@ -13,6 +13,13 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def rss_gib() -> float:
+    """This process's resident memory now, GiB (vLLM's weights and KV cache included)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**30
+
+
 def process_age_s() -> float | None:
     """Seconds since this process started (interpreter start, imports and model loading), or None
     where the process start time cannot be read."""
