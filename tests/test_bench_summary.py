@@ -30,19 +30,21 @@ def test_record_keeps_other_entries_and_says_how_and_when(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
 
 
-def _run(times, rewards, rss, trainable):
-    return {"steps": [{"time_step": t, "time_rollout": t / 2, "time_train": t / 4, "reward_mean": r}
-                      for t, r in zip(times, rewards)],
+def _run(times, rewards, rss, trainable, step_rss):
+    return {"steps": [{"time_step": t, "time_rollout": t / 2, "time_train": t / 4, "reward_mean": r, "rss_gib": m}
+                      for t, r, m in zip(times, rewards, step_rss)],
             "summary": {"peak_rss_gib": rss, "trainable_params": trainable, "startup_seconds": rss * 2}}
 
 
 def test_ab_compare_by_hand():
-    a = _run([9.0, 4.0, 6.0, 5.0], [0.0, 0.5, 0.25, 0.25], 8.0, 100)
-    b = _run([9.0, 2.0, 3.0, 4.0], [0.5, 0.5, 0.5, 0.0], 6.0, 10)
+    a = _run([9.0, 4.0, 6.0, 5.0], [0.0, 0.5, 0.25, 0.25], 8.0, 100, [1.0, 5.0, 4.0, 4.0])
+    b = _run([9.0, 2.0, 3.0, 4.0], [0.5, 0.5, 0.5, 0.0], 6.0, 10, [1.0, 3.0, 2.0, 3.0])
     res = ab.compare(a, b, warmup=1)
     # medians of steps 2-4: A 5.0, B 3.0 -> 0.6; peak RSS 6 / 8 = 0.75
     assert res["time_step_a"] == 5.0 and res["time_step_b"] == 3.0 and res["time_step"] == pytest.approx(0.6)
     assert res["peak_rss"] == 0.75 and res["time_train"] == pytest.approx(0.6)
+    # RSS after a step, median of steps 2-4: A (5, 4, 4) -> 4, B (3, 2, 3) -> 3: 0.75
+    assert res["rss_a"] == 4.0 and res["rss_b"] == 3.0 and res["rss"] == 0.75
     assert res["speedup"] == pytest.approx(5.0 / 3.0)
     assert res["startup"] == 0.75  # 12 s / 16 s
     # per-step differences B - A: 0.5, 0, 0.25, -0.25 -> mean 0.125; sample sd of those:

@@ -31,6 +31,7 @@ def test_lora_checkpointing_autocast_token_budget_and_user_deepspeed_config(tmp_
     assert [r["step"] for r in train] == [1, 2]
     for r in train:
         assert r["skipped"] == 0 and math.isfinite(r["loss"]) and "kl_ref" in r
+        assert 0 < r["rss_gib"] <= r["peak_rss_gib"] and r["time_trim"] >= 0  # engine.trim_memory on by default
         # vLLM got the merged weights W + scale B @ A: the check scores in fp32 on both sides
         assert r["sync_max_diff"] <= 1e-4
     # step 1 starts at the base model, which is also the reference: KL 0 (adapter B = 0 at start)

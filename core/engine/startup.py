@@ -13,6 +13,21 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def trim_heap() -> None:
+    """Return the C heap's free memory to the OS (glibc's ``malloc_trim``; nothing elsewhere).
+
+    A step frees gigabytes of activations, gradients and (LoRA) merged weights in pieces of a few
+    MB; glibc keeps freed pieces below its adaptive mmap threshold in its arenas, so without a trim
+    the resident memory grows for many steps (a LoRA run at the demo settings: 5.7 -> 7.3 GiB in 10
+    steps) and stays far above what the process holds (3.2 GiB measured with small pieces mmapped)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def rss_gib() -> float:
     """This process's resident memory now, GiB (vLLM's weights and KV cache included)."""
     import psutil
