@@ -14,7 +14,7 @@ error; both runs draw the same prompts at every step).
 ``speedup`` (A's median step time / B's) or the paired ``reward_diff`` (B - A) to
 ``bench/results/summary.json`` (``bench/summary.py``), e.g.:
 
-* LoRA vs full fine-tuning: ``python bench/ab.py --steps 8 --b "model.lora={r: 16}"
+* LoRA vs full fine-tuning: ``python bench/ab.py --steps 8 --set engine.trim_memory=true --b "model.lora={r: 16}"
   --record lora_memory_ratio=rss --record lora_step_ratio=time_step --out bench/results/lora``
 * one-step overlap of sampling and training: ``python bench/ab.py --steps 12 --b engine.overlap=one_step
   --record async_speedup=speedup --out bench/results/overlap``

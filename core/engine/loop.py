@@ -96,12 +96,12 @@ class RunLoop:
         except UserError as e:  # a reward or component error: say which step it stopped
             _at_step(e, f"step {step}")
             raise
-        t_trim = time.perf_counter()
         if c.engine.trim_memory:
+            t_trim = time.perf_counter()
             trim_heap()
+            m["time_trim"] = time.perf_counter() - t_trim
         delta = {k: self.policy.stats.get(k, 0) - stats0.get(k, 0) for k in ("tokens", "prompt_tokens", "seconds")}
-        now = time.perf_counter()
-        m.update(step=step, kind="train", time_step=now - t0, time_trim=now - t_trim, rollout_tokens=delta["tokens"],
+        m.update(step=step, kind="train", time_step=time.perf_counter() - t0, rollout_tokens=delta["tokens"],
                  prompt_tokens=delta["prompt_tokens"], stop_requested=int(self.stop_requested),
                  rss_gib=rss_gib(), peak_rss_gib=peak_rss_gib(),
                  rollout_tokens_per_s=delta["tokens"] / delta["seconds"] if delta["seconds"] > 0 else 0.0)
