@@ -115,10 +115,15 @@ def cmd_train(args, out: Console) -> None:
 
         from .data import load_task
 
+        from .engine.dsconfig import check_engine
+        from .engine.tracking import check_trackers
+
         bundle = resolve_algorithm(config.algorithm)
         rewards = reward_uses(config, load_task(config.data).default_rewards if config.rewards is None else [],
                               bundle.env is not None)
         run = Run(bundle, rewards=rewards)
+        check_trackers(config.train.report_to)
+        check_engine(config)
         out.print(yaml.safe_dump(resolved_view(config, run), sort_keys=False))
         return
     from .engine.train import main as train_main

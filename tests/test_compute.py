@@ -174,3 +174,50 @@ def test_unknown_lora_target_is_a_config_error():
     tied = load_config(None, "grpo", ["model.lora={target_modules: [q_proj, lm_head]}"]).model.lora
     with pytest.raises(ConfigError, match="tied"):  # the tiny Llama ties its head to the embeddings
         lora.wrap(_load(), tied)
+
+
+def _engine_config(*overrides):
+    return load_config(None, "grpo", list(overrides))
+
+
+def test_check_engine_before_any_model_loads():
+    from policyzoo.engine.dsconfig import check_engine
+
+    assert check_engine(_engine_config()) == 0
+    assert check_engine(_engine_config("engine.zero_stage=2")) == 2
+    # the user's stage wins; "auto" means engine.zero_stage
+    assert check_engine(_engine_config("engine.zero_stage=2", "engine.deepspeed={zero_optimization: {stage: 1}}")) == 1
+    assert check_engine(_engine_config("engine.zero_stage=2",
+                                       "engine.deepspeed={zero_optimization: {stage: auto}}")) == 2
+    for bad in ("7", "abc", "true", "-1"):
+        with pytest.raises(ConfigError) as e:
+            check_engine(_engine_config(f"engine.deepspeed={{zero_optimization: {{stage: {bad}}}}}"))
+        assert e.value.where == "engine.deepspeed.zero_optimization.stage"
+    with pytest.raises(ConfigError) as e:  # offload at stage 0: DeepSpeed would ignore it
+        check_engine(_engine_config("engine.deepspeed={zero_optimization: {offload_optimizer: {device: cpu}}}"))
+    assert e.value.where == "engine.deepspeed.zero_optimization.offload_optimizer" and "stage: 1" in e.value.fix
+    assert check_engine(_engine_config("engine.zero_stage=1",
+                                       "engine.deepspeed={zero_optimization: {offload_optimizer: {device: cpu}}}")) == 1
+    with pytest.raises(ConfigError, match="stage 3"):  # parameter offload is ZeRO-3's
+        check_engine(_engine_config("engine.zero_stage=2",
+                                    "engine.deepspeed={zero_optimization: {offload_param: {device: cpu}}}"))
+    with pytest.raises(ConfigError) as e:
+        check_engine(_engine_config("engine.zero_stage=1",
+                                    "engine.deepspeed={zero_optimization: {offload_optimizer: {device: gpu}}}"))
+    assert e.value.where.endswith("offload_optimizer.device")
+    with pytest.raises(ConfigError) as e:  # LoRA at a ZeRO 3 the user's config set: the fix names that key
+        check_engine(_engine_config("model.lora={r: 4}", "engine.deepspeed={zero_optimization: {stage: 3}}"))
+    assert "engine.deepspeed.zero_optimization.stage <= 2" in e.value.fix
+    with pytest.raises(ConfigError) as e:  # fp16: the fix is one the config accepts
+        check_engine(_engine_config("engine.deepspeed={fp16: {enabled: true}}"))
+    assert "train.autocast: true" in e.value.fix and "train.autocast: bfloat16" not in e.value.fix
+    with pytest.raises(ConfigError, match="gradient_clipping"):  # a key policyzoo sets, caught before loading
+        check_engine(_engine_config("engine.deepspeed={gradient_clipping: 5.0}"))
+
+
+def test_an_optimizer_of_another_type_replaces_ours():
+    base = ds_config(0, 1e-5, 0.0, 1.0, "float32")
+    cfg = merge(base, {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    assert cfg["optimizer"] == {"type": "SGD", "params": {"lr": 0.1}}  # no AdamW betas/eps mixed in
+    cfg = merge(base, {"optimizer": {"params": {"eps": 1e-6}}})  # same type (none given): merged
+    assert cfg["optimizer"]["type"] == "AdamW" and cfg["optimizer"]["params"]["eps"] == 1e-6

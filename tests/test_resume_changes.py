@@ -54,6 +54,16 @@ def test_another_zero_stage_or_rank_count_is_refused_before_loading(tmp_path, fi
         _prepare(_config(run, "train.steps=5", "engine.zero_stage=3"), run)
     # stages 1 and 2 share one checkpoint layout (DeepSpeed 0.19 loads either at the other)
     assert _prepare(_config(run, "train.steps=5", "engine.zero_stage=1"), run).resume_from.name == "step-000002"
+    # a user DeepSpeed config's stage wins over engine.zero_stage, here and in what checkpoints record
+    with pytest.raises(ResumeError) as e:
+        _prepare(_config(run, "train.steps=5", "engine.zero_stage=2",
+                         "engine.deepspeed={zero_optimization: {stage: 0}}"), run)
+    assert "engine.deepspeed.zero_optimization.stage is 0" in str(e.value)
+    assert "engine.deepspeed.zero_optimization.stage=1 or 2" in e.value.fix
+    from policyzoo.engine.resume import checkpoint_state
+
+    state = checkpoint_state(2, 16, 2, {}, _config(run, "engine.deepspeed={zero_optimization: {stage: 1}}"), 1)
+    assert state["zero_stage"] == 1  # not engine.zero_stage's default 0
 
     run = _checkpoint(tmp_path / "b", fingerprint, zero_stage=2, world_size=2)
     with pytest.raises(ResumeError) as e:  # this process is one rank

@@ -6,7 +6,7 @@
     rows              training rows drawn so far (the position in the shuffled row stream)
     batches           draws of P rows so far (kept for readers of older checkpoints)
     fingerprint       the algorithm slots, rewards, model and data sections it was trained with
-    zero_stage        engine.zero_stage it was written at
+    zero_stage        the ZeRO stage it was written at (engine.deepspeed's stage when set, else engine.zero_stage)
     world_size        number of data-parallel ranks that wrote it
     train             {lr, weight_decay, prompts_per_step, critic_lr} it was trained with
 
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from .dsconfig import effective_stage
 from .rundir import ResumeError
 
 #: what a checkpoint must share with the config it is resumed with (train.* and engine.* may change)
@@ -48,7 +49,7 @@ def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, conf
     """The ``state.json`` of a checkpoint (see the module docstring)."""
     t = config.train
     return {"step": step, "rows": rows, "batches": batches, "fingerprint": fingerprint,
-            "zero_stage": config.engine.zero_stage, "world_size": world_size,
+            "zero_stage": effective_stage(config.engine), "world_size": world_size,
             "train": {"lr": t.lr, "weight_decay": t.weight_decay, "prompts_per_step": t.prompts_per_step,
                       "critic_lr": config.engine.critic_lr or 10 * t.lr}}
 
@@ -110,12 +111,15 @@ def check_resume(where: str, state: dict, config, fingerprint: dict, world_size:
                           f"set train.steps above {step}, e.g. `policyzoo train --resume {run_dir} "
                           f"train.steps={step + 10}`")
     stage, ranks = state.get("zero_stage"), state.get("world_size")
-    if stage is not None and LAYOUT[stage] != LAYOUT[config.engine.zero_stage]:
+    now = effective_stage(config.engine)
+    if stage is not None and LAYOUT[stage] != LAYOUT[now]:
         same = " or ".join(str(s) for s in sorted(LAYOUT) if LAYOUT[s] == LAYOUT[stage])
-        raise ResumeError(where, f"the checkpoint was written at ZeRO stage {stage} and engine.zero_stage is "
-                          f"{config.engine.zero_stage}: DeepSpeed saves the weights and optimizer state in another "
+        key = "engine.zero_stage" if now == config.engine.zero_stage else "engine.deepspeed.zero_optimization.stage"
+        raise ResumeError(where, f"the checkpoint was written at ZeRO stage {stage} and {key} is {now}: "
+                          "DeepSpeed saves the weights and optimizer state in another "
                           "layout at each of stage 0, stages 1-2 and stage 3, and cannot load one in another",
-                          f"resume with engine.zero_stage={same}")
+                          f"resume with the checkpoint's stage: {key}={same} (a user DeepSpeed config's "
+                          "zero_optimization.stage wins over engine.zero_stage)")
     if ranks is not None and ranks != world_size and (stage or 0) >= 1:
         raise ResumeError(where, f"the checkpoint was written by {ranks} data-parallel rank(s) at ZeRO stage "
                           f"{stage}, which splits the optimizer state among the ranks, and this run has "

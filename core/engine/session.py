@@ -30,6 +30,7 @@ class Session(RunLoop):
         from ..config import reward_uses, step_settings
         from ..data import load_task
         from .models import encode_prompt, resolve_model
+        from .dsconfig import check_engine
         from .taskchecks import check_answers, fit_prompts
         from .tracking import check_trackers
 
@@ -51,6 +52,7 @@ class Session(RunLoop):
         self.run = Run(bundle, rewards=rewards)
         check_answers(self.task, self.run)
         check_trackers(config.train.report_to)
+        check_engine(config)  # the DeepSpeed settings, before any model loads
         self.settings = step_settings(config, self.run)
         sp = self.run.sample.params
         self.turn_tokens, self.n = sp.max_tokens, sp.n

@@ -32,7 +32,7 @@ from ..batch import Rollout, token_budget_bounds
 from ..errors import ConfigError
 from . import lora as lora_mod
 from .compute import autocast, enable_gradient_checkpointing
-from .dsconfig import BETAS, ds_config, merge, read_user_config
+from .dsconfig import BETAS, ds_config, initialize, merge, read_user_config
 from .dsconfig import zero_stage as stage_of
 from .modeling import ValueModel, lr_schedule, pack
 from .trainer_io import TrainerIO
@@ -56,7 +56,6 @@ class Trainer(TrainerIO):
                  score_tokens: int | None = None,
                  betas: tuple[float, float] = BETAS, eps: float = 1e-8, schedule: str = "constant",
                  warmup_steps: int = 0, total_steps: int = 1):
-        import deepspeed
         from transformers import AutoModelForCausalLM
 
         user = read_user_config(deepspeed_config)
@@ -89,8 +88,7 @@ class Trainer(TrainerIO):
         trainable = [p for p in model.parameters() if p.requires_grad]
         #: trained parameters (all of them, or the LoRA adapter's)
         self.trainable_params = sum(p.numel() for p in trainable)
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=policy_cfg,
-                                               lr_scheduler=sched)
+        self.engine = initialize(model, trainable, policy_cfg, sched)
         self.ref = None
         if need_ref and not self.lora:  # with LoRA the reference is the base model (adapter off)
             self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
@@ -101,8 +99,7 @@ class Trainer(TrainerIO):
             if gradient_checkpointing:
                 enable_gradient_checkpointing(vm.body)
             cfg = merge(ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype, betas, eps), user)
-            self.critic, *_ = deepspeed.initialize(model=vm, model_parameters=vm.parameters(), config=cfg,
-                                                   lr_scheduler=sched)
+            self.critic = initialize(vm, vm.parameters(), cfg, sched)
         self._need_ref = need_ref
         self._nonfinite = 0
         from .dist import world_size
