@@ -137,14 +137,16 @@ def cmd_plan(args, out: Console) -> None:
     from .assembly import Run, resolve_algorithm
     from .plan import GiB, PlanError, Sizes, flops, load_shape, measured_split, memory, options_for
 
-    sizes, model, prompt, overrides = [], None, 103, []
+    sizes, model, prompt, overrides = [], None, None, []
     for item in args.items:
         key, eq, value = item.partition("=")
-        if not eq and item.isdigit():
+        if not eq and item.lstrip("-").isdigit():
             sizes.append(int(item))
         elif key == "model":
             model = value or None
-        elif key == "prompt" and value.isdigit():
+        elif key == "prompt":
+            if not value.isdigit() or int(value) < 1:
+                raise PlanError(item, "prompt= takes the prompt's tokens per row, an integer >= 1", "e.g. prompt=150")
             prompt = int(value)
         elif eq:
             overrides.append(item)
@@ -159,15 +161,21 @@ def cmd_plan(args, out: Console) -> None:
 
         config = config_from_run_dir(args.from_run, overrides)
         split = measured_split(RunDir(args.from_run).read_metrics())
-        model = model or config.model.path
     else:
         from .config import load_config
 
         config = load_config(args.config, args.algo, overrides)
+    model = model or config.model.path  # model=PATH, else the config's model.path (a run's own), else the default
     run = Run(resolve_algorithm(config.algorithm))
     p, g, n = sizes or (config.train.prompts_per_step, run.sample.params.n, run.sample.params.max_tokens)
-    if split and not sizes:
+    if split and sizes:
+        raise PlanError(" ".join(map(str, sizes)), "--from-run sets the run's measured times against the run's own "
+                        "sizes", "drop P G L with --from-run, or plan those sizes without it")
+    if split:
         n = max(1, round(split["response_length_mean"]))
+        if prompt is None and split["prompt_length_mean"]:
+            prompt = max(1, round(split["prompt_length_mean"]))
+    prompt = prompt or 103
     shape = load_shape(model)
     opts = options_for(config, run, shape)
     s = Sizes(p, g, n, prompt)
@@ -196,12 +204,21 @@ def cmd_plan(args, out: Console) -> None:
         c = Table(title=f"measured split of {args.from_run} (median s per step) vs the FLOP split")
         for col in ("part", "seconds", "share of time", "share of FLOPs", "GFLOP/s achieved"):
             c.add_column(col, justify="right" if col != "part" else "left")
-        busy = split["rollout"] + split["train"]
+        # with engine.overlap the rollout runs beside training: a step logs only its wait for it
+        hidden = config.engine.overlap != "none"
+        busy = split["train"] + (0.0 if hidden else split["rollout"])
         for name, sec, fl in (("rollout", split["rollout"], roll), ("train", split["train"], train)):
+            if name == "rollout" and hidden:
+                c.add_row(name, f"{sec:.2f} (wait)", "-", f"{fl / total:.1%}", "-")
+                continue
             c.add_row(name, f"{sec:.2f}", f"{sec / busy:.1%}" if busy else "-", f"{fl / total:.1%}",
                       f"{fl / sec / 1e9:.1f}" if sec else "-")
         c.add_row("sync", f"{split['sync']:.2f}", "-", "-", "-")
         out.print(c)
+        if hidden:
+            out.print("engine.overlap: the rollout ran in the background while the previous step trained; its "
+                      "time is not on the step's clock, so it gets no rate here (plan a run without overlap to "
+                      "measure it).")
 
 
 def cmd_plot(args, out: Console) -> None:

@@ -111,7 +111,7 @@ class EngineSettings(Section):
                                 "than this is dropped and sampled again")
     deepspeed: str | dict[str, Any] | None = Field(None, description="your own DeepSpeed config (a JSON file or a "
                                                    "mapping) merged over policyzoo's, e.g. {zero_optimization: "
-                                                   "{offload_optimizer: {device: cpu}}}")
+                                                   "{stage: 1, offload_optimizer: {device: cpu}}}")
     share_prompt: bool = Field(True, description="score each distinct prompt once and only the responses per "
                                "row (same numbers, fewer FLOPs; checked against the per-row forward at start-up)")
 

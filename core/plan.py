@@ -253,7 +253,8 @@ def options_for(config, run, shape: Shape) -> Options:
 
 def measured_split(records: list[dict]) -> dict[str, float]:
     """Median seconds per step of rollout, train and sync over a run's train records (the first
-    step, which pays warm-up, left out when there are more)."""
+    step, which pays warm-up, left out when there are more), and the median response and prompt
+    tokens per row (``prompt_tokens / sampled_rows``; None where the run logged none)."""
     import statistics
 
     train = [r for r in records if r.get("kind", "train") == "train" and "time_train" in r]
@@ -262,5 +263,8 @@ def measured_split(records: list[dict]) -> dict[str, float]:
     if not train:
         raise PlanError("--from-run", "the run has no finished training step in metrics.jsonl",
                         "train at least one step first")
+    per_row = [r["prompt_tokens"] / (r.get("sampled_rows") or r["rows"]) for r in train
+               if r.get("prompt_tokens") and (r.get("sampled_rows") or r.get("rows"))]
     return {k: statistics.median(r.get(f"time_{k}", 0.0) for r in train) for k in ("rollout", "train", "sync")} | {
-        "response_length_mean": statistics.median(r.get("response_length_mean", 0.0) for r in train)}
+        "response_length_mean": statistics.median(r.get("response_length_mean", 0.0) for r in train),
+        "prompt_length_mean": statistics.median(per_row) if per_row else None}

@@ -116,6 +116,14 @@ def test_cli_table(tmp_path, capsys):
     assert "reference (adapter off)" in capsys.readouterr().out
     assert main(["plan", "1", "2"]) == 2
     assert "P G L together" in capsys.readouterr().err
+    assert main(["plan", "-2", "4", "64"]) == 2
+    assert "each >= 1" in capsys.readouterr().err
+    for bad in ("prompt=abc", "prompt=-5", "prompt=0"):
+        assert main(["plan", "1", "2", "3", bad]) == 2
+        assert "prompt= takes" in capsys.readouterr().err
+    # the config's model.path is planned (was: the embedded default unless model=PATH)
+    assert main(["plan", "1", "2", "3", f"model.path={tmp_path}", "prompt=3"]) == 0
+    assert f"{tmp_path}: " in capsys.readouterr().out
 
 
 def test_from_run(tmp_path, capsys):
@@ -135,8 +143,24 @@ def test_from_run(tmp_path, capsys):
              "response_length_mean": 3.2}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     # step 1 (warm-up) is left out: medians of steps 2-3
-    assert measured_split(recs) == {"rollout": 1.0, "train": 3.0, "sync": 0.5, "response_length_mean": 3.1}
+    assert measured_split(recs) == {"rollout": 1.0, "train": 3.0, "sync": 0.5, "response_length_mean": 3.1,
+                                    "prompt_length_mean": None}
     assert main(["plan", "--from-run", str(run), "prompt=3"]) == 0
     out = capsys.readouterr().out
     # L = round(3.1) = 3: the hand example; rollout 5200 of 26000 FLOPs = 20.0%, 1 s of 4 s = 25.0%
     assert "20.0%" in out and "25.0%" in out and "measured split" in out
+    assert main(["plan", "--from-run", str(run), "1", "2", "3"]) == 2  # sizes other than the run's
+    assert "drop P G L" in capsys.readouterr().err
+    # prompt tokens per row from the run when logged: (12 / 4 + 15 / 5) / 2 -> 3 (the hand example's)
+    recs[1].update(prompt_tokens=12, sampled_rows=4)
+    recs[3].update(prompt_tokens=15, sampled_rows=5)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert measured_split(recs)["prompt_length_mean"] == 3.0
+    assert main(["plan", "--from-run", str(run)]) == 0
+    assert "3 prompt + 3 response tokens" in capsys.readouterr().out
+    # with engine.overlap the rollout's time is a wait, not its cost: no rate for it
+    config["engine"] = {"overlap": "one_step"}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["plan", "--from-run", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "(wait)" in out and "background" in out
