@@ -22,6 +22,7 @@ class Engine:
 
     def __init__(self):
         self.weights, self.generating, self.calls = 0, False, []
+        self.stats = {"tokens": 0, "prompt_tokens": 0, "seconds": 0.0}  # counted when sampled, as LMPolicy does
 
     def generate(self, prompts, n, max_tokens, temperature, seed, top_p=1.0):
         self.generating = True
@@ -30,6 +31,8 @@ class Engine:
         used = self.weights
         self.generating = False
         b = len(prompts) * n
+        self.stats["tokens"] += b
+        self.stats["prompt_tokens"] += 10 * b
         return Rollout(prompt_ids=[[1]] * b, response_ids=torch.zeros(b, 1, dtype=torch.long),
                        response_mask=torch.ones(b, 1, dtype=torch.bool),
                        rollout_logprobs=torch.full((b, 1), used * 1.0),
@@ -56,6 +59,19 @@ def test_prefetched_batch_is_one_step_behind_and_sync_waits_for_it():
     assert out.policy_lag.tolist() == [1, 1] and pol.stale_dropped == 0
     fresh = pol.generate([{"q": 2}], 2, 4, 1.0, 8)  # nothing prefetched: sampled now, lag 0
     assert fresh.policy_lag.tolist() == [0, 0] and fresh.rollout_logprobs.flatten().tolist() == [1.0, 1.0]
+
+
+def test_sampling_counters_are_booked_to_the_step_that_trains_on_the_batch():
+    eng = Engine()
+    pol = OverlapPolicy(eng, max_lag=1)
+    pol.prefetch(_sample([{"q": 1}], 7))  # 1 prompt x 2 samples x 1 token, sampled during "step 1"
+    pol.sync()
+    assert eng.stats["tokens"] == 2 and pol.stats["tokens"] == 0  # sampled, not yet trained on
+    pol.generate([{"q": 1}], 2, 4, 1.0, 7)  # "step 2" takes it: booked now
+    assert pol.stats["tokens"] == 2 and pol.stats["prompt_tokens"] == 20
+    pol.prefetch(_sample([{"q": 2}], 9))
+    pol.generate([{"q": 3}], 2, 4, 1.0, 10)  # another request: the prefetch is dropped, not booked
+    assert pol.stale_dropped == 1 and eng.stats["tokens"] == 6 and pol.stats["tokens"] == 4
 
 
 def test_a_batch_beyond_the_staleness_bound_is_sampled_again():
@@ -110,5 +126,22 @@ def test_one_step_overlap_end_to_end(tmp_path):
     assert [r["stale_dropped"] for r in train] == [0, 0, 0, 0]
     for r in train:
         assert r["skipped"] == 0 and math.isfinite(r["loss"]) and r["sync_max_diff"] <= 1e-4
+    # each step logs the tokens of the batch it trained on: 2 prompts x 4 samples, >= 1 token each
+    # (they were booked to the step that sampled them: the last step logged 0)
+    assert all(r["rollout_tokens"] >= 8 and r["prompt_tokens"] > 0 and r["rollout_tokens_per_s"] > 0 for r in train)
     assert train[0]["ratio_mean"] == 1.0  # on-policy step
     assert train[1]["ratio_mean"] != 1.0  # sampled by the weights before step 1's update
+
+
+def test_overlap_with_an_env_is_refused_before_any_model_loads(tmp_path):
+    from _engine_helpers import TINY_OVERRIDES, tiny_model
+    from policyzoo.config import load_config
+    from policyzoo.engine.session import Session
+    from policyzoo.errors import ConfigError
+
+    config = load_config(None, "grpo", [f"model.path={tiny_model()}", *TINY_OVERRIDES, f"output_dir={tmp_path / 'r'}",
+                                        "algorithm.env.use=calculator", "engine.overlap=one_step"])
+    with pytest.raises(ConfigError) as e:
+        Session.prepare(config, None)
+    assert e.value.where == "engine.overlap" and "engine.overlap=none" in e.value.fix
+    assert not (tmp_path / "r").exists()  # nothing written

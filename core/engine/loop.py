@@ -79,12 +79,14 @@ class RunLoop:
         runstate.update(step - 1, c.train.steps, self.epoch())
         every = c.train.log_completions_every
         seen: list = []
-        t0, lr, stats0 = time.perf_counter(), self.trainer.lr(), dict(self.policy.stats)
-        on_batch = seen.append if every and step % every == 0 else None
         if c.engine.overlap == "one_step" and getattr(self, "overlap", None) is None:
             from .overlap import OverlapPolicy
 
             self.overlap = OverlapPolicy(self.policy, c.engine.max_policy_lag)
+        # sampling counters: with overlap, booked to the step that trains on the batch
+        counters = self.overlap.stats if c.engine.overlap == "one_step" else self.policy.stats
+        t0, lr, stats0 = time.perf_counter(), self.trainer.lr(), dict(counters)
+        on_batch = seen.append if every and step % every == 0 else None
         try:
             if c.engine.overlap == "one_step":
                 from .overlap import overlapped_step
@@ -100,7 +102,7 @@ class RunLoop:
             t_trim = time.perf_counter()
             trim_heap()
             m["time_trim"] = time.perf_counter() - t_trim
-        delta = {k: self.policy.stats.get(k, 0) - stats0.get(k, 0) for k in ("tokens", "prompt_tokens", "seconds")}
+        delta = {k: counters.get(k, 0) - stats0.get(k, 0) for k in ("tokens", "prompt_tokens", "seconds")}
         m.update(step=step, kind="train", time_step=time.perf_counter() - t0, rollout_tokens=delta["tokens"],
                  prompt_tokens=delta["prompt_tokens"], stop_requested=int(self.stop_requested),
                  rss_gib=rss_gib(), peak_rss_gib=peak_rss_gib(),

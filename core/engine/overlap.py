@@ -42,6 +42,20 @@ class OverlapPolicy:
         self.version = 0
         self.stale_dropped = 0
         self._pending: dict | None = None
+        #: sampling counters (tokens, prompt_tokens, seconds) booked to the step that trains on the
+        #: batch, not the step during which it was sampled (the inner policy's ``stats`` count the latter)
+        self.stats = {"tokens": 0, "prompt_tokens": 0, "seconds": 0.0}
+
+    def _counted(self, generate):
+        """``generate()``'s rollout and what it added to the inner policy's counters."""
+        before = dict(getattr(self.inner, "stats", {}))
+        out = generate()
+        after = getattr(self.inner, "stats", {})
+        return out, {k: after.get(k, 0) - before.get(k, 0) for k in self.stats}
+
+    def _book(self, delta: dict) -> None:
+        for k, v in delta.items():
+            self.stats[k] += v
 
     def __getattr__(self, name):  # the rest of the Policy protocol: the inner policy's
         return getattr(self.inner, name)
@@ -60,7 +74,8 @@ class OverlapPolicy:
 
             def generate(_, prompts, n, max_tokens, temperature, seed, top_p=1.0):
                 box["call"] = (prompts, n, max_tokens, temperature, seed, top_p)
-                box["rollout"] = self.inner.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p)
+                box["rollout"], box["stats"] = self._counted(
+                    lambda: self.inner.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p))
                 return box["rollout"]
 
         def run():
@@ -92,10 +107,12 @@ class OverlapPolicy:
             if lag <= self.max_lag:
                 out = box["rollout"]
                 out.policy_lag = torch.full((len(out),), lag, dtype=torch.long)
+                self._book(box["stats"])
                 return out
         if box is not None:
             self.stale_dropped += 1
-        out = self.inner.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p)
+        out, delta = self._counted(lambda: self.inner.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p))
+        self._book(delta)
         out.policy_lag = torch.zeros(len(out), dtype=torch.long)
         return out
 

@@ -51,6 +51,10 @@ class Session(RunLoop):
         self.task_rewards_n = len(rewards)
         self.run = Run(bundle, rewards=rewards)
         check_answers(self.task, self.run)
+        if config.engine.overlap != "none" and self.run.env is not None:
+            raise ConfigError("engine.overlap", "one_step sampling ahead prefetches single-turn batches; the "
+                              f"multi-turn episodes of the env '{self.run.env.name}' are not sampled ahead",
+                              "set engine.overlap=none for runs with an env")
         check_trackers(config.train.report_to)
         check_engine(config)  # the DeepSpeed settings, before any model loads
         self.settings = step_settings(config, self.run)
