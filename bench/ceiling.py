@@ -219,6 +219,10 @@ def parse(argv=None):
     ap.add_argument("--model-repeats", type=int, default=None, help="timed runs per --model-step variant "
                     "(default --repeats)")
     a = ap.parse_args(argv)
+    if a.metrics:
+        why = unsupported_run(a.metrics)
+        if why:
+            ap.error(f"--metrics {a.metrics}: {why}")
     lengths = run_lengths(a.metrics) if a.metrics else {}
     if a.prompt_len is None:
         a.prompt_len = lengths.get("prompt_len", 96)
@@ -243,6 +247,33 @@ def run_lengths(path: str) -> dict[str, int]:
     per_row = [r.get("prompt_tokens", 0) / (r.get("sampled_rows") or r["rows"]) for r in steps]
     return {"prompt_len": round(statistics.median(per_row)) or 96,
             "response_len": round(statistics.median(r["response_length_mean"] for r in steps))}
+
+
+def unsupported_run(metrics_path: str) -> str | None:
+    """Why a run cannot be set against this script's ceiling (a plain fp32 GRPO step), or None."""
+    from pathlib import Path
+
+    import yaml
+
+    p = Path(metrics_path)
+    if not p.is_file():
+        return "no such file (a run's metrics.jsonl)"
+    try:
+        [json.loads(line) for line in p.open() if line.strip()]
+    except ValueError:
+        return "not a metrics.jsonl (one JSON object per line)"
+    cfg_path = p.parent / "config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
+    algo = (cfg.get("algorithm") or {}).get("base", "grpo")
+    options = [k for k, on in (("train.autocast", (cfg.get("train") or {}).get("autocast")),
+                               ("train.gradient_checkpointing", (cfg.get("train") or {}).get("gradient_checkpointing")),
+                               ("model.lora", (cfg.get("model") or {}).get("lora")),
+                               ("engine.overlap", (cfg.get("engine") or {}).get("overlap") not in (None, "none")))
+               if on]
+    if algo != "grpo" or options:
+        return (f"the ceiling counts a plain fp32 GRPO step; this run is {algo}"
+                + (f" with {', '.join(options)}" if options else "") + ": compare it with `policyzoo plan --from-run`")
+    return None
 
 
 def run_config(metrics_path: str) -> str | None:

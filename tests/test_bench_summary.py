@@ -51,3 +51,29 @@ def test_ab_compare_by_hand():
     # deviations 0.375, -0.125, 0.125, -0.375 -> squares sum 0.3125 / 3, sd 0.3227, / sqrt 4 = 0.1614
     assert res["reward_diff"] == pytest.approx(0.125)
     assert res["reward_diff_se"] == pytest.approx((0.3125 / 3) ** 0.5 / 2)
+
+
+def _metrics_run(tmp_path, config: dict, recs: list[dict]) -> str:
+    import yaml
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return str(tmp_path / "metrics.jsonl")
+
+
+def test_ceiling_reads_the_runs_lengths_and_refuses_what_it_does_not_count(tmp_path):
+    import ceiling
+
+    recs = [{"kind": "train", "rows": 8, "prompt_tokens": 800, "response_length_mean": 120.0},
+            {"kind": "train", "rows": 8, "sampled_rows": 16, "prompt_tokens": 1760, "response_length_mean": 100.0},
+            {"kind": "eval", "accuracy": 0.5},
+            {"kind": "train", "rows": 8, "prompt_tokens": 960, "response_length_mean": 130.0}]
+    path = _metrics_run(tmp_path, {"algorithm": {"base": "grpo"}, "train": {"autocast": False}}, recs)
+    # prompt tokens per sampled row: 800 / 8 = 100, 1760 / 16 = 110, 960 / 8 = 120 -> median 110;
+    # responses 120, 100, 130 -> median 120
+    assert ceiling.run_lengths(path) == {"prompt_len": 110, "response_len": 120}
+    assert ceiling.unsupported_run(path) is None
+    assert "no such file" in ceiling.unsupported_run(str(tmp_path / "missing.jsonl"))
+    why = ceiling.unsupported_run(_metrics_run(tmp_path, {"algorithm": {"base": "ppo"},
+                                                          "train": {"autocast": True}}, recs))
+    assert "this run is ppo with train.autocast" in why
