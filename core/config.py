@@ -22,6 +22,16 @@ from .errors import ConfigError, did_you_mean
 class Section(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
+    @pydantic.field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value, info):
+        """``true``/``false`` where a number belongs is a mistake, not 1/0 (pydantic's lax mode took
+        ``train.steps=true`` as 1 step)."""
+        ann = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and ann in (int, float, int | None, float | None):
+            raise ValueError(f"{str(value).lower()} is a boolean; this key takes a number")
+        return value
+
 
 class ModelSettings(Section):
     path: str | None = Field(None, description="a transformers causal-LM folder; null = the embedded "

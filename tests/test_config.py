@@ -225,3 +225,11 @@ def test_overrides_may_follow_options_and_bad_yaml_is_an_error_block(capsys):
     assert main(["train", "--algo", "grpo", "algorithm.clip={use: cispo", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error at algorithm.clip:") and "is not valid YAML" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("override", ["train.steps=true", "train.max_tokens_per_micro_batch=true", "train.lr=false",
+                                      "engine.threads=true", "engine.kv_cache_gb=true"])
+def test_a_boolean_where_a_number_belongs_is_an_error(override):
+    with pytest.raises(ConfigError) as e:  # pydantic's lax mode took true as 1
+        load_config(None, "grpo", [override])
+    assert e.value.where == override.split("=")[0] and "boolean" in str(e.value)
