@@ -111,11 +111,11 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 OFFLOAD_MIN_STAGE = {"offload_optimizer": 1, "offload_param": 3}
 
 
-def effective_stage(engine) -> int:
+def effective_stage(engine, user: dict | None = None) -> int:
     """The ZeRO stage a run trains at: the user's ``engine.deepspeed`` ``zero_optimization.stage``
-    when set (not ``"auto"``), else ``engine.zero_stage``. Raises ConfigError for a stage that is
-    not an integer 0-3."""
-    zero = read_user_config(engine.deepspeed).get("zero_optimization", {})
+    when set (not ``"auto"``), else ``engine.zero_stage``. ``user``: that config already read.
+    Raises ConfigError for a stage that is not an integer 0-3."""
+    zero = (read_user_config(engine.deepspeed) if user is None else user).get("zero_optimization", {})
     where = "engine.deepspeed.zero_optimization"
     if not isinstance(zero, dict):
         raise ConfigError(where, f"{zero!r} is not a mapping", "write zero_optimization: {stage: 1, ...}")
@@ -128,12 +128,23 @@ def effective_stage(engine) -> int:
     return stage
 
 
+def check_stage(stage: int, dtype: str, lora, stage_key: str = "engine.zero_stage") -> None:
+    """ConfigError for bf16 weights at ZeRO 0 and LoRA at ZeRO 3 (``stage_key``: the setting that
+    chose ``stage``, named in the fix)."""
+    if dtype == "bfloat16" and stage == 0:
+        raise ConfigError("model.dtype", "bfloat16 at ZeRO stage 0 trains differently from fp32 on this "
+                          "DeepSpeed version", "use engine.zero_stage >= 1 with bfloat16, or model.dtype: float32")
+    if lora is not None and stage == 3:
+        raise ConfigError("model.lora", "LoRA is supported at ZeRO stages 0-2", f"set {stage_key} <= 2")
+
+
 def check_engine(config) -> int:
     """Check the trainer's settings that need no model: the user's DeepSpeed ZeRO section (stage,
     offload devices and the stage each offload needs), bf16 weights at ZeRO 0, LoRA at ZeRO 3.
     Returns the ZeRO stage the run trains at; raises ConfigError naming the key."""
-    stage = effective_stage(config.engine)
-    zero = read_user_config(config.engine.deepspeed).get("zero_optimization", {})
+    user = read_user_config(config.engine.deepspeed)
+    stage = effective_stage(config.engine, user)
+    zero = user.get("zero_optimization", {})
     for key, lowest in OFFLOAD_MIN_STAGE.items():
         where = f"engine.deepspeed.zero_optimization.{key}"
         off = zero.get(key)
@@ -147,16 +158,12 @@ def check_engine(config) -> int:
             raise ConfigError(where, f"offload to {device} needs ZeRO stage {lowest} or higher and the run trains at "
                               f"stage {stage}, where DeepSpeed would ignore it", f"add stage: {lowest} to "
                               "zero_optimization (or set engine.zero_stage)")
-    if config.model.dtype == "bfloat16" and stage == 0:
-        raise ConfigError("model.dtype", "bfloat16 at ZeRO stage 0 trains differently from fp32 on this "
-                          "DeepSpeed version", "use engine.zero_stage >= 1 with bfloat16, or model.dtype: float32")
-    stage_key = ("engine.deepspeed.zero_optimization.stage" if zero.get("stage", "auto") != "auto"
-                 else "engine.zero_stage")
-    if config.model.lora is not None and stage == 3:
-        raise ConfigError("model.lora", "LoRA is supported at ZeRO stages 0-2", f"set {stage_key} <= 2")
+    check_stage(stage, config.model.dtype, config.model.lora,
+                "engine.deepspeed.zero_optimization.stage" if zero.get("stage", "auto") != "auto"
+                else "engine.zero_stage")
     # the keys policyzoo sets itself and fp16, checked on the merged config as the trainer builds it
     merge(ds_config(stage, config.train.lr, config.train.weight_decay, config.train.grad_clip, config.model.dtype),
-          read_user_config(config.engine.deepspeed))
+          user)
     return stage
 
 

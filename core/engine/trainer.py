@@ -29,10 +29,9 @@ from __future__ import annotations
 import torch
 
 from ..batch import Rollout, token_budget_bounds
-from ..errors import ConfigError
 from . import lora as lora_mod
 from .compute import autocast, enable_gradient_checkpointing
-from .dsconfig import BETAS, ds_config, initialize, merge, read_user_config
+from .dsconfig import BETAS, check_stage, ds_config, initialize, merge, read_user_config
 from .dsconfig import zero_stage as stage_of
 from .modeling import ValueModel, lr_schedule, pack
 from .trainer_io import TrainerIO
@@ -62,11 +61,7 @@ class Trainer(TrainerIO):
         policy_cfg = merge(ds_config(zero_stage, lr, weight_decay, grad_clip, dtype, betas, eps), user)
         sched = lr_schedule(schedule, warmup_steps, total_steps)
         zero_stage = stage_of(policy_cfg)  # the user's config may set the stage
-        if dtype == "bfloat16" and zero_stage == 0:
-            raise ConfigError("model.dtype", "bfloat16 at engine.zero_stage 0 trains differently from fp32 on this "
-                              "DeepSpeed version", "use engine.zero_stage >= 1 with bfloat16, or model.dtype: float32")
-        if lora is not None and zero_stage == 3:
-            raise ConfigError("model.lora", "LoRA is supported at ZeRO stages 0-2", "set engine.zero_stage <= 2")
+        check_stage(zero_stage, dtype, lora)
         self.info, self.stage, self.pad_id = info, zero_stage, info.pad_token_id
         self.score_rows, self.score_tokens = score_rows, score_tokens
         #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing
