@@ -29,9 +29,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import torch
-
 import summary as bench_summary  # bench/summary.py (the script's folder is on sys.path)
+import torch
 
 
 @dataclass(frozen=True)

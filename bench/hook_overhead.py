@@ -20,8 +20,8 @@ import pluggy
 import torch
 
 import policyzoo
-from policyzoo.batch import Rollout, StepBatch
-from policyzoo.loss import micro_loss, prepare, step_totals
+from policyzoo.contract import Rollout, StepBatch
+from policyzoo.step import micro_loss, prepare, step_totals
 
 
 def make_batch(b: int, t: int, g: int, seed: int = 0):

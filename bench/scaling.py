@@ -68,7 +68,7 @@ def parse(argv=None):
 
 def run_points(a) -> dict:
     from policyzoo.config import load_config
-    from policyzoo.engine.env import setup_process
+    from policyzoo.engine.process import setup_process
 
     longest = max(a.lens + [a.base_len])
     cfg = load_config(None, a.algo, [f"algorithm.sample.max_tokens={longest}", f"train.lr={a.lr}",
@@ -77,7 +77,7 @@ def run_points(a) -> dict:
                       + list(a.override or []))
     setup_process(cfg.engine.threads, cfg.engine.kv_cache_gb)
     from policyzoo.data import batch_at
-    from policyzoo.engine.session import Session
+    from policyzoo.engine.run.session import Session
     from policyzoo.step import train_step
 
     t0 = time.perf_counter()

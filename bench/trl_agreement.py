@@ -3,7 +3,7 @@
 For each bundle with a TRL counterpart (grpo, dapo, dr_grpo, gspo, cispo, luspo), the ``vespo`` clip
 and the KL times the ratio (``kl: {times_ratio: true}``, TRL's ``use_bias_correction_kl``) this computes
 
-* ours:  rewards -> ``policyzoo.loss.prepare`` (the bundle's baseline) -> ``micro_loss``;
+* ours:  rewards -> ``policyzoo.step.prepare`` (the bundle's baseline) -> ``micro_loss``;
 * TRL's: rewards -> TRL's advantage formula -> ``GRPOTrainer._compute_loss``, TRL's own loss code,
   called on a stand-in ``self`` (:class:`TRLStandIn`) whose attributes are set from a real
   ``GRPOConfig`` exactly as ``GRPOTrainer.__init__`` sets them, and whose per-token log-prob
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 import policyzoo
-from policyzoo.batch import Rollout, StepBatch
-from policyzoo.loss import micro_loss, prepare, step_totals
+from policyzoo.contract import Rollout, StepBatch
+from policyzoo.step import micro_loss, prepare, step_totals
 
 G, T = 4, 6
 LENGTHS = (6, 3, 1, 5, 2, 6, 4, 3)  # ragged, two prompts x G = 4

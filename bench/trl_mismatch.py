@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 import policyzoo
-from policyzoo.batch import Rollout, StepBatch
-from policyzoo.loss import micro_loss, prepare, step_totals
+from policyzoo.contract import Rollout, StepBatch
+from policyzoo.step import micro_loss, prepare, step_totals
 
 _spec = importlib.util.spec_from_file_location("trl_agreement", Path(__file__).with_name("trl_agreement.py"))
 ta = importlib.util.module_from_spec(_spec)

@@ -22,8 +22,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from policyzoo.plugins.baseline import (GPG, OPO, BatchWhiten, GRPOPassK, OptimalTokenBaseline, ReinforcePPBaseline,
-                                        ReMax, TIROptimalTokenBaseline)
+from policyzoo.plugins.baseline import (
+    GPG,
+    OPO,
+    BatchWhiten,
+    GRPOPassK,
+    OptimalTokenBaseline,
+    ReinforcePPBaseline,
+    ReMax,
+    TIROptimalTokenBaseline,
+)
 from policyzoo.testing.ranks import advantages
 
 

@@ -68,13 +68,13 @@ def build_config(a):
 
 
 def policyzoo_worker(a) -> None:
-    from policyzoo.engine.env import setup_process
+    from policyzoo.engine.process import setup_process
 
     cfg = build_config(a)
     setup_process(cfg.engine.threads, cfg.engine.kv_cache_gb)
     from policyzoo.data import batch_at
-    from policyzoo.engine.session import SEED_STRIDE, Session
-    from policyzoo.step import train_step
+    from policyzoo.engine.run.session import Session
+    from policyzoo.step import step_seed, train_step
 
     mem = PeakRSS()
     t0 = time.perf_counter()
@@ -94,7 +94,7 @@ def policyzoo_worker(a) -> None:
     while wait_command() == "step":
         step += 1
         t0 = time.perf_counter()
-        m = train_step(s.run, s.policy, next_prompts, seed=cfg.train.seed * SEED_STRIDE + step, settings=s.settings)
+        m = train_step(s.run, s.policy, next_prompts, seed=step_seed(cfg.train.seed, step), settings=s.settings)
         wall = time.perf_counter() - t0
         tokens = m["response_length_mean"] * m["rows"]
         emit({"step": step, "time_step": wall, "time_rollout": m.get("time_rollout", 0.0),
@@ -126,9 +126,8 @@ def trl_worker(a) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from policyzoo.assembly import Run, resolve_algorithm
-    from policyzoo.batch import Rollout
-    from policyzoo.config import reward_uses
+    from policyzoo.assembly import Run, resolve_algorithm, reward_uses
+    from policyzoo.contract import Rollout
     from policyzoo.data import batch_at, load_task
     from policyzoo.engine.models import resolve_model
 

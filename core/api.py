@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .config import _set_dotted, load_config, validate
 from .errors import ConfigError, UserError
 
 
@@ -79,8 +80,6 @@ def reward_entry(reward: Any, index: int) -> Any:
 def _merge(tree: dict, key: str, value: Any) -> None:
     """Set ``key`` (dotted) to ``value``; a dict merges into the section already there (an algorithm
     name becomes ``{base: name}`` first, so ``algo="dapo", algorithm={"sample": {"n": 4}}`` keeps dapo)."""
-    from .config import _set_dotted
-
     if isinstance(value, dict) and "." not in key:
         if key == "algorithm" and isinstance(tree.get(key), str):
             tree[key] = {"base": tree[key]}
@@ -117,10 +116,8 @@ def build_config(algo: str | dict | None = None, model: str | None = None, datas
                  config: str | dict | None = None, resume: str | None = None, **overrides: Any):
     """The validated :class:`~policyzoo.config.Config` the arguments describe (see the module docstring);
     in-memory data sets are saved into the run directory first."""
-    from .config import load_config, validate
-
     if resume and config is None and algo is None:
-        from .engine.train import config_from_run_dir
+        from policyzoo.engine.run.train import config_from_run_dir
 
         base = config_from_run_dir(resume).model_dump()
     elif isinstance(config, dict):
@@ -134,7 +131,7 @@ def build_config(algo: str | dict | None = None, model: str | None = None, datas
                    f"runs/{algo if isinstance(algo, str) else 'run'}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
     tree["output_dir"] = str(run_dir)
     if not resume and (run_dir / "config.yaml").exists() and (dataset is not None or eval_dataset is not None):
-        from .engine.rundir import ResumeError  # checked before a data set is saved over the run's own
+        from policyzoo.engine.rundir import ResumeError  # checked before a data set is saved over the run's own
 
         raise ResumeError(str(run_dir), "this run directory already holds a run",
                           "pass resume=RUN_DIR to continue it, or choose another output_dir")
@@ -161,13 +158,13 @@ class Trainer:
     checkpoint -> its folder), :meth:`train` (the remaining steps up to ``train.steps``, then
     export and summary -> the summary dict), :meth:`close` (export, ``summary.json`` and close the
     trackers, if :meth:`train` did not). ``run_dir`` is the run directory, ``global_step`` the steps
-    done, ``session`` the engine's :class:`~policyzoo.engine.session.Session`."""
+    done, ``session`` the engine's :class:`~policyzoo.engine.run.session.Session`."""
 
     def __init__(self, algo: str | dict | None = None, model: str | None = None, dataset: Any = None,
                  rewards: Any = None, output_dir: str | None = None, *, eval_dataset: Any = None,
                  config: str | dict | None = None, resume: str | None = None, force_resume: bool = False,
                  verbose: bool = False, **overrides: Any):
-        from .engine.train import open_session
+        from policyzoo.engine.run.train import open_session
 
         cfg = build_config(algo, model, dataset, rewards, output_dir, eval_dataset, config, resume, **overrides)
         self.session = open_session(cfg, resume=resume, force_resume=force_resume, verbose=verbose)

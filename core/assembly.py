@@ -15,16 +15,33 @@ from typing import Any
 
 import pluggy
 
-from . import boundary, hookspecs
 from .catalog import Catalog, get_catalog
-from .components import Bundle, Component, Use
+from .contract import (
+    KL,
+    PROJECT,
+    SLOTS,
+    Baseline,
+    Bundle,
+    Clip,
+    Component,
+    Env,
+    Filter,
+    Ratio,
+    Reduce,
+    Reward,
+    Sample,
+    Spec,
+    Use,
+    use,
+    validate_params,
+)
 from .errors import ComponentError, ConfigError, UserError, did_you_mean
-from .slots import KL, Baseline, Clip, Env, Filter, Ratio, Reduce, Reward, Sample
+from .step import StepSettings, boundary
 
 DEFAULT_ALGORITHM = "grpo"
-SINGLE = [s for s, kind in hookspecs.SLOTS.items() if kind == "single"]
-COLLECT = [s for s, kind in hookspecs.SLOTS.items() if kind == "collect"]
-OPTIONAL = [s for s, kind in hookspecs.SLOTS.items() if kind == "optional"]
+SINGLE = [s for s, kind in SLOTS.items() if kind == "single"]
+COLLECT = [s for s, kind in SLOTS.items() if kind == "collect"]
+OPTIONAL = [s for s, kind in SLOTS.items() if kind == "optional"]
 
 
 def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
@@ -51,15 +68,15 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
     for slot, value in spec.items():
         if slot == "base":
             continue
-        if slot not in hookspecs.SLOTS:
-            raise ConfigError(f"{where}.{slot}", f"unknown slot {slot!r}{did_you_mean(slot, hookspecs.SLOTS)}",
-                              f"slots are: {', '.join(hookspecs.SLOTS)}")
+        if slot not in SLOTS:
+            raise ConfigError(f"{where}.{slot}", f"unknown slot {slot!r}{did_you_mean(slot, SLOTS)}",
+                              f"slots are: {', '.join(SLOTS)}")
         current = getattr(base, slot)
-        if hookspecs.SLOTS[slot] == "collect":
+        if SLOTS[slot] == "collect":
             items = value if isinstance(value, list) else ([] if value is None else [value])
             changes[slot] = tuple(_override(None, v, f"{where}.{slot}[{i}]") for i, v in enumerate(items))
         elif value is None:
-            if hookspecs.SLOTS[slot] != "optional":
+            if SLOTS[slot] != "optional":
                 raise ConfigError(f"{where}.{slot}", f"the {slot} slot cannot be empty",
                                   f"name a {slot} component with `use:`")
             changes[slot] = None
@@ -80,7 +97,7 @@ def _from_resolved_view(spec: dict, where: str) -> dict:
     out: dict[str, Any] = {"base": spec.get("base")}
     for slot, entry in (spec.get("slots") or {}).items():
         comps = entry.get("components", []) if isinstance(entry, dict) else entry
-        out[slot] = comps if hookspecs.SLOTS.get(slot) == "collect" else (comps[0] if comps else None)
+        out[slot] = comps if SLOTS.get(slot) == "collect" else (comps[0] if comps else None)
     return out
 
 
@@ -108,7 +125,7 @@ class Run:
     each), ``kl`` and ``env`` (one or None), ``reward`` and ``filter`` (lists, the task's rewards first);
     ``reward_labels`` (the metric key of each reward, unique); ``bundle``; ``hook`` (the pluggy
     relay); ``sources`` ``{slot: "name from dist version"}``. :meth:`call` and :meth:`call_each`
-    call the hooks and check each result at the boundary (:mod:`policyzoo.boundary`)."""
+    call the hooks and check each result at the boundary (:mod:`policyzoo.step.boundary`)."""
 
     sample: Sample
     env: Env | None
@@ -125,8 +142,8 @@ class Run:
         catalog = catalog or get_catalog()
         self.bundle = bundle
         self.sources: dict[str, str] = {}
-        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
-        self.pm.add_hookspecs(hookspecs.Spec)
+        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm.add_hookspecs(Spec)
         one = functools.partial(self._one, catalog, bundle, where)
         self.sample = one("sample")
         self.env = None if bundle.env is None else one("env")
@@ -168,7 +185,7 @@ class Run:
 
     def components(self) -> list[Component]:
         out: list[Component] = []
-        for slot in hookspecs.SLOTS:
+        for slot in SLOTS:
             v = getattr(self, slot)
             out.extend(v if isinstance(v, list) else ([] if v is None else [v]))
         return out
@@ -189,7 +206,7 @@ class Run:
 
     def call(self, slot: str, rows: int, width: int | None = None, **kwargs) -> Any:
         """Call the single slot's hook, then check its result for ``rows`` rows and ``width``
-        response columns (:func:`policyzoo.boundary.check`)."""
+        response columns (:func:`policyzoo.step.boundary.check`)."""
         return boundary.check(slot, getattr(self, slot), getattr(self.hook, slot)(**kwargs), rows, width)
 
     def call_each(self, slot: str, rows: int | None = None, width: int | None = None,
@@ -230,8 +247,6 @@ def _unique(labels: list[str]) -> list[str]:
 
 
 def _construct(cls: type[Component], params: dict, where: str) -> Component:
-    from .components import validate_params
-
     validate_params(cls, params, where)  # raises ConfigError with the path
     return cls(**params)
 
@@ -250,7 +265,7 @@ def resolved_view(config, run) -> dict:
     base_name = algo if isinstance(algo, str) else algo.get("base", DEFAULT_ALGORITHM)
     base = get_catalog().bundle(base_name)
     view["algorithm"] = {"name": run.bundle.name, "base": base_name, "paper": run.bundle.paper, "slots": {}}
-    for slot in hookspecs.SLOTS:
+    for slot in SLOTS:
         comps = getattr(run, slot)
         comps = comps if isinstance(comps, list) else ([] if comps is None else [comps])
         if slot == "reward":  # the task's rewards go to `rewards:`, the algorithm keeps its extras
@@ -262,3 +277,24 @@ def resolved_view(config, run) -> dict:
             {"use": c.name, **c.params.model_dump()} for c in comps]}
     view["algorithm"]["sources"] = run.sources
     return view
+
+
+def step_settings(config, run) -> StepSettings:
+    """The step's settings: the config's ``train`` values over the run's filters' own budget."""
+    return StepSettings.for_run(run, max_sample_rounds=config.train.max_sample_rounds,
+                                updates_per_batch=config.train.updates_per_batch,
+                                micro_batches=config.train.micro_batches, on_shortfall=config.train.on_shortfall,
+                                reward_nan=config.train.reward_nan,
+                                max_tokens_per_micro_batch=config.train.max_tokens_per_micro_batch)
+
+
+def reward_uses(config, default: list, has_env: bool = False) -> tuple:
+    """``rewards:`` entries as :class:`~policyzoo.contract.Use`; when not given, the task's ``default`` --
+    or, in a run with an environment (``has_env``), the episode reward ``env_reward``."""
+    if config.rewards is None:
+        return (use("env_reward"),) if has_env else tuple(default)
+    if not config.rewards:
+        raise ConfigError("rewards", "the list is empty: every advantage would be 0 and nothing would be learned",
+                          "name at least one reward, e.g. `rewards: [{use: answer_match}]`, or drop the key "
+                          "for the task's default")
+    return tuple(_override(None, r, f"rewards[{i}]") for i, r in enumerate(config.rewards))

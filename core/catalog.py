@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 
 import pluggy
 
-from . import hookspecs
-from .components import Bundle, Component
-from .errors import PluginError, did_you_mean
+from .contract import BASES, PROJECT, SLOTS, Bundle, Component, Spec
+from .errors import ConfigError, PluginError, did_you_mean
 
 ENTRY_POINT_GROUP = "policyzoo"
 
@@ -62,8 +61,6 @@ class Catalog:
     plugins: list[PluginInfo]
 
     def component(self, slot: str, name: str, where: str = "") -> type[Component]:
-        from .errors import ConfigError
-
         names = self.components.get(slot, {})
         if name not in names:
             other = [s for s, comps in self.components.items() if name in comps]
@@ -75,8 +72,6 @@ class Catalog:
         return names[name][0]
 
     def bundle(self, name: str, where: str = "algorithm") -> Bundle:
-        from .errors import ConfigError
-
         if name not in self.bundles:
             raise ConfigError(where, f"no algorithm named {name!r}{did_you_mean(name, self.bundles)}",
                               f"choose one of: {', '.join(sorted(self.bundles))} (`policyzoo zoo`)")
@@ -120,8 +115,8 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
     if allow is None and os.environ.get("POLICYZOO_PLUGINS"):
         allow = [d.strip() for d in os.environ["POLICYZOO_PLUGINS"].split(",") if d.strip()]
 
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs.Spec)
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(Spec)
     own = _version("policyzoo")
     loaded: list[tuple[object, PluginInfo]] = []
     for module in (policyzoo.plugins, policyzoo.zoo):
@@ -151,7 +146,7 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
     for obj in extra:
         loaded.append((obj, PluginInfo("(in-process)", "", getattr(obj, "__name__", repr(obj)))))
 
-    components: dict[str, dict] = {slot: {} for slot in hookspecs.SLOTS}
+    components: dict[str, dict] = {slot: {} for slot in SLOTS}
     bundles: dict[str, tuple[Bundle, Source]] = {}
     for obj, info in loaded:
         try:
@@ -160,7 +155,7 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
             continue
         except pluggy.PluginValidationError as e:
             raise PluginError(f"plugin distribution {info.dist!r} ({info.module})", str(e),
-                              "hook implementations must match policyzoo.hookspecs") from None
+                              "hook implementations must match policyzoo.contract") from None
         src = Source(info.dist, info.version, info.module)
         info.hooks = sorted(impl.function.__name__ for name in ("register_components", "register_bundles")
                             for impl in getattr(pm.hook, name).get_hookimpls() if impl.plugin is obj)
@@ -189,21 +184,19 @@ def _add_component(table, src: Source, info: PluginInfo, cls) -> None:
 
 def component_problem(cls) -> tuple[str, str] | None:
     """(why, fix) when the Component subclass ``cls`` breaks the slot contract, else None: it must
-    derive from its slot's base class in :mod:`policyzoo.slots`, its ``Params`` must extend the
+    derive from its slot's base class in :mod:`policyzoo.contract.slots`, its ``Params`` must extend the
     base's ``Params``, it must have a ``name`` and a hook method taking only arguments the spec
     passes."""
     import inspect
 
-    from .slots import BASES
-
     if cls.slot not in BASES:
         return (f"unknown slot {cls.slot!r}{did_you_mean(cls.slot, BASES)}",
-                f"derive from one of policyzoo.slots: {', '.join(b.__name__ for b in BASES.values())}")
+                f"derive from one of policyzoo.contract: {', '.join(b.__name__ for b in BASES.values())}")
     base = BASES[cls.slot]
     if not issubclass(cls, base):
-        return (f"the {cls.slot} component {cls.name!r} does not derive from policyzoo.slots.{base.__name__}, "
+        return (f"the {cls.slot} component {cls.name!r} does not derive from policyzoo.contract.{base.__name__}, "
                 f"which declares what the step reads from a {cls.slot} component",
-                f"write `class {cls.__name__}(policyzoo.slots.{base.__name__})`")
+                f"write `class {cls.__name__}(policyzoo.contract.{base.__name__})`")
     if not issubclass(cls.Params, base.Params):
         missing = sorted(set(base.Params.model_fields) - set(cls.Params.model_fields))
         return (f"its Params does not extend {base.__name__}.Params" + (f" (it lacks {', '.join(missing)})"
@@ -216,7 +209,7 @@ def component_problem(cls) -> tuple[str, str] | None:
     if not callable(fn) or getattr(fn, "__isabstractmethod__", False) or not cls.name:
         what = "no name" if not cls.name else f"no method {cls.slot}()"
         return f"has {what}", f"set `name = '...'` and implement `def {cls.slot}(self, ...)`"
-    spec = [p for p in inspect.signature(getattr(hookspecs.Spec, cls.slot)).parameters if p != "self"]
+    spec = [p for p in inspect.signature(getattr(Spec, cls.slot)).parameters if p != "self"]
     extra = [p for p in inspect.signature(fn).parameters if p != "self" and p not in spec]
     if extra:
         return (f"{cls.slot}() takes {', '.join(map(repr, extra))}, which the hook does not pass",

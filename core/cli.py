@@ -11,9 +11,10 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
+from policyzoo.contract.ground import SLOTS
+
 from .catalog import get_catalog
 from .errors import Interrupted, UserError
-from .hookspecs import SLOTS
 
 
 def _first_line(obj) -> str:
@@ -96,8 +97,8 @@ def cmd_explain(args, out: Console) -> None:
 
 
 def cmd_train(args, out: Console) -> None:
-    from .assembly import Run, resolve_algorithm, resolved_view
-    from .config import load_config, reward_uses
+    from .assembly import Run, resolve_algorithm, resolved_view, reward_uses
+    from .config import load_config
 
     overrides = list(args.overrides)
     if args.output_dir:
@@ -105,7 +106,7 @@ def cmd_train(args, out: Console) -> None:
     if args.max_steps is not None:
         overrides.append(f"train.steps={args.max_steps}")
     if args.resume and not (args.config or args.algo):
-        from .engine.train import config_from_run_dir
+        from policyzoo.engine.run.train import config_from_run_dir
 
         config = config_from_run_dir(args.resume, overrides)
     else:
@@ -113,10 +114,10 @@ def cmd_train(args, out: Console) -> None:
     if args.dry_run:  # a real run does these checks itself, before any model loads
         import yaml
 
-        from .data import load_task
+        from policyzoo.engine.report.tracking import check_trackers
+        from policyzoo.engine.trainer.dsconfig import check_engine
 
-        from .engine.dsconfig import check_engine
-        from .engine.tracking import check_trackers
+        from .data import load_task
 
         bundle = resolve_algorithm(config.algorithm)
         rewards = reward_uses(config, load_task(config.data).default_rewards if config.rewards is None else [],
@@ -126,7 +127,7 @@ def cmd_train(args, out: Console) -> None:
         check_engine(config)
         out.print(yaml.safe_dump(resolved_view(config, run), sort_keys=False))
         return
-    from .engine.train import main as train_main
+    from policyzoo.engine.run.train import main as train_main
 
     train_main(config, resume=args.resume, force_resume=args.force_resume, verbose=args.verbose)
 
@@ -156,8 +157,8 @@ def cmd_plan(args, out: Console) -> None:
         raise PlanError(" ".join(map(str, sizes)), "give P G L together, each >= 1", "e.g. policyzoo plan 2 4 128")
     split = None
     if args.from_run:
-        from .engine.rundir import RunDir
-        from .engine.train import config_from_run_dir
+        from policyzoo.engine.run.train import config_from_run_dir
+        from policyzoo.engine.rundir import RunDir
 
         config = config_from_run_dir(args.from_run, overrides)
         split = measured_split(RunDir(args.from_run).read_metrics())
@@ -222,7 +223,7 @@ def cmd_plan(args, out: Console) -> None:
 
 
 def cmd_plot(args, out: Console) -> None:
-    from .engine.plot import main as plot_main
+    from policyzoo.engine.report.plot import main as plot_main
 
     plot_main(args.run_dir, args.output)
 

@@ -15,7 +15,8 @@ import pydantic
 import yaml
 from pydantic import Field
 
-from .data.config import DataSettings
+from policyzoo.data.config import DataSettings
+
 from .errors import ConfigError, did_you_mean
 
 
@@ -257,32 +258,6 @@ def _to_config_error(e: pydantic.ValidationError, tree: dict, where: str) -> Con
         if err["type"].startswith("bool"):
             fix = f"give {path} true or false ({fix})"
     return ConfigError(path if where == "config" else f"{where}: {path}", why, fix)
-
-
-def step_settings(config: Config, run):
-    """The step's settings: the config's ``train`` values over the run's filters' own budget."""
-    from .step import StepSettings
-
-    return StepSettings.for_run(run, max_sample_rounds=config.train.max_sample_rounds,
-                                updates_per_batch=config.train.updates_per_batch,
-                                micro_batches=config.train.micro_batches, on_shortfall=config.train.on_shortfall,
-                                reward_nan=config.train.reward_nan,
-                                max_tokens_per_micro_batch=config.train.max_tokens_per_micro_batch)
-
-
-def reward_uses(config: Config, default: list, has_env: bool = False) -> tuple:
-    """``rewards:`` entries as :class:`~policyzoo.Use`; when not given, the task's ``default`` --
-    or, in a run with an environment (``has_env``), the episode reward ``env_reward``."""
-    from .assembly import _override
-    from .components import use
-
-    if config.rewards is None:
-        return (use("env_reward"),) if has_env else tuple(default)
-    if not config.rewards:
-        raise ConfigError("rewards", "the list is empty: every advantage would be 0 and nothing would be learned",
-                          "name at least one reward, e.g. `rewards: [{use: answer_match}]`, or drop the key "
-                          "for the task's default")
-    return tuple(_override(None, r, f"rewards[{i}]") for i, r in enumerate(config.rewards))
 
 
 def config_keys(model: type[pydantic.BaseModel] | None = None, prefix: str = "") -> list[tuple[str, str, str]]:

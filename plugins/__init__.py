@@ -1,8 +1,7 @@
 """Built-in components, one module per slot. Each module lists its classes in ``COMPONENTS``."""
 
-from policyzoo.hookspecs import hookimpl
-
-from . import baseline, clip, env, filter, kl, mismatch, ratio, reduce, reward, sample
+from policyzoo.contract import hookimpl
+from policyzoo.plugins import baseline, clip, env, filter, kl, mismatch, ratio, reduce, reward, sample
 
 MODULES = (sample, env, reward, filter, kl, baseline, ratio, mismatch, clip, reduce)
 

@@ -1,4 +1,4 @@
-"""``env`` components: environments for multi-turn, tool-using episodes (see :mod:`policyzoo.episodes`).
+"""``env`` components: environments for multi-turn, tool-using episodes (see :mod:`policyzoo.step.episodes`).
 
 The calculator tool is safe by construction: :func:`calc` parses the expression with its own
 recursive-descent grammar over numbers, ``+ - * /`` and parentheses and computes it with exact
@@ -14,9 +14,8 @@ from fractions import Fraction
 
 from pydantic import Field
 
+from policyzoo.contract import Env, Episode, Observation
 from policyzoo.data.answers import extract_number
-from policyzoo.hookspecs import Episode, Observation
-from policyzoo.slots import Env
 
 MAX_EXPR_CHARS = 120
 MAX_DEPTH = 12

@@ -1,10 +1,10 @@
 """``filter`` components: which rows of a sampled batch enter the step.
 
-Each returns :class:`~policyzoo.hookspecs.Keep` with ``keep [B]`` bool (order never changes) and
+Each returns :class:`~policyzoo.contract.Keep` with ``keep [B]`` bool (order never changes) and
 ``reasons`` {reason: rows dropped}. The step ANDs the masks of all filters. ``resample`` True
 asks the step to sample again until the batch is full (DAPO's dynamic sampling), for at most the
 filter's own ``max_sample_rounds`` rounds (3 by default, DAPO's setting here; both parameters
-are declared by :class:`policyzoo.slots.Filter`), so the filter resamples in any bundle.
+are declared by :class:`policyzoo.contract.Filter`), so the filter resamples in any bundle.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.slots import Filter
-from policyzoo.hookspecs import Keep, hookimpl
+from policyzoo.contract import Filter, Keep, hookimpl
 
 
 class NonconstantGroups(Filter):

@@ -47,8 +47,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo.slots import KL
-from policyzoo.hookspecs import hookimpl
+from policyzoo.contract import KL, hookimpl
 
 EXP_CLAMP = 20.0
 

@@ -12,7 +12,7 @@ per token (``level: token``: w_t from delta_t) or per response (``level: sequenc
 sum_t delta_it, the likelihood ratio of the whole response, broadcast over the row).
 
 Placement (parameter ``placement`` of every component), both returning
-:class:`~policyzoo.hookspecs.Importance`:
+:class:`~policyzoo.contract.Importance`:
 
 * ``loss`` (default; TRL ``vllm_importance_sampling_correction``, verl ``rollout_is``): ratio r,
   weight w. The clip sees r alone; the step multiplies the clip's per-token loss by w before the
@@ -40,8 +40,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from policyzoo.hookspecs import Importance
-from policyzoo.slots import Ratio
+from policyzoo.contract import Importance, Ratio
 
 #: |log w| bound before exp where no cap applies (exp(20) ~ 4.9e8), verl's SAFETY_BOUND.
 SAFE = 20.0

@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.slots import Ratio
-from policyzoo.hookspecs import hookimpl
+from policyzoo.contract import Ratio, hookimpl
 
 
 class Token(Ratio):

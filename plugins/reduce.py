@@ -1,6 +1,6 @@
 """``reduce`` components: per-token loss ``[B, T]`` -> the scalar of one micro-batch.
 
-Every reduce divides by :class:`~policyzoo.hookspecs.StepTotals` (counts over the whole optimizer
+Every reduce divides by :class:`~policyzoo.contract.StepTotals` (counts over the whole optimizer
 step: all micro-batches, all ranks), never by the micro-batch's own counts or by the padded width.
 So the sum of the micro-batch results is the full-batch loss exactly, for any split and any amount
 of right padding. ``loss`` must already be 0 on masked positions (the step guarantees it); the
@@ -34,9 +34,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo.slots import Reduce
+from policyzoo.contract import Reduce, hookimpl
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import hookimpl
 
 
 def _safe_div(x: torch.Tensor, d: float) -> torch.Tensor:

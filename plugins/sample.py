@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from pydantic import Field
 
-from policyzoo.batch import Rollout
-from policyzoo.episodes import run_episodes
-from policyzoo.slots import Sample
+from policyzoo.contract import SAMPLING_OPTIONS, Rollout, Sample, TokenPolicy, hookimpl
 from policyzoo.errors import ConfigError, UserError
-from policyzoo.hookspecs import hookimpl
 
 
 class Group(Sample):
     """G responses per prompt from the shared engine (GRPO-style groups; G = 1 for PPO).
 
     Calls ``policy.generate(prompts, n, max_tokens, temperature, seed)`` and returns its
-    :class:`~policyzoo.batch.Rollout` with B = P x n rows, ``group_ids [B]`` (one id per prompt),
+    :class:`~policyzoo.contract.Rollout` with B = P x n rows, ``group_ids [B]`` (one id per prompt),
     ``response_mask [B, T]``, ``rollout_logprobs [B, T]`` (nats) and ``truncated [B]``; it stamps
     ``rollout.temperature`` and ``rollout.max_tokens`` so the trainer scales logits by the same
     temperature and length-based rewards/reduces see the same limit.
@@ -26,8 +21,8 @@ class Group(Sample):
     Conventions: ``max_tokens`` counts response tokens only (EOS included), and is the L_max that
     the ``overlong_penalty`` reward and the ``token_sum_norm`` reduce default to. ``top_p``, ``top_k``,
     ``min_p``, ``repetition_penalty`` and ``stop`` are passed to ``generate`` only when set (not their
-    "off" value), and only to engines whose ``generate`` takes them; an engine without one raises a
-    :class:`ConfigError` instead of silently sampling from the full distribution. (Like top_p, these
+    "off" value), and only to engines that name them in ``policy.sampling_options``; an engine without one
+    raises a :class:`ConfigError` instead of silently sampling from the full distribution. (Like top_p, these
     change the sampled distribution; the trainer scores with temperature only, as TRL and verl.) (Nucleus sampling
     makes the sampler's distribution differ from the trainer's; the ratio still uses the trainer's
     ``old_logprobs``, as TRL and verl do.)
@@ -38,8 +33,8 @@ class Group(Sample):
 
     With an ``env`` (the run's ``env`` slot) every sample is an episode: the turns of all P x n
     episodes are sampled together through ``policy.generate_tokens`` (one batched call per turn,
-    per-episode seeds) and the rollout is token-exact (:mod:`policyzoo.episodes`); ``max_tokens``
-    then bounds each model turn, the env's ``max_total_tokens`` the trajectory; ``greedy`` adds
+    per-episode seeds) and the rollout is token-exact (``policy.run_episodes``, :mod:`policyzoo.step.episodes`);
+    ``max_tokens`` then bounds each model turn, the env's ``max_total_tokens`` the trajectory; ``greedy`` adds
     one greedy episode per prompt.
 
     Errors: :class:`ConfigError` for an engine that cannot honour a setting or cannot drive an env;
@@ -69,24 +64,21 @@ class Group(Sample):
     def sample(self, policy, prompts, seed, env):
         p = self.params
         if env is not None:
-            if not callable(getattr(policy, "generate_tokens", None)):
+            if not isinstance(policy, TokenPolicy):
                 raise ConfigError("algorithm.env", f"{type(policy).__name__} cannot drive the environment "
                                   f"{env.name!r}: it has no generate_tokens (token-level continuation)",
                                   "train with the language-model engine, or remove algorithm.env")
-            rollout = run_episodes(policy, env, prompts, p.n, p.max_tokens, p.temperature, seed, top_p=p.top_p)
-            best = run_episodes(policy, env, prompts, 1, p.max_tokens, 0.0, seed) if p.greedy else None
+            rollout = policy.run_episodes(env, prompts, p.n, p.max_tokens, p.temperature, seed, top_p=p.top_p)
+            best = policy.run_episodes(env, prompts, 1, p.max_tokens, 0.0, seed) if p.greedy else None
             return self._regroup(rollout, best, p)
-        off = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "stop": []}
-        kwargs = {k: getattr(p, k) for k, v in off.items() if getattr(p, k) != v}
-        try:
-            accepted = inspect.signature(policy.generate).parameters
-        except (TypeError, ValueError):
-            accepted = {}
+        kwargs = {k: getattr(p, k) for k, off in SAMPLING_OPTIONS.items() if _is_set(getattr(p, k), off)}
+        honoured = getattr(policy, "sampling_options", frozenset())
         for key in kwargs:
-            if key not in accepted:
+            if key not in honoured:
                 raise ConfigError(f"sample: group -> {key}", f"{key} = {kwargs[key]} but "
                                   f"{type(policy).__name__}.generate takes no {key}",
-                                  f"set sample.{key}: {off[key]}, or use an engine that supports it")
+                                  f"set sample.{key}: {'[]' if key == 'stop' else SAMPLING_OPTIONS[key]}, or use an "
+                                  "engine that supports it")
         rollout: Rollout = policy.generate(prompts, p.n, p.max_tokens, p.temperature, seed, **kwargs)
         expected = len(prompts) * p.n
         if len(rollout) != expected or tuple(rollout.group_ids.shape) != (expected,):
@@ -115,3 +107,8 @@ class Group(Sample):
 
 
 COMPONENTS = (Group,)
+
+
+def _is_set(value, off) -> bool:
+    """A sampling option differs from its "off" value (a list ``stop`` compares as a tuple)."""
+    return (tuple(value) if isinstance(value, list) else value) != off

@@ -71,7 +71,7 @@ def make_rollout(prompts: list[list[int]], responses: list[list[int]], temperatu
     (2: the tiny model's eos == pad, as SmolLM2), every given token in ``response_mask``, one group per row."""
     import torch
 
-    from policyzoo.batch import Rollout
+    from policyzoo.contract import Rollout
 
     t = max(len(x) for x in responses)
     ids = torch.full((len(responses), t), pad)

@@ -6,7 +6,7 @@ import json
 import sys
 import types
 
-from policyzoo.engine.env import setup_process
+from policyzoo.engine.process import setup_process
 
 setup_process(threads=None)
 
@@ -14,15 +14,14 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from policyzoo import Env, Episode, Observation, assemble, use  # noqa: E402
-from policyzoo.batch import StepBatch  # noqa: E402
 from policyzoo.catalog import load_catalog  # noqa: E402
+from policyzoo.contract import StepBatch  # noqa: E402
 from policyzoo.engine.models import resolve_model  # noqa: E402
 from policyzoo.engine.policy import LMPolicy  # noqa: E402
-from policyzoo.engine.rollout import HFRollout, VLLMRollout  # noqa: E402
-from policyzoo.engine.trainer import Trainer, pack, token_logprobs  # noqa: E402
-from policyzoo.episodes import run_episodes  # noqa: E402
-from policyzoo.loss import micro_loss, prepare, step_totals  # noqa: E402
-from policyzoo.step import StepSettings, train_step  # noqa: E402
+from policyzoo.engine.rollout.engines import HFRollout, VLLMRollout  # noqa: E402
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer, pack, token_logprobs  # noqa: E402
+from policyzoo.step import StepSettings, micro_loss, prepare, step_totals, train_step  # noqa: E402
+from policyzoo.step.episodes import run_episodes  # noqa: E402
 
 ANSWERS = [[{"role": "tool", "content": "4"}], [{"role": "user", "content": "ok"}]]
 

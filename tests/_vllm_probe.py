@@ -5,7 +5,7 @@ Prints one JSON line with what the test asserts on."""
 import json
 import sys
 
-from policyzoo.engine.env import setup_process
+from policyzoo.engine.process import setup_process
 
 setup_process(threads=None)
 
@@ -13,8 +13,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from policyzoo.engine.models import resolve_model  # noqa: E402
-from policyzoo.engine.rollout import VLLMRollout  # noqa: E402
-from policyzoo.engine.trainer import pack, token_logprobs  # noqa: E402
+from policyzoo.engine.rollout.engines import VLLMRollout  # noqa: E402
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer, pack, token_logprobs  # noqa: E402
 
 info = resolve_model(sys.argv[1])
 engine = VLLMRollout(info, "float32", max_model_len=256, seed=0)
@@ -81,7 +81,6 @@ print("RESULT " + json.dumps({
 import contextlib  # noqa: E402
 
 from policyzoo.engine.policy import LMPolicy, SyncError  # noqa: E402
-from policyzoo.engine.trainer import Trainer  # noqa: E402
 
 
 class HFTrainer:

@@ -11,10 +11,9 @@ seeds are fixed, and in these seeds no question-1 group happens to be constant (
 import pytest
 import torch
 
-from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 from policyzoo.errors import UserError
 from policyzoo.step import ShortfallError, train_step
-
+from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -23,7 +23,6 @@ import torch
 
 from policyzoo.testing.bandit import Bandit, bandit_run, train
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 

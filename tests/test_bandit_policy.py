@@ -9,10 +9,9 @@ import math
 import pytest
 import torch
 
-from policyzoo.testing.bandit import Bandit, BanditCorrect
+from policyzoo.contract import Policy
 from policyzoo.errors import ConfigError, DataError
-from policyzoo.policy import Policy
-
+from policyzoo.testing.bandit import Bandit, BanditCorrect
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

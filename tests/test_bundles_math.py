@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import policyzoo
-from policyzoo.batch import Rollout, StepBatch
-from policyzoo.loss import micro_loss, prepare, step_totals
+from policyzoo.contract import Rollout, StepBatch
+from policyzoo.step import micro_loss, prepare, step_totals
 
 BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo"]
 LENGTHS = [5, 3, 1, 4, 2, 5]

@@ -7,13 +7,13 @@ import json
 
 import pytest
 import torch
-
 from _engine_helpers import make_rollout, tiny_model
+
 from policyzoo.config import load_config
-from policyzoo.engine import lora
-from policyzoo.engine.compute import autocast, enable_gradient_checkpointing
-from policyzoo.engine.dsconfig import ds_config, merge, read_user_config, zero_stage
-from policyzoo.engine.trainer import pack, token_logprobs
+from policyzoo.engine.trainer import lora
+from policyzoo.engine.trainer.compute import autocast, enable_gradient_checkpointing
+from policyzoo.engine.trainer.deepspeed_trainer import pack, token_logprobs
+from policyzoo.engine.trainer.dsconfig import ds_config, merge, read_user_config, zero_stage
 from policyzoo.errors import ConfigError
 
 PAD = 2
@@ -181,7 +181,7 @@ def _engine_config(*overrides):
 
 
 def test_check_engine_before_any_model_loads():
-    from policyzoo.engine.dsconfig import check_engine
+    from policyzoo.engine.trainer.dsconfig import check_engine
 
     assert check_engine(_engine_config()) == 0
     assert check_engine(_engine_config("engine.zero_stage=2")) == 2

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from policyzoo import ConfigError, assemble
-from policyzoo.config import load_config, step_settings
-from policyzoo.assembly import Run, resolve_algorithm
+from policyzoo.assembly import Run, resolve_algorithm, step_settings
+from policyzoo.config import load_config
 
 NO_PLUGINS = {"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"}
 
@@ -127,7 +127,7 @@ def test_slot_overrides_without_a_base_modify_the_default_algorithm():
 
 
 def test_an_empty_reward_list_is_rejected():
-    from policyzoo.config import reward_uses
+    from policyzoo.assembly import reward_uses
 
     with pytest.raises(ConfigError, match="nothing would be learned"):
         reward_uses(load_config(algo="grpo", overrides=["rewards=[]"]), default=[])

@@ -6,8 +6,8 @@ import torch
 from pydantic import Field
 
 from policyzoo import Advantages, Surrogate, hookimpl
-from policyzoo.slots import Baseline, Clip, Ratio, Reduce, Reward
 from policyzoo.catalog import load_catalog
+from policyzoo.contract import Baseline, Clip, Ratio, Reduce, Reward
 from policyzoo.testing.contract import CHECKS, ContractFailure, check_component, contract_cases, run_checks
 
 CATALOG = load_catalog(autoload=True, allow=None)

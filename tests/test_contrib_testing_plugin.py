@@ -71,6 +71,7 @@ def test_tiny_run_of_a_plugin_that_is_also_installed():
     # policyzoo-sapo is pip-installed (entry point autoloaded); passing its module explicitly, as an
     # author testing their own plugin does, must not register 'sapo' twice
     import policyzoo_sapo
+
     from policyzoo.testing.training import tiny_run
 
     result = tiny_run({"base": "grpo", "clip": {"use": "sapo"}}, steps=2, plugins=[policyzoo_sapo])

@@ -4,8 +4,7 @@ import re
 
 import pytest
 
-from policyzoo.data import DataSettings, load_task
-from policyzoo.data import arithmetic
+from policyzoo.data import DataSettings, arithmetic, load_task
 
 
 class Scripted:

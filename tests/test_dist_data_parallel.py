@@ -15,10 +15,10 @@ import sys
 
 import pytest
 import torch
+from _engine_helpers import ROOT, engine_env, metrics, tiny_model, train_cmd
 from safetensors.torch import load_file
 
-from _engine_helpers import ROOT, engine_env, metrics, tiny_model, train_cmd
-from policyzoo.engine.env import free_port
+from policyzoo.engine.process import free_port
 
 DP_SETTINGS = ["train.steps=2", "engine.rollout=transformers", "engine.threads=1"]
 

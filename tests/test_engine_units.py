@@ -9,13 +9,13 @@ import time
 
 import pytest
 import torch
-
 from _engine_helpers import make_rollout, tiny_model
+
 from policyzoo.engine.models import ModelError, resolve_model
 from policyzoo.engine.policy import LMPolicy, SyncError, run_with_timeout
-from policyzoo.engine.rollout import build_rollout, request_seed
+from policyzoo.engine.rollout.engines import build_rollout, request_seed
 from policyzoo.engine.rundir import RunDir
-from policyzoo.engine.trainer import pack, token_logprobs
+from policyzoo.engine.trainer.deepspeed_trainer import pack, token_logprobs
 
 EOS = PAD = 2  # as SmolLM2: the pad id is the end-of-sequence id
 
@@ -206,7 +206,8 @@ def test_sync_guard_times_out_and_checks():
 
 
 def test_plot_draws_the_six_curves_to_a_png(tmp_path):
-    from policyzoo.engine.plot import PANELS, main as plot
+    from policyzoo.engine.report.plot import PANELS
+    from policyzoo.engine.report.plot import main as plot
     from policyzoo.errors import UserError
 
     rd = RunDir(tmp_path)
@@ -227,7 +228,7 @@ def test_plot_draws_the_six_curves_to_a_png(tmp_path):
 def test_vllm_thread_count_mismatch_is_a_config_error(monkeypatch):
     # vLLM's CPU attention crashes when torch's thread count differs from the OpenMP pool the
     # process started with; policyzoo refuses such a config before loading anything
-    from policyzoo.engine.env import check_vllm_threads
+    from policyzoo.engine.process import check_vllm_threads
     from policyzoo.errors import ConfigError
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
@@ -236,6 +237,6 @@ def test_vllm_thread_count_mismatch_is_a_config_error(monkeypatch):
     check_vllm_threads(2)     # matches the pool
     check_vllm_threads(None)  # the default follows the pool
     monkeypatch.delenv("OMP_NUM_THREADS")
-    from policyzoo.engine.env import cpu_count
+    from policyzoo.engine.process import cpu_count
 
     check_vllm_threads(cpu_count())

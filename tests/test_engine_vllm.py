@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from _engine_helpers import ROOT, engine_env, tiny_model
 
 

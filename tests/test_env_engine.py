@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from _engine_helpers import ROOT, engine_env, tiny_model
 from test_env_episodes import IM_END, IM_START, byte_ids
 

@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from policyzoo import ConfigError, Observation, assemble, use
-from policyzoo.batch import StepBatch
-from policyzoo.episodes import env_turn_ids, run_episodes
-from policyzoo.loss import micro_loss, prepare, step_totals
-from policyzoo.plugins.env import CALC_EXAMPLE, CALC_SYSTEM, Calculator, CalcError, calc, find_call
-from policyzoo.policy import Generated
+from policyzoo.contract import Generated, StepBatch
+from policyzoo.plugins.env import CALC_EXAMPLE, CALC_SYSTEM, CalcError, Calculator, calc, find_call
+from policyzoo.step import micro_loss, prepare, step_totals
+from policyzoo.step.episodes import env_turn_ids, run_episodes
 from policyzoo.testing.tiny import build_tokenizer
 
 IM_START, IM_END = 1, 2  # the tiny tokenizer's specials: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2 (= EOS)
@@ -180,7 +179,8 @@ def test_env_tokens_carry_no_gradient_and_turn_rewards_reach_gae(tok):
 def test_plot_adds_the_episode_panels_for_a_run_with_an_env(tmp_path):
     import struct
 
-    from policyzoo.engine.plot import ENV_PANELS, main as plot
+    from policyzoo.engine.report.plot import ENV_PANELS
+    from policyzoo.engine.report.plot import main as plot
     from policyzoo.engine.rundir import RunDir
 
     rd = RunDir(tmp_path)
@@ -200,8 +200,9 @@ def test_env_is_optional_and_its_reward_defaults_to_env_reward():
     import types
 
     from policyzoo import Sample
+    from policyzoo.assembly import reward_uses
     from policyzoo.catalog import load_catalog
-    from policyzoo.config import load_config, reward_uses
+    from policyzoo.config import load_config
 
     assert assemble("grpo").env is None  # no zoo bundle sets an env: single-turn as before
     config = load_config(None, "grpo", ["algorithm.env.use=calculator", "algorithm.env.max_turns=5"])
@@ -242,7 +243,7 @@ def test_gsm8k_calculator_scores_the_last_boxed_answer():
 
 
 def test_episode_fields_survive_select_and_concat(tok):
-    from policyzoo.batch import Rollout
+    from policyzoo.contract import Rollout
 
     a = run_episodes(ScriptedPolicy(tok, [[("calc(2+2)", True)], [("Answer: 4", True)]]), Calculator(), [ROW], 1,
                      16, 1.0, 0)  # 41 tokens (10 + 21 + 10)

@@ -21,9 +21,8 @@ import subprocess
 import time
 
 import torch
-from safetensors.torch import load_file
-
 from _engine_helpers import ROOT, engine_env, metrics, tiny_model, train_cmd
+from safetensors.torch import load_file
 
 FAST = ["engine.rollout=transformers", "engine.threads=1"]
 _TRAIN_CALLS = [0]

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 from policyzoo.step import train_step
+from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -79,8 +79,8 @@ def test_a_fault_in_the_second_micro_batch_discards_the_first_ones_gradient(cata
 
 
 def test_non_finite_weights_are_never_written_over_the_last_checkpoint(tmp_path):
+    from policyzoo.engine.run.session import Session
     from policyzoo.engine.rundir import RunDir
-    from policyzoo.engine.session import Session
     from policyzoo.errors import TrainingError
 
     class Trainer:  # finite at step 2, NaN at step 4
@@ -115,9 +115,8 @@ def test_a_raising_reward_component_is_named(catalog):
     from policyzoo import use
     from policyzoo.assembly import assemble
     from policyzoo.catalog import load_catalog
-    from policyzoo.slots import Reward
+    from policyzoo.contract import Reward, hookimpl
     from policyzoo.errors import ComponentError
-    from policyzoo.hookspecs import hookimpl
 
     class Boom(Reward):
         name = "boom"

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import policyzoo
+from policyzoo.contract import LOCAL, StepTotals
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import LOCAL, StepTotals
-from policyzoo.testing.ranks import advantages
 from policyzoo.plugins.baseline import GAE, BatchWhiten, GroupMean, GroupNorm, LeaveOneOut
+from policyzoo.testing.ranks import advantages
 
 
 def full_mask(b, t=3):

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 import policyzoo
-from policyzoo.batch import Rollout, StepBatch
+from policyzoo.contract import Rollout, StepBatch, StepTotals
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import StepTotals
-from policyzoo.loss import micro_loss, step_totals
 from policyzoo.plugins.reduce import SeqMeanTokenMean, SeqMeanTokenSum, TokenMean, TokenSum, TokenSumNorm
+from policyzoo.step import micro_loss, step_totals
 
 REDUCES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "token_sum_norm", "token_sum"]
 

@@ -8,7 +8,7 @@ import torch
 
 import policyzoo
 from policyzoo import use
-from policyzoo.batch import Rollout
+from policyzoo.contract import Rollout
 from policyzoo.errors import ConfigError, DataError, UserError
 from policyzoo.plugins.filter import DropTruncated, NonconstantGroups
 from policyzoo.plugins.reward import AnswerMatch, Function, OverlongPenalty, extract_number
@@ -175,6 +175,8 @@ class FakePolicy:
 
 
 class NucleusPolicy(FakePolicy):
+    sampling_options = frozenset({"top_p"})  # the engine declares the options its generate honours
+
     def generate(self, prompts, n, max_tokens, temperature, seed, top_p=1.0):
         self.top_p = top_p
         return super().generate(prompts, n, max_tokens, temperature, seed)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _engine_helpers import make_rollout, tiny_model
-from policyzoo.batch import StepBatch, token_budget_bounds
+
 from policyzoo.config import load_config
-from policyzoo.engine.prefix import shared_prompt_logprobs
+from policyzoo.contract import StepBatch, token_budget_bounds
+from policyzoo.engine.trainer.prefix import shared_prompt_logprobs
 from policyzoo.errors import ConfigError
 from policyzoo.step import train_step
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
@@ -159,7 +159,7 @@ class _Counting(torch.nn.Module):
 
 
 def test_no_grad_scoring_chunks_follow_the_token_budget(model):
-    from policyzoo.engine.trainer import Trainer
+    from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 
     roll = make_rollout([[1, 40, 41, 42, 43], [1, 40, 41, 42, 43], [1, 50, 51], [1, 50, 51]],
                         [list(range(60, 72)), [61, 62], [70], [71, 72, 73, 74]], 0.7, PAD)

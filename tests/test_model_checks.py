@@ -9,11 +9,11 @@ import json
 import shutil
 
 import pytest
-
 from _engine_helpers import TINY_OVERRIDES, tiny_model
+
 from policyzoo.config import load_config
-from policyzoo.engine.checks import ZeroSignalWatch, sampling_warning, system_turn_warning
 from policyzoo.engine.models import ModelError, resolve_model
+from policyzoo.engine.run.checks import ZeroSignalWatch, sampling_warning, system_turn_warning
 
 # SmolLM2-135M-Instruct's chat template (tokenizer.chat_template of its GGUF, as shipped)
 SMOLLM2_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -42,7 +42,7 @@ def _copy(tmp_path, template: str | None = "keep", eos=None):
 
 
 def _prepare(tmp_path, model, *extra):
-    from policyzoo.engine.session import Session
+    from policyzoo.engine.run.session import Session
 
     cfg = load_config(None, "grpo", [*TINY_OVERRIDES, f"model.path={model}", f"output_dir={tmp_path / 'run'}", *extra])
     return Session.prepare(cfg, None)
@@ -89,7 +89,7 @@ def test_a_template_that_adds_its_own_system_turn_is_reported(tmp_path):
 
 
 def test_generation_config_eos_ids_are_merged_and_stop_the_transformers_rollout(tmp_path):
-    from policyzoo.engine.rollout import HFRollout
+    from policyzoo.engine.rollout.engines import HFRollout
 
     row = {"prompt": [{"role": "user", "content": "What is 2 + 3?"}], "answer": "5"}
     plain = HFRollout(resolve_model(str(tiny_model())), "float32")

@@ -8,10 +8,10 @@ import time
 
 import pytest
 import torch
-
 from _engine_helpers import metrics, run_train
-from policyzoo.batch import Rollout
-from policyzoo.engine.overlap import OverlapPolicy
+
+from policyzoo.contract import Rollout
+from policyzoo.engine.rollout.overlap import OverlapPolicy
 from policyzoo.step import collect, learn
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 
@@ -135,8 +135,9 @@ def test_one_step_overlap_end_to_end(tmp_path):
 
 def test_overlap_with_an_env_is_refused_before_any_model_loads(tmp_path):
     from _engine_helpers import TINY_OVERRIDES, tiny_model
+
     from policyzoo.config import load_config
-    from policyzoo.engine.session import Session
+    from policyzoo.engine.run.session import Session
     from policyzoo.errors import ConfigError
 
     config = load_config(None, "grpo", [f"model.path={tiny_model()}", *TINY_OVERRIDES, f"output_dir={tmp_path / 'r'}",

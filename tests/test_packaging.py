@@ -1,15 +1,18 @@
-"""One import root: an editable install and a built wheel both give `policyzoo`,
-`policyzoo.plugins`, `policyzoo.zoo`, and nothing installs as a bare `core`/`plugins`/`zoo`."""
+"""One import root: an editable install and a built wheel both give `policyzoo` and every one of its
+packages (each is imported), and nothing installs as a bare `core`/`plugins`/`zoo`."""
 
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: every package pyproject.toml ships (tests/test_layout.py keeps the list equal to the tree)
+PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
 PROBE = (
-    "import importlib.util, policyzoo, policyzoo.plugins, policyzoo.zoo, policyzoo.engine, policyzoo.testing;"
-    "print(policyzoo.__file__);"
+    f"import importlib, importlib.util; [importlib.import_module(m) for m in {PACKAGES!r}];"
+    "import policyzoo; print(policyzoo.__file__);"
     "print(all(importlib.util.find_spec(m) is None for m in ('core', 'plugins', 'zoo')))"
 )
 
@@ -39,6 +42,7 @@ def test_built_wheel_has_only_policyzoo(tmp_path):
     assert {t for t in tops if not t.endswith(".dist-info")} == {"policyzoo"}
     assert "policyzoo/plugins/clip/__init__.py" in names and "policyzoo/zoo/grpo.py" in names
     assert "policyzoo/plugins/baseline/group.py" in names  # a slot package ships whole
+    assert {f"{p.replace('.', '/')}/__init__.py" for p in PACKAGES} <= set(names)  # every sub-package
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                     str(wheel)], check=True, capture_output=True)

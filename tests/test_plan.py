@@ -8,8 +8,7 @@ import pytest
 import yaml
 
 from policyzoo.cli import main
-from policyzoo.plan import (DEFAULT_CONFIG, Options, PlanError, Shape, Sizes, flops, load_shape, measured_split,
-                            memory)
+from policyzoo.plan import DEFAULT_CONFIG, Options, PlanError, Shape, Sizes, flops, load_shape, measured_split, memory
 
 # h=4, i=8, 2 layers, 2 heads of 2 (dq=4), 1 kv head (dkv=2), vocab 10, tied, gated
 TINY = {"model_type": "llama", "hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 2,

@@ -1,4 +1,4 @@
-"""Shared-prompt scoring (policyzoo.engine.prefix) gives the per-row forward's log-probs and
+"""Shared-prompt scoring (policyzoo.engine.trainer.prefix) gives the per-row forward's log-probs and
 gradients while feeding the model each distinct prompt once."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import types
 
 import pytest
 import torch
-
 from _engine_helpers import make_rollout, tiny_model
-from policyzoo.engine.prefix import _cache_layers, distinct_prompts, length_buckets, shared_prompt_logprobs
-from policyzoo.engine.trainer import Trainer, pack, token_logprobs
+
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer, pack, token_logprobs
+from policyzoo.engine.trainer.prefix import _cache_layers, distinct_prompts, length_buckets, shared_prompt_logprobs
 
 PAD = 2
 

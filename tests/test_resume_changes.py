@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from _engine_helpers import ROOT, TINY_OVERRIDES, engine_env, tiny_model, train_cmd
+
 from policyzoo.config import load_config
 from policyzoo.data import rows_at
 from policyzoo.engine.rundir import ResumeError, RunDir
@@ -22,7 +22,7 @@ def _config(out, *extra):
 
 
 def _prepare(config, resume=None, force=False):
-    from policyzoo.engine.session import Session
+    from policyzoo.engine.run.session import Session
 
     return Session.prepare(config, str(resume) if resume else None, force)
 
@@ -60,7 +60,7 @@ def test_another_zero_stage_or_rank_count_is_refused_before_loading(tmp_path, fi
                          "engine.deepspeed={zero_optimization: {stage: 0}}"), run)
     assert "engine.deepspeed.zero_optimization.stage is 0" in str(e.value)
     assert "engine.deepspeed.zero_optimization.stage=1 or 2" in e.value.fix
-    from policyzoo.engine.resume import checkpoint_state
+    from policyzoo.engine.run.resume import checkpoint_state
 
     state = checkpoint_state(2, 16, 2, {}, _config(run, "engine.deepspeed={zero_optimization: {stage: 1}}"), 1)
     assert state["zero_stage"] == 1  # not engine.zero_stage's default 0
@@ -156,7 +156,7 @@ print("@@" + json.dumps(deltas))
 
 
 # ZeRO 0: the torch optimizer itself; 2: DeepSpeed's ZeRO wrapper around it; 1 -> 2: a checkpoint of
-# stage 1 resumed at stage 2 (one layout, see policyzoo.engine.resume.LAYOUT) continues exactly
+# stage 1 resumed at stage 2 (one layout, see policyzoo.engine.run.resume.LAYOUT) continues exactly
 @pytest.mark.parametrize("saved, loaded", [(0, 0), (2, 2), (1, 2)])
 def test_a_changed_lr_reaches_the_restored_optimizer(saved, loaded):
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model()), str(saved), str(loaded)], env=engine_env(),
@@ -209,7 +209,7 @@ def test_a_resume_with_another_p_and_lr_visits_each_row_once_and_exports_checkpo
 
 
 def test_config_diff_lists_changed_added_and_removed_keys():
-    from policyzoo.engine.resume import config_diff
+    from policyzoo.engine.run.resume import config_diff
 
     old = {"data": {"seed": 0, "limit": None}, "rewards": [{"use": "a", "weight": 1.0}]}
     new = {"data": {"seed": 3, "limit": None}, "rewards": [{"use": "a", "weight": 1.0}, {"use": "b"}],

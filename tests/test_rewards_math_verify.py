@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from policyzoo.batch import Rollout
+from policyzoo.contract import Rollout
 from policyzoo.errors import DataError, UserError
 from policyzoo.plugins.reward import MathVerify
 

@@ -11,7 +11,7 @@ Vocabulary: [PAD]=0, [UNK]=1, a=2, b=3, c=4, d=5 -> j = 2, 3, 0, 1.
 import pytest
 import torch
 
-from policyzoo.batch import Rollout
+from policyzoo.contract import Rollout
 from policyzoo.errors import ConfigError
 from policyzoo.plugins.reward import RewardModel
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _engine_helpers import ROOT, engine_env, tiny_model, train_cmd
+
 from policyzoo.engine.models import ModelError, resolve_model
 
 EVIL = '''

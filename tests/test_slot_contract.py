@@ -9,16 +9,16 @@ import sys
 import pytest
 import torch
 from pydantic import Field
+from test_catalog_plugins import make_dist
 
 from policyzoo import Bundle, Clip, Component, PluginError, Reward, Surrogate, UserError, use
 from policyzoo.catalog import load_catalog
 from policyzoo.cli import main as cli_main
+from policyzoo.contract import LOCAL
 from policyzoo.errors import ComponentError
-from policyzoo.hookspecs import LOCAL
 from policyzoo.step import train_step
 from policyzoo.testing import make_plugin
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
-from test_catalog_plugins import make_dist
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -43,7 +43,7 @@ def catalog_with(*items):
 
 # ----------------------------------------------------------------------------- the catalog refuses
 class NoWeight(Component):
-    """A reward that is not a policyzoo.slots.Reward (so it has no weight). Source: a test double."""
+    """A reward that is not a policyzoo.contract.Reward (so it has no weight). Source: a test double."""
 
     slot, name = "reward", "no_weight"
 
@@ -73,7 +73,7 @@ class ExtraArg(Clip):
 
 
 @pytest.mark.parametrize("cls, why, fix", [
-    (NoWeight, "does not derive from policyzoo.slots.Reward", "class NoWeight(policyzoo.slots.Reward)"),
+    (NoWeight, "does not derive from policyzoo.contract.Reward", "class NoWeight(policyzoo.contract.Reward)"),
     (OwnParams, "its Params does not extend Reward.Params (it lacks weight)", "class Params(Reward.Params)"),
     (ExtraArg, "clip() takes 'temperature', which the hook does not pass", "may take any of: ratio, advantages"),
 ])
@@ -106,7 +106,7 @@ def test_reward_plugin_without_weight_is_a_clear_cli_error(tmp_path):
                           env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "error at policyzoo-plain 0.3.1 (pz_plain): Plain:" in proc.stderr
-    assert "does not derive from policyzoo.slots.Reward" in proc.stderr
+    assert "does not derive from policyzoo.contract.Reward" in proc.stderr
 
 
 def test_hook_methods_need_no_decorator():
@@ -315,7 +315,7 @@ def test_zero_std_frac_counts_what_the_baseline_zeroes():
         assert bool((adv == 0).all()) == (flat == 1.0)
 
 
-@pytest.mark.parametrize("cls, why", [(NoWeight, "does not derive from policyzoo.slots.Reward"),
+@pytest.mark.parametrize("cls, why", [(NoWeight, "does not derive from policyzoo.contract.Reward"),
                                       (OwnParams, "it lacks weight"), (ExtraArg, "takes 'temperature'")])
 def test_contract_suite_checks_the_base_class(cls, why):
     from policyzoo.testing.contract import run_checks

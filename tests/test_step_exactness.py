@@ -8,16 +8,15 @@ updates mean equal gradients.
 import pytest
 import torch
 
-from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 from policyzoo.step import train_step
-
+from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo", "luspo", "gmpo", "dppo"]
 # clip_cov and kl_cov select tokens by a statistic over each micro-batch (stated in their docstring),
-# so their micro-batch split changes the update; their exactness across ranks is tests/test_zoo_b_covariance.py
+# so their micro-batch split changes the update; their exactness across ranks is tests/test_math_covariance_clips.py
 
 
 def one_step(name, catalog, **settings):

@@ -10,9 +10,8 @@ import math
 import pytest
 import torch
 
-from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 from policyzoo.step import train_step
-
+from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -8,9 +8,8 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from _engine_helpers import metrics, run_train, tiny_model
+from safetensors.torch import load_file
 
 # bundle -> (ZeRO stage, has kl, needs a critic). Stages spread so that each runs somewhere;
 # ZeRO 0 and 3 both carry the sync check (as every run here does).

@@ -7,7 +7,6 @@ import json
 import math
 
 import pytest
-
 from _engine_helpers import metrics, run_train
 
 CASES = {

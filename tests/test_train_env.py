@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from _engine_helpers import metrics, run_train
 
 # the calculator's reward is 0 for a random model: spread_reward keeps groups from being constant

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from _engine_helpers import ROOT, TINY_OVERRIDES, engine_env, tiny_model
 
 

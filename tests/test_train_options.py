@@ -12,9 +12,8 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from _engine_helpers import ROOT, engine_env, metrics, run_train, tiny_model
+from safetensors.torch import load_file
 
 
 def test_lora_checkpointing_autocast_token_budget_and_user_deepspeed_config(tmp_path):

@@ -12,9 +12,8 @@ import sys
 import time
 
 import pytest
-from safetensors.torch import load_file
-
 from _engine_helpers import ROOT, engine_env, metrics, run_train, train_cmd
+from safetensors.torch import load_file
 
 ARGS = ["train.steps=6", "train.save_every=2", "algorithm.sample.n=4", "engine.zero_stage=0",
         "train.log_completions_every=1"]

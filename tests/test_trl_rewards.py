@@ -9,7 +9,7 @@ import torch
 
 import policyzoo
 from policyzoo.api import REWARDS, reward_entry
-from policyzoo.batch import Rollout
+from policyzoo.contract import Rollout
 from policyzoo.data import load_task
 from policyzoo.errors import UserError
 from policyzoo.plugins.reward import Function

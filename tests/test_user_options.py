@@ -12,14 +12,14 @@ import pytest
 import torch
 from rich.console import Console
 
-from policyzoo.batch import Rollout, StepBatch
 from policyzoo.config import Config, config_keys, load_config
+from policyzoo.contract import Rollout, StepBatch
 from policyzoo.data import fit_prompt_lengths, load_task
 from policyzoo.errors import DataError, UserError
 
 
 def test_lr_schedules_follow_transformers_get_scheduler():
-    from policyzoo.engine.trainer import lr_schedule
+    from policyzoo.engine.trainer.deepspeed_trainer import lr_schedule
 
     def factors(name, warmup, total, k):
         opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -41,7 +41,7 @@ def test_lr_schedules_follow_transformers_get_scheduler():
 
 
 def test_optimizer_settings_reach_deepspeed():
-    from policyzoo.engine.trainer import ds_config
+    from policyzoo.engine.trainer.deepspeed_trainer import ds_config
 
     cfg = ds_config(0, 1e-5, 0.1, 0.5, "float32", betas=(0.8, 0.95), eps=1e-6)
     assert cfg["optimizer"]["params"]["betas"] == [0.8, 0.95] and cfg["optimizer"]["params"]["eps"] == 1e-6
@@ -86,7 +86,7 @@ def test_csv_file_eval_path_and_prompt_only_data(tmp_path):
 
 
 def test_prompt_only_data_with_a_reward_that_needs_answers_stops_before_any_model(tmp_path):
-    from policyzoo.engine.session import Session
+    from policyzoo.engine.run.session import Session
 
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": f"Say {i}"}) + "\n" for i in range(10)))
     config = load_config(None, "grpo", [f"data.path={tmp_path / 'p.jsonl'}", "rewards=[math_verify]",
@@ -109,7 +109,7 @@ def test_long_prompts_dropped_or_refused():
 
 
 def test_a_missing_tracker_is_a_clear_error_before_training(monkeypatch):
-    from policyzoo.engine.tracking import TrackerError, check_trackers
+    from policyzoo.engine.report.tracking import TrackerError, check_trackers
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed
     with pytest.raises(TrackerError) as e:
@@ -119,7 +119,7 @@ def test_a_missing_tracker_is_a_clear_error_before_training(monkeypatch):
 
 
 def test_completion_rows_carry_each_reward_and_the_row_advantage():
-    from policyzoo.engine.tracking import completion_rows
+    from policyzoo.engine.report.tracking import completion_rows
 
     mask = torch.tensor([[True, True, False], [True, False, False]])
     r = Rollout(prompt_ids=[[1], [1]], response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=mask,
@@ -135,7 +135,7 @@ def test_completion_rows_carry_each_reward_and_the_row_advantage():
 
 
 def test_progress_prints_one_line_per_step_without_a_terminal():
-    from policyzoo.engine.progress import eta, progress_bar
+    from policyzoo.engine.report.progress import eta, progress_bar
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=False, width=60, soft_wrap=True)
@@ -149,7 +149,7 @@ def test_progress_prints_one_line_per_step_without_a_terminal():
 
 
 def test_library_noise_is_silenced_unless_verbose(monkeypatch):
-    from policyzoo.engine.env import quiet_libraries
+    from policyzoo.engine.process import quiet_libraries
 
     monkeypatch.setattr(warnings, "filters", list(warnings.filters))
     quiet_libraries(verbose=False)
@@ -168,6 +168,8 @@ def test_sampling_options_reach_the_engine_only_when_set():
     from policyzoo.testing.bandit import Bandit
 
     class Recording(Bandit):  # the bandit test bed with an engine's sampling keywords, recorded
+        sampling_options = frozenset({"top_k", "min_p", "repetition_penalty", "stop"})
+
         def generate(self, prompts, n, max_tokens, temperature, seed, top_k=0, min_p=0.0, repetition_penalty=1.0,
                      stop=()):
             self.seen = dict(top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop)

@@ -1,9 +1,26 @@
 """The zoo: one short declarative file per algorithm bundle, each exporting ``BUNDLE``."""
 
-from policyzoo.hookspecs import hookimpl
-
-from . import (cispo, clip_cov, dapo, dppo, dr_grpo, gdpo, gmpo, gpg, grpo, gspo, kl_cov, luspo, opo, ppo,
-    reinforce_pp, reinforce_pp_baseline, remax, rloo)
+from policyzoo.contract import hookimpl
+from policyzoo.zoo import (
+    cispo,
+    clip_cov,
+    dapo,
+    dppo,
+    dr_grpo,
+    gdpo,
+    gmpo,
+    gpg,
+    grpo,
+    gspo,
+    kl_cov,
+    luspo,
+    opo,
+    ppo,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    remax,
+    rloo,
+)
 
 MODULES = (ppo, grpo, rloo, reinforce_pp, dapo, dr_grpo, gspo, cispo, luspo, gmpo, dppo, clip_cov, kl_cov,
            reinforce_pp_baseline, gpg, gdpo, remax, opo)

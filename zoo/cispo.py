@@ -5,7 +5,7 @@ so every token keeps a (capped) gradient; the cap bounds the IS weight itself (S
 here 5.0), there is no positive lower bound; token mean over the step; no KL. Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="cispo",

@@ -6,7 +6,7 @@ covariance lies in (1, 5) loses its gradient, which keeps the policy's entropy f
 the rest of the recipe is DAPO's (the authors' runs are verl's DAPO recipe). Parent: dapo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="clip_cov",

@@ -6,7 +6,7 @@ token-level loss over the whole step (eq. 12), soft overlong punishment (eq. 13,
 L_max), no KL term. Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="dapo",

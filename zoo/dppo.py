@@ -7,7 +7,7 @@ without std, token sum over a constant, no KL (verl's example run). ``clip: dppo
 Binary-KL variant (threshold 0.05). Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="dppo",

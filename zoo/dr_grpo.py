@@ -5,7 +5,7 @@ no std division in the advantage, no per-response length normalisation (token su
 configured constant, by default the response token limit), no KL. Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="dr_grpo",

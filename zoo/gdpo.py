@@ -6,7 +6,7 @@ sum then normalised over the batch; the rest as GRPO. TRL:
 ``multi_objective_aggregation="normalize_then_sum"``. Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="gdpo",

@@ -6,7 +6,7 @@ space (e^-0.4, e^0.4); a small k3 KL in the loss as verl's example run (``kl_los
 Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="gmpo",

@@ -6,7 +6,7 @@ with the batch factor alpha = B / (B - M) (M rows of constant groups); loss = -A
 the step's tokens. verl: ``adv_estimator=gpg`` with ``policy_loss.loss_mode=gpg``. Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="gpg",

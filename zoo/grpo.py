@@ -6,7 +6,7 @@ PPO clip 0.2; KL to the reference by the k3 estimator added to the loss with bet
 loss averaged over each sequence's tokens, then over sequences (the paper's 1/G sum 1/|o_i|).
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="grpo",

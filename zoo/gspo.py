@@ -5,7 +5,7 @@ geometric mean exp(mean_t log r_t) (the log-ratio clamped before exp), clipped w
 (3e-4 below, 4e-4 above), averaged over sequences; no KL. Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="gspo",

@@ -6,7 +6,7 @@ Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning 
 recipe is DAPO's. Parent: dapo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="kl_cov",

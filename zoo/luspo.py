@@ -6,7 +6,7 @@ responses (arXiv:2602.05261); averaged over responses. TRL ``loss_type="luspo"``
 ``importance_sampling_level="sequence"``. Parent: gspo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="luspo",

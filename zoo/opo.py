@@ -6,7 +6,7 @@ step's default), no KL and no entropy term; token mean as verl's recipe. verl: `
 Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="opo",

@@ -6,7 +6,7 @@ per-token k1 KL penalty in the reward. One sample per prompt; advantages whitene
 value loss clipped at 0.2 around the sampling-time values.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="ppo",

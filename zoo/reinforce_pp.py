@@ -5,7 +5,7 @@ summed to the end of the response (gamma 1), advantages whitened over every toke
 One sample per prompt. Parent: ppo (the same sampling, clip, KL and reduce; no critic).
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="reinforce_pp",

@@ -6,7 +6,7 @@ verl: ``algorithm.adv_estimator=reinforce_plus_plus_baseline`` (examples use n =
 the reward). Parent: reinforce_pp (its clip, KL and reduce).
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="reinforce_pp_baseline",

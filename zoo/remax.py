@@ -7,7 +7,7 @@ critic, no clip. KL to the reference in the reward (k1, beta 0.001 as verl's exa
 verl: ``adv_estimator=remax``. Parent: rloo (REINFORCE, token sum per sequence, k1 KL in the reward).
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="remax",

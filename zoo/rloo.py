@@ -6,7 +6,7 @@ is 1 on-policy); k1 KL in the reward (so it enters the sequence score); the loss
 log-prob (token sum) times the advantage, averaged over sequences.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="rloo",

@@ -16,7 +16,7 @@ import random
 from functools import lru_cache
 from typing import Iterator
 
-from ..errors import DataError
+from policyzoo.errors import DataError
 
 
 @lru_cache(maxsize=4)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import DataError, did_you_mean
+from policyzoo.errors import DataError, did_you_mean
+
 from .answers import normalize_number
 
 ROLES = ("system", "user", "assistant", "tool")

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import DataError, did_you_mean
+from policyzoo.errors import DataError, did_you_mean
 
 FORMATS = {".json": "JSON (a list of objects)", ".jsonl": "JSON Lines (one object per line)",
            ".csv": "CSV (a header line, then one row per line)", ".parquet": "Parquet"}

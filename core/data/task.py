@@ -28,8 +28,9 @@ from typing import Callable, Iterator
 
 import pydantic
 
-from ..components import Use, use
-from ..errors import ConfigError, DataError, did_you_mean
+from policyzoo.contract.components import Use, use
+from policyzoo.errors import ConfigError, DataError, did_you_mean
+
 from . import arithmetic
 from .answers import gsm8k_final_answer, gsm8k_worked_solution
 from .batching import prompt_batches

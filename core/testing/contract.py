@@ -5,7 +5,7 @@ of ``grpo`` or another zoo bundle with the component in its slot), then runs the
 raises :class:`ContractFailure` listing every one that failed:
 
 ``base``         the class follows the slot contract as the catalog checks it: it derives from
-                 its slot's base class in :mod:`policyzoo.slots`, its ``Params`` extends the
+                 its slot's base class in :mod:`policyzoo.contract`, its ``Params`` extends the
                  base's, its hook method takes only arguments the spec passes.
 ``docstring``    the class's own docstring names a source (an arXiv id, "Source:", a URL, a DOI,
                  or an "Author et al. YEAR" citation).
@@ -43,12 +43,14 @@ from pathlib import Path
 
 import torch
 
-from ..assembly import assemble
-from ..batch import StepBatch
-from ..catalog import Catalog, component_problem, load_catalog
-from ..components import Bundle, Component, use
-from ..errors import UserError
-from ..loss import micro_loss, prepare
+from policyzoo.assembly import assemble
+from policyzoo.catalog import Catalog, component_problem, load_catalog
+from policyzoo.contract.batch import StepBatch
+from policyzoo.contract.components import Bundle, Component, use
+from policyzoo.errors import UserError
+from policyzoo.step.advantages import prepare
+from policyzoo.step.loss import micro_loss
+
 from . import examples, slots
 from .toys import ToyBatch, toy_batch
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .bandit import Bandit
+
 
 def example_reward(prompts, completions, **columns):
     """A user reward for the contract suite: completion length in characters / 100 (TRL-style
@@ -55,7 +57,5 @@ def context(slot: str):
         return None, [dict(ENV_ROW)]
     if slot != "sample":
         return None, None
-    from .bandit import Bandit
-
     bandit = Bandit([[2, 3, 4], [1, 5, 2]], [[True, False, False], [False, True, False]], seed=0)
     return bandit, bandit.prompts(2)

@@ -16,9 +16,9 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog import Catalog, get_catalog, load_catalog
-from ..components import Bundle, Component
-from ..hookspecs import hookimpl
+from policyzoo.catalog import Catalog, get_catalog, load_catalog
+from policyzoo.contract.components import Bundle, Component
+from policyzoo.contract.ground import hookimpl
 
 _counter = itertools.count()
 

@@ -34,7 +34,7 @@ def pz_catalog():
 @pytest.fixture
 def pz_toy_batch():
     """The deterministic toy batch (B=6 in 2 interleaved groups, T=5, lengths 5,3,1,4,0,2)."""
-    from policyzoo.testing.toys import toy_batch
+    from .toys import toy_batch
 
     return toy_batch()
 
@@ -45,7 +45,7 @@ def pz_register():
 
     The returned catalog is the process catalog until the test ends (``assemble(...)``,
     ``resolve_algorithm(...)`` and the CLI use it). Calling it again replaces the previous one."""
-    from policyzoo.testing.helpers import temporary_catalog
+    from .helpers import temporary_catalog
 
     stack = contextlib.ExitStack()
 
@@ -61,7 +61,7 @@ def pz_register():
 def pz_hook_recorder():
     """``pz_hook_recorder(run) -> HookRecorder`` attached to ``run``; ``pz_hook_recorder()`` an
     unattached one (pass it as ``pz_tiny_run(..., recorder=rec)``). Detached when the test ends."""
-    from policyzoo.testing.helpers import HookRecorder
+    from .helpers import HookRecorder
 
     recorders = []
 
@@ -82,6 +82,6 @@ def pz_tiny_run():
     metrics, ``.run.sources`` where each slot came from, ``.weights_changed`` whether it learned.
     ``algorithm`` is anything :func:`policyzoo.assemble` takes (a name, a hybrid mapping, a
     Bundle); see :func:`policyzoo.testing.training.tiny_run`."""
-    from policyzoo.testing.training import tiny_run
+    from .training import tiny_run
 
     return tiny_run

@@ -4,7 +4,7 @@
 127.0.0.1 (``RANK``/``WORLD_SIZE`` set, so :class:`policyzoo.engine.dist.DistCollective` reduces
 over them) and returns each rank's result. :func:`advantages` calls a baseline the way the step
 does: the hook with the arguments it declares, then the declared composition
-(:meth:`policyzoo.slots.Baseline.chain`). Together they pin "N ranks equal one rank with the
+(:meth:`policyzoo.contract.Baseline.chain`). Together they pin "N ranks equal one rank with the
 whole batch" for every statistic that spans more than one group.
 """
 
@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..hookspecs import LOCAL, Collective
+from policyzoo.contract import LOCAL, Collective
+from policyzoo.engine.process import free_port
 
 
 def advantages(comp, rewards, group_ids, response_mask, token_rewards=None, values=None,
@@ -61,8 +62,6 @@ def on_ranks(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
     travel through ``torch.save``. A failing rank raises in the caller
     (``torch.multiprocessing.ProcessRaisedException``)."""
     import torch.multiprocessing as mp
-
-    from ..engine.env import free_port
 
     with tempfile.TemporaryDirectory() as folder:
         mp.spawn(_entry, args=(world, free_port(), fn, args, folder), nprocs=world, join=True)

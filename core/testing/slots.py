@@ -9,9 +9,9 @@ import math
 import torch
 from torch import Tensor
 
-from .. import boundary
-from ..batch import Rollout
-from ..hookspecs import Importance
+from policyzoo.contract import Episode, Importance, Observation, Rollout
+from policyzoo.step import boundary
+
 from .toys import ToyBatch, toy_batch
 
 #: slots whose output is a per-token (or reduced) part of the differentiable loss.
@@ -56,7 +56,7 @@ def extreme_batch(seed: int = 0) -> ToyBatch:
 
 def check_output(slot: str, out, tb: ToyBatch, prompts=None) -> list[str]:
     """Shape/type problems of a slot's output on the toy batch (empty list = fine): the step's own
-    boundary check (:func:`policyzoo.boundary.problems`), plus, for ``sample``, P groups of G."""
+    boundary check (:func:`policyzoo.step.boundary.problems`), plus, for ``sample``, P groups of G."""
     b, t = tb.shape
     if slot == "env":
         return episode_problems(out)
@@ -75,8 +75,6 @@ def episode_problems(episode) -> list[str]:
     """An ``env`` result must be an Episode whose ``prompt`` is chat messages or text, whose
     ``step`` returns an Observation on a tool-call turn and on an answer turn, and whose
     ``reward()`` is a float."""
-    from ..hookspecs import Episode, Observation
-
     if not isinstance(episode, Episode):
         return [f"env(row) returned {type(episode).__name__}, not an Episode"]
     bad = [] if isinstance(episode.prompt, (str, list)) else [f"prompt is a {type(episode.prompt).__name__}"]
@@ -130,7 +128,7 @@ def spec_problems(comp, slot: str, ctx) -> list[str]:
     """What the hook reference promises for the slot, checked on the toy batch:
 
     * ``ratio``: exactly 1 at valid positions when logprobs == old_logprobs == rollout_logprobs
-      (for an :class:`~policyzoo.hookspecs.Importance`, the ratio times its weight);
+      (for an :class:`~policyzoo.contract.Importance`, the ratio times its weight);
     * ``clip``: on-policy (ratio = exp(logprobs - logprobs.detach()) = 1) the gradient of the
       summed surrogate is the policy gradient, d/d logprobs = -A at valid positions, except on
       tokens the surrogate itself reports as cut (``clipped_low`` / ``clipped_high``: a selection

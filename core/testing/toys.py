@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..batch import Rollout
-from ..hookspecs import LOCAL, StepTotals
+from policyzoo.contract.batch import Rollout
+from policyzoo.contract.ground import LOCAL, StepTotals
 
 LENGTHS = (5, 3, 1, 4, 0, 2)
 GROUP_IDS = (7, 3, 7, 3, 7, 3)  # two prompts, rows interleaved, ids not 0..P-1

@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..assembly import Run, assemble
-from ..catalog import Catalog, load_catalog
-from ..components import use
+from policyzoo.assembly import Run, assemble
+from policyzoo.catalog import Catalog, load_catalog
+from policyzoo.contract import use
+
+from . import bandit as bandit_mod
+from .helpers import _as_plugin
 
 
 @dataclass
@@ -48,10 +51,6 @@ def tiny_run(algorithm="grpo", steps: int = 2, seed: int = 0, *, plugins=(), cat
     ``settings`` override :class:`~policyzoo.step.StepSettings` (``micro_batches=2`` ...).
     ``recorder``: a :class:`~policyzoo.testing.HookRecorder` attached to the run before training.
     Errors: whatever assembly raises for an invalid algorithm (a ``ConfigError``)."""
-    from . import bandit as bandit_mod
-
-    from .helpers import _as_plugin
-
     catalog = catalog or load_catalog(autoload=False if plugins else None,
                                       extra=[sys.modules[bandit_mod.__name__], *map(_as_plugin, plugins)])
     run = assemble(algorithm, rewards=(use("bandit_correct"),), catalog=catalog)

@@ -18,17 +18,17 @@ reinforce_pp_baseline, opo, gpg), :mod:`.passk` (grpo_passk), :mod:`.multi` (gdp
 normalisation per reward component), :mod:`.greedy` (remax), :mod:`.token` (optimal_token_baseline,
 tir_optimal_token_baseline: a baseline per token position), :mod:`.batch` (batch_whiten), :mod:`.critic` (gae); shared
 helpers in :mod:`.common`. Any baseline may be chained with batch whitening over the whole step
-(``whiten``; :meth:`policyzoo.slots.Baseline.chain`).
+(``whiten``; :meth:`policyzoo.contract.Baseline.chain`).
 """
 
-from .batch import BatchWhiten
-from .common import group_stats, reward_tokens
-from .critic import GAE
-from .greedy import ReMax
-from .group import GPG, OPO, GroupMean, GroupNorm, LeaveOneOut, ReinforcePPBaseline
-from .multi import GDPO
-from .passk import GRPOPassK
-from .token import OptimalTokenBaseline, TIROptimalTokenBaseline
+from policyzoo.plugins.baseline.batch import BatchWhiten
+from policyzoo.plugins.baseline.common import group_stats, reward_tokens
+from policyzoo.plugins.baseline.critic import GAE
+from policyzoo.plugins.baseline.greedy import ReMax
+from policyzoo.plugins.baseline.group import GPG, OPO, GroupMean, GroupNorm, LeaveOneOut, ReinforcePPBaseline
+from policyzoo.plugins.baseline.multi import GDPO
+from policyzoo.plugins.baseline.passk import GRPOPassK
+from policyzoo.plugins.baseline.token import OptimalTokenBaseline, TIROptimalTokenBaseline
 
 COMPONENTS = (GroupNorm, GroupMean, LeaveOneOut, ReinforcePPBaseline, OPO, GPG, GRPOPassK, GDPO, ReMax,
               OptimalTokenBaseline, TIROptimalTokenBaseline, BatchWhiten, GAE)

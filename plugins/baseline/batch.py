@@ -5,10 +5,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.hookspecs import Advantages, hookimpl
-from policyzoo.slots import Baseline
-
-from .common import token_returns
+from policyzoo.contract import Advantages, Baseline, hookimpl
+from policyzoo.plugins.baseline.common import token_returns
 
 
 class BatchWhiten(Baseline):
@@ -20,7 +18,7 @@ class BatchWhiten(Baseline):
     ``[B, T]`` (float64 math, the rewards' dtype); ``whiten`` (default True here) makes the step
     whiten them: A = (G - mean) / (std + whiten_eps), mean and std (``whiten_std``, population by
     default; verl's ``masked_whiten`` uses the sample std) over every masked token of valid rows
-    of the whole step on every rank (:meth:`~policyzoo.slots.Baseline.chain`; a constant batch
+    of the whole step on every rank (:meth:`~policyzoo.contract.Baseline.chain`; a constant batch
     gives 0). Rows with a NaN reward or no token get 0 and do not enter the statistics.
     verl: ``adv_estimator=reinforce_plus_plus``. Returns ``Advantages([B, T])``.
     Source: Hu 2025, REINFORCE++ (arXiv:2501.03262) Sec. 3."""

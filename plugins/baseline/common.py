@@ -8,9 +8,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from policyzoo.contract import Advantages, Baseline
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import Advantages
-from policyzoo.slots import Baseline
 
 
 def valid_scores(rewards, response_mask, token_rewards):

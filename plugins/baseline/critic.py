@@ -5,11 +5,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from policyzoo.contract import Advantages, Baseline, hookimpl
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import Advantages, hookimpl
-from policyzoo.slots import Baseline
-
-from .common import reward_tokens
+from policyzoo.plugins.baseline.common import reward_tokens
 
 
 class GAE(Baseline):
@@ -21,7 +19,7 @@ class GAE(Baseline):
     V_t is the critic's estimate at the position that predicts token t (aligned with logprobs).
     ``returns`` = A + V *before* whitening (the value targets); ``whiten`` (default True here)
     makes the step normalise A over every masked token of valid rows of the whole step, on every
-    rank (:meth:`~policyzoo.slots.Baseline.chain`; population std unless ``whiten_std: sample``,
+    rank (:meth:`~policyzoo.contract.Baseline.chain`; population std unless ``whiten_std: sample``,
     + ``whiten_eps``). Rows with NaN reward: A = 0, returns = V
     (no target signal). Returns ``Advantages(advantages [B, T], returns [B, T])``.
     ``value_loss`` gives the critic's clipped loss. Sources: Schulman et al. 2016 (arXiv:1506.02438)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from policyzoo.contract import Advantages, Baseline, hookimpl
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import Advantages, hookimpl
-from policyzoo.slots import Baseline
-
-from .common import token_returns
+from policyzoo.plugins.baseline.common import token_returns
 
 
 class ReMax(Baseline):

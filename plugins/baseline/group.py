@@ -7,10 +7,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo.hookspecs import hookimpl
-from policyzoo.stats import moments, std_of
-
-from .common import GroupBaseline, group_stats, valid_scores
+from policyzoo.contract import hookimpl, moments, std_of
+from policyzoo.plugins.baseline.common import GroupBaseline, group_stats, valid_scores
 
 
 class GroupNorm(GroupBaseline):
@@ -95,7 +93,7 @@ class LeaveOneOut(GroupBaseline):
 class ReinforcePPBaseline(GroupMean):
     """REINFORCE++-baseline: A = whiten(s_i - mean_g) -- the group mean subtracted, then the result
     whitened over every trainable token of the whole step (all ranks). It is ``group_mean`` with
-    ``whiten: true`` (the composition of :meth:`~policyzoo.slots.Baseline.chain`) and
+    ``whiten: true`` (the composition of :meth:`~policyzoo.contract.Baseline.chain`) and
     ``singleton: reward``, so G = 1 is allowed and reduces to whitened rewards, as verl's
     ``adv_estimator=reinforce_plus_plus_baseline`` (its group of one has mean 0). Whitening std:
     population + 1e-6 (verl: sample variance, (x - mean) rsqrt(var + 1e-8); ``whiten_std: sample``

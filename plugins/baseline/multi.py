@@ -7,9 +7,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo.hookspecs import hookimpl
-
-from .common import GroupBaseline, group_stats
+from policyzoo.contract import hookimpl
+from policyzoo.plugins.baseline.common import GroupBaseline, group_stats
 
 
 class GDPO(GroupBaseline):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.hookspecs import hookimpl
-
-from .common import GroupBaseline, group_stats, valid_scores
+from policyzoo.contract import hookimpl
+from policyzoo.plugins.baseline.common import GroupBaseline, group_stats, valid_scores
 
 
 class GRPOPassK(GroupBaseline):

@@ -7,10 +7,9 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from policyzoo.contract import Advantages, hookimpl
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import Advantages, hookimpl
-
-from .common import GroupBaseline, token_returns
+from policyzoo.plugins.baseline.common import GroupBaseline, token_returns
 
 
 def _group_baseline(ret, w, m, group_ids, rows, eps, zero_tail):

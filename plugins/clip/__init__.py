@@ -1,7 +1,7 @@
 """``clip`` components: the per-token surrogate loss (to minimise) from ratio and advantages.
 
 Inputs: ``ratio [B, T]`` (with grad), ``advantages [B, T]`` (constants, higher is better),
-``logprobs [B, T]`` (with grad, nats). Output: :class:`~policyzoo.hookspecs.Surrogate` with
+``logprobs [B, T]`` (with grad, nats). Output: :class:`~policyzoo.contract.Surrogate` with
 ``loss [B, T]`` and bool masks ``clipped_low`` / ``clipped_high`` of the tokens whose gradient the
 clip cut or capped (counted over ``response_mask`` by the step for the clip-fraction metrics).
 
@@ -13,13 +13,13 @@ clip, ratio > c and A < 0). On the first update after sampling every ratio is 1,
 
 from __future__ import annotations
 
-from . import cispo, covariance, divergence, dro, ppo, sequence
-from .cispo import CISPO
-from .covariance import ClipCov, KLCov
-from .divergence import DPPOKL, DPPOTV
-from .dro import DRO
-from .ppo import NoClip, PPOClip
-from .sequence import GMPO, VESPO
+from policyzoo.plugins.clip import cispo, covariance, divergence, dro, ppo, sequence
+from policyzoo.plugins.clip.cispo import CISPO
+from policyzoo.plugins.clip.covariance import ClipCov, KLCov
+from policyzoo.plugins.clip.divergence import DPPOKL, DPPOTV
+from policyzoo.plugins.clip.dro import DRO
+from policyzoo.plugins.clip.ppo import NoClip, PPOClip
+from policyzoo.plugins.clip.sequence import GMPO, VESPO
 
 #: one module per family of surrogates
 MODULES = (ppo, cispo, covariance, divergence, sequence, dro)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from policyzoo.hookspecs import Surrogate, hookimpl
-from policyzoo.slots import Clip
+from policyzoo.contract import Clip, Surrogate, hookimpl
 
 
 class CISPO(Clip):

@@ -20,10 +20,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
-from policyzoo.hookspecs import Surrogate, hookimpl
-from policyzoo.slots import Clip
-
-from .ppo import PPOClip
+from policyzoo.contract import Clip, Surrogate, hookimpl
+from policyzoo.plugins.clip.ppo import PPOClip
 
 
 def covariance(advantages, logprobs, mask, collective) -> tuple[torch.Tensor, int]:

@@ -22,8 +22,7 @@ from abc import abstractmethod
 import torch
 from pydantic import Field
 
-from policyzoo.hookspecs import Surrogate, hookimpl
-from policyzoo.slots import Clip
+from policyzoo.contract import Clip, Surrogate, hookimpl
 
 
 class _DPPO(Clip):

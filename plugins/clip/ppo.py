@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.hookspecs import Surrogate, hookimpl
-from policyzoo.slots import Clip
+from policyzoo.contract import Clip, Surrogate, hookimpl
 
 
 class PPOClip(Clip):

@@ -12,9 +12,8 @@ import math
 import torch
 from pydantic import Field
 
+from policyzoo.contract import Clip, Surrogate, hookimpl
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import Surrogate, hookimpl
-from policyzoo.slots import Clip
 
 
 class _PerSequence(Clip):

@@ -1,17 +1,16 @@
 """``reward`` components: rollout -> ``rewards [B]`` float (NaN = unscorable), one module per family.
 
 The step multiplies each component's result by its ``weight`` parameter (declared by
-:class:`policyzoo.slots.Reward`, default 1.0) and sums them. A component added to a module here
+:class:`policyzoo.contract.Reward`, default 1.0) and sums them. A component added to a module here
 must be appended to ``COMPONENTS``.
 """
 
 from policyzoo.data.answers import extract_number
-
-from .answers import AnswerMatch, MathVerify
-from .env import EnvReward
-from .function import Function, RewardFunctionError, load_function
-from .model import RewardModel
-from .overlong import OverlongPenalty
+from policyzoo.plugins.reward.answers import AnswerMatch, MathVerify
+from policyzoo.plugins.reward.env import EnvReward
+from policyzoo.plugins.reward.function import Function, RewardFunctionError, load_function
+from policyzoo.plugins.reward.model import RewardModel
+from policyzoo.plugins.reward.overlong import OverlongPenalty
 
 COMPONENTS = (OverlongPenalty, AnswerMatch, Function, MathVerify, RewardModel, EnvReward)
 __all__ = ["COMPONENTS", "AnswerMatch", "EnvReward", "Function", "MathVerify", "OverlongPenalty", "RewardFunctionError",

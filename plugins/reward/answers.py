@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-
 import torch
 from pydantic import Field
 
+from policyzoo.contract import Reward, hookimpl
 from policyzoo.data.answers import extract_number
 from policyzoo.errors import DataError, UserError
-from policyzoo.hookspecs import hookimpl
-from policyzoo.slots import Reward
 
 
 class AnswerMatch(Reward):

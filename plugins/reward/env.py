@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-
-
+from policyzoo.contract import Reward, hookimpl
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import hookimpl
-from policyzoo.slots import Reward
 
 
 class EnvReward(Reward):

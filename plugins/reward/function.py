@@ -8,9 +8,8 @@ import math
 import torch
 from pydantic import Field
 
+from policyzoo.contract import Reward, hookimpl, runstate
 from policyzoo.errors import UserError
-from policyzoo.hookspecs import hookimpl
-from policyzoo.slots import Reward
 
 
 class RewardFunctionError(UserError):
@@ -45,7 +44,7 @@ class Function(Reward):
     ``policyzoo.train(rewards=[callable])``, registers a callable under ``policyzoo.api:REWARDS.<name>``).
     It is called with TRL ``GRPOTrainer``'s keyword arguments: ``prompts`` and ``completions``
     (B each), ``completion_ids`` (B lists of generated token ids, end-of-sequence token included when
-    generated), ``trainer_state`` (:class:`policyzoo.runstate.TrainerState`: ``global_step``,
+    generated), ``trainer_state`` (:class:`policyzoo.contract.runstate.TrainerState`: ``global_step``,
     ``max_steps``, ``epoch``), and every other column of the data rows as a list of B values
     (missing keys None; ``prompt``, ``completion`` and ``completion_ids`` are not repeated, keys
     starting with ``_`` are internal). Conversational data (the row's prompt was a list of chat
@@ -92,10 +91,8 @@ class Function(Reward):
         return prompts, texts, ids
 
     def _call(self, prompts, completions, ids, rows):
-        from policyzoo.runstate import current
-
         return self.fn(prompts=list(prompts), completions=list(completions), completion_ids=list(ids),
-                       trainer_state=current(), **self._columns(rows))
+                       trainer_state=runstate.current(), **self._columns(rows))
 
     @hookimpl
     def reward(self, rollout):

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-
 import torch
 from pydantic import Field
 
+from policyzoo.contract import Reward, hookimpl
 from policyzoo.errors import ConfigError
-from policyzoo.hookspecs import hookimpl
-from policyzoo.slots import Reward
 
 
 class OverlongPenalty(Reward):

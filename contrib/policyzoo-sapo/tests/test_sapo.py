@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from policyzoo_sapo import BUNDLE, SoftGate
 
 from policyzoo import ConfigError, assemble, resolve_algorithm, use
 from policyzoo.catalog import load_catalog
-from policyzoo_sapo import BUNDLE, SoftGate
 
 
 def _gate_loss_and_grad(r, a, **params):

@@ -8,11 +8,11 @@ import warnings
 
 import pytest
 import torch
+from policyzoo_tis import GeometricTIS
 
 from policyzoo import ConfigError, Importance, assemble, resolve_algorithm
 from policyzoo.catalog import load_catalog
 from policyzoo.testing import check_component
-from policyzoo_tis import GeometricTIS
 
 MASK = torch.tensor([[True, True, True], [True, True, False], [True, True, True]])
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -7.0], [-0.5, -0.5, -0.5]])

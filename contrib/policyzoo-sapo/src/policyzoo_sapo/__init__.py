@@ -4,7 +4,7 @@ Adds the ``clip`` component ``sapo`` (:class:`SoftGate`) and the bundle ``sapo``
 ``grpo``). Source: Gao et al. 2025, "Soft Adaptive Policy Optimization" (arXiv:2511.20347).
 """
 
-from policyzoo import hookimpl
+from policyzoo.contract import hookimpl
 
 from .bundle import BUNDLE
 from .gate import SoftGate

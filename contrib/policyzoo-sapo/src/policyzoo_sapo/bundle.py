@@ -5,7 +5,7 @@ advantages, token ratios, the soft gate with tau_pos 1.0 and tau_neg 1.05, each 
 averaged then averaged over responses (1/G sum_i 1/|y_i| sum_t), no KL term. Parent: grpo.
 """
 
-from policyzoo import Bundle, use
+from policyzoo.contract import Bundle, use
 
 BUNDLE = Bundle(
     name="sapo",

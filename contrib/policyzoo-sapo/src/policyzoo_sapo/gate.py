@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo import Surrogate, hookimpl
-from policyzoo.slots import Clip
+from policyzoo.contract import Clip, Surrogate, hookimpl
 
 #: a token counts as soft-clipped when its gradient weight 4 s (1 - s) is below this.
 ATTENUATED = 0.5

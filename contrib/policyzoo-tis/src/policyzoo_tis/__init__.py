@@ -8,7 +8,7 @@ Sources: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-P
 Training"; Liu, Li et al. 2025, "When Speed Kills Stability".
 """
 
-from policyzoo import hookimpl
+from policyzoo.contract import hookimpl
 
 from .geometric import GeometricTIS
 

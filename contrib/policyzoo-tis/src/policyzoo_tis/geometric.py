@@ -21,8 +21,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo import Importance
-from policyzoo.slots import Ratio
+from policyzoo.contract import Importance, Ratio
 
 
 class GeometricTIS(Ratio):

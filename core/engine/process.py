@@ -1,0 +1,153 @@
+"""Process set-up for the colocated engine: environment variables, threads, the process group.
+
+Everything here must run before ``vllm`` or ``deepspeed`` is imported (they read the environment
+at import time). Values already set by the user or a launcher (``torchrun`` sets ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``...) are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import sys
+from pathlib import Path
+
+from policyzoo.errors import ConfigError
+
+from .models import cache_dir
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def extensions_dir() -> Path:
+    """Where DeepSpeed's compiled op is cached: one folder per Python environment, because torch
+    rebuilds an op whose source paths changed, and two virtual environments sharing one folder
+    would rebuild it in turn (~90 s each time)."""
+    tag = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:10]
+    return cache_dir() / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}-{tag}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
+    """Prepare this process for vLLM (in-process) + DeepSpeed (one rank without a launcher).
+
+    * vLLM runs inside this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights can be
+      pushed into it directly after each optimizer step; on CPU its KV cache gets
+      ``kv_cache_gb`` GiB (``VLLM_CPU_KVCACHE_SPACE``).
+    * DeepSpeed: ``DS_ACCELERATOR=cpu`` without a GPU; a single rank on a free local port when no
+      launcher set ``RANK``/``WORLD_SIZE``. The one op DeepSpeed compiles on first use (~90 s) is
+      cached in ``TORCH_EXTENSIONS_DIR``, by default :func:`extensions_dir` under the policyzoo
+      cache (the Makefile points the cache into the project's ``.build/`` folder).
+    * torch threads: ``threads`` or the usable cores shared out among the ranks of this node
+      (``LOCAL_WORLD_SIZE`` from torchrun, ``LOCAL_SIZE`` from the deepspeed launcher). Returns the count used.
+    """
+    import torch
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # unless quiet_libraries(verbose=True) set INFO
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")  # torchrun / deepspeed
+    n = threads or max(1, cpu_count() // local_ranks)
+    torch.set_num_threads(n)
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    return n
+
+
+def check_vllm_threads(threads: int | None) -> None:
+    """vLLM's CPU attention checks its OpenMP pool, sized when the process started, against
+    torch's thread count: a mismatch crashes in the first rollout. Raise a ConfigError first."""
+    import torch
+
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if threads and not torch.cuda.is_available() and threads != (int(omp) if omp else cpu_count()):
+        raise ConfigError("engine.threads", f"engine.threads={threads} with the vllm rollout, but this process's "
+                          f"OpenMP thread count is {omp or cpu_count()} (fixed at start-up, before the config is read)",
+                          f"start the process with OMP_NUM_THREADS={threads} in the environment, drop "
+                          "engine.threads, or use engine.rollout=transformers")
+
+
+#: warnings that say nothing a user can act on, silenced unless --verbose (module regex, message regex)
+NOISE = [
+    (r"", r".*[Tt]riton.*"),  # "Triton is not installed / not supported on CPU" (vLLM, DeepSpeed on CPU)
+    (r"", r".*reduce_op.*deprecated.*"),  # torch.distributed.reduce_op, still used by DeepSpeed
+    (r"", r".*NUMA.*"),  # vLLM-CPU's thread binding without libnuma
+]
+
+
+def quiet_libraries(verbose: bool = False) -> None:
+    """Silence library output that says nothing to the user (Triton missing on CPU, DeepSpeed's
+    deprecated ``reduce_op``, vLLM's NUMA binding notes, transformers' and DeepSpeed's info logs).
+    With ``verbose`` (``policyzoo train --verbose``, ``policyzoo.train(verbose=True)``) everything is
+    shown: info-level logs of vLLM, transformers and DeepSpeed, and every warning."""
+    import logging
+    import warnings
+
+    if verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info")
+        logging.getLogger("DeepSpeed").setLevel(logging.INFO)
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    logging.getLogger("vllm.triton_utils.importing").setLevel(logging.ERROR)  # logged at import, before its config
+    for module, message in NOISE:
+        warnings.filterwarnings("ignore", message=message, module=module)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
+
+
+@contextlib.contextmanager
+def captured_output(log_file: Path, enabled: bool = True):
+    """Send everything written to this process's stdout and stderr (file descriptors 1 and 2, so
+    C++ and library prints too: DeepSpeed's op-build line, vLLM's NUMA notes and load bars) to
+    ``log_file`` (appended) while loading models. Nothing is lost: on an exception the captured text
+    is also written to stderr before the exception propagates."""
+    if not enabled:
+        yield
+        return
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+    if not ok:
+        sys.stderr.write(log_file.read_text(errors="replace")[-20000:])

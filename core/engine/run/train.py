@@ -1,0 +1,49 @@
+"""``policyzoo train``: the main job. Rollout with vLLM, training with DeepSpeed, in one process.
+
+``main(config, resume)`` runs, in order: load and check the task, assemble the algorithm, check
+the model folder and every prompt's length (all before any model is loaded), start DeepSpeed
+(policy, reference only with a ``kl`` component, critic only for baselines that need values)
+and then the rollout engine, restore the last checkpoint when resuming, and loop
+``train_step`` (``policyzoo.step``) with a weight sync after every optimizer step.
+Per-step seeds derive from ``train.seed`` and the step number only, and the prompt stream from the
+number of batches drawn, so a resumed run repeats the uninterrupted run exactly (CPU, fp32).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from policyzoo.config import load_config
+from policyzoo.engine.process import check_vllm_threads, quiet_libraries, setup_process
+from policyzoo.engine.rundir import ResumeError
+
+from .session import Session
+
+
+def config_from_run_dir(run_dir: str, overrides: list[str] = ()):
+    """The config a run was started with (``RUN_DIR/config.yaml``), plus ``key=value`` overrides
+    (e.g. ``train.steps=40`` to extend a finished run)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ResumeError(str(run_dir), "not a run directory (no config.yaml)",
+                          "pass the folder a previous `policyzoo train` wrote (its --output-dir)")
+    return load_config(str(path), None, list(overrides))
+
+
+def open_session(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False):
+    """Set up the process, run every check and load the models: a started
+    :class:`~policyzoo.engine.run.session.Session` (what ``policyzoo.Trainer`` drives step by step)."""
+    quiet_libraries(verbose)
+    if config.engine.rollout == "vllm":
+        check_vllm_threads(config.engine.threads)
+    threads = setup_process(config.engine.threads, config.engine.kv_cache_gb)
+    session = Session.prepare(config, resume, force_resume)  # every check; no model loaded yet
+    session.verbose = verbose
+    session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
+                          f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
+    session.start()
+    return session
+
+
+def main(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False) -> dict:
+    return open_session(config, resume, force_resume, verbose).train()

@@ -1,0 +1,93 @@
+"""The trainer's weights and checkpoints: full weights for the sync, the finiteness check,
+DeepSpeed checkpoints (read without unpickling), the optimizer settings applied after a resume and
+the ``save_pretrained`` export. A mixin of :class:`policyzoo.engine.trainer.deepspeed_trainer.Trainer`, which owns
+``engine``, ``critic``, ``stage``, ``lora`` and ``info``."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from policyzoo.engine.dist import any_rank, rank
+from policyzoo.engine.rundir import weights_only_load
+
+from . import lora as lora_mod
+from .dsconfig import BETAS
+
+
+class TrainerIO:
+    @contextlib.contextmanager
+    def full_weights(self):
+        """``[(hf_name, tensor)]`` of the policy's full weights (gathered under ZeRO-3)."""
+        import deepspeed
+
+        if self.lora:  # ZeRO 0-2 only: every weight is held whole on every rank
+            yield lora_mod.merged_weights(self.engine.module)
+            return
+        params = list(self.engine.module.named_parameters())
+        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None, enabled=self.stage == 3):
+            yield [(n, p.data) for n, p in params]
+
+    def weights_finite(self) -> bool:
+        """True when every policy (and critic) weight is finite (gathered under ZeRO-3; the
+        answer is agreed over data-parallel ranks)."""
+        with self.full_weights() as weights:
+            bad = any(not bool(torch.isfinite(t).all()) for _, t in weights)
+        if self.critic is not None:
+            bad = bad or any(not bool(torch.isfinite(p.data).all()) for p in self.critic.module.parameters()
+                             if p.data.numel())
+        return not any_rank(bad)
+
+    def save(self, folder: str, client_state: dict) -> None:
+        self.engine.save_checkpoint(folder, tag="policy", client_state=client_state, save_latest=False)
+        if self.critic is not None:
+            self.critic.save_checkpoint(folder, tag="critic", save_latest=False)
+
+    def load(self, folder: str) -> dict:
+        """Restore a checkpoint written by :meth:`save`. Every file is read with
+        ``torch.load(weights_only=True)`` (DeepSpeed's own loader unpickles anything): a file that
+        holds other objects than tensors, containers and DeepSpeed's three state classes raises
+        :class:`~policyzoo.engine.rundir.ResumeError` and nothing in it is executed."""
+        for e in (self.engine, self.critic):
+            if e is not None:
+                e.checkpoint_engine.load = weights_only_load
+        _, client = self.engine.load_checkpoint(folder, tag="policy", load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
+        if self.critic is not None:
+            self.critic.load_checkpoint(folder, tag="critic", load_optimizer_states=True)
+        return client or {}
+
+    def set_optimizer(self, lr: float, weight_decay: float, critic_lr: float,
+                      betas: tuple[float, float] = BETAS, eps: float = 1e-8) -> None:
+        """Set every parameter group's ``lr``, ``weight_decay``, ``betas`` and ``eps`` to the
+        configured values. Called after :meth:`load`: DeepSpeed restores the optimizer's parameter
+        groups as saved, so without this a resume with another ``train.lr`` would go on at the
+        checkpoint's rate. The learning-rate schedule's base rate becomes ``lr`` too, and the group's
+        rate ``lr`` x the schedule's factor at the restored step. The Adam moments and step counts
+        are kept."""
+        for eng, rate in ((self.engine, lr), (self.critic, critic_lr)):
+            if eng is None:
+                continue
+            sched = getattr(eng, "lr_scheduler", None)
+            groups = eng.optimizer.param_groups
+            if sched is not None and hasattr(sched, "lr_lambdas"):
+                sched.base_lrs = [rate] * len(groups)
+            for i, group in enumerate(groups):
+                factor = sched.lr_lambdas[i](sched.last_epoch) if hasattr(sched, "lr_lambdas") else 1.0
+                group.update(lr=rate * factor, initial_lr=rate, weight_decay=weight_decay, betas=betas, eps=eps)
+
+    def export(self, folder: str) -> None:
+        """``save_pretrained`` (safetensors) of the trained policy and its tokenizer (rank 0 writes;
+        every rank takes part in the ZeRO-3 gather); with LoRA the merged model, and the adapter in
+        ``folder/adapter`` (``policyzoo.engine.trainer.lora``)."""
+        if self.lora:
+            if rank() == 0:
+                lora_mod.export(self.engine.module, folder, self.info.tokenizer)
+            return
+        with self.full_weights() as weights:
+            state = {n: t.detach().cpu().clone() for n, t in weights}
+        if rank() != 0:
+            return
+        self.engine.module.save_pretrained(folder, state_dict=state, safe_serialization=True)
+        self.info.tokenizer.save_pretrained(folder)

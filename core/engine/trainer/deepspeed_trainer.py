@@ -1,0 +1,286 @@
+"""The trainer: DeepSpeed engines for the policy (and the critic), a frozen reference model.
+
+* One DeepSpeed engine per trained model, ZeRO stage 0-3, fp32 (bf16 only with ZeRO >= 1),
+  torch's fused AdamW (``torch_adam`` + ``fused``: no DeepSpeed op build; one kernel over all
+  parameters, 7x faster than the per-parameter loop on CPU), gradient clipping as configured (DeepSpeed
+  would otherwise default to 1.0). Gradient accumulation is left to the caller
+  (``managed_gradient_accumulation: false``): every ``backward`` accumulates, ``step`` reduces and
+  updates once, so the number of micro-batches per optimizer step may vary from step to step.
+  Losses arrive already normalised over the whole step (``StepTotals``) and are not divided by
+  DeepSpeed's accumulation count (``scale_wrt_gas=False``).
+* Log-probs: response token t is scored from the logits at position t-1 (the last prompt token
+  for t = 0), divided by the sampling temperature, as the sampler drew it. Prompts are left-padded
+  and responses right-padded, so every row's response starts in the same column; position ids
+  count real tokens only, so padding changes no logit. By default (``share_prompt``) each distinct
+  prompt runs once and only the responses run per row (``policyzoo.engine.trainer.prefix``): same
+  log-probs and gradients, G times fewer prompt FLOPs.
+* The reference model (only when a ``kl`` component is active) is a frozen copy of the initial
+  weights; the critic (only for baselines that ``need_values``) is the same transformer with a
+  scalar value head (zero-initialised, so every first value is 0) trained by its own engine.
+* Options: LoRA adapters (``model.lora``, ``policyzoo.engine.trainer.lora``: the reference is then the base
+  model with the adapter off), gradient checkpointing and bf16 autocast (``policyzoo.engine.trainer.compute``),
+  the user's own DeepSpeed config merged over policyzoo's (``engine.deepspeed``,
+  ``policyzoo.engine.trainer.dsconfig``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from policyzoo.contract import Rollout, token_budget_bounds
+from policyzoo.engine.dist import any_rank, gather, world_size
+
+from . import lora as lora_mod
+from .checkpoint_io import TrainerIO
+from .compute import autocast, enable_gradient_checkpointing
+from .dsconfig import BETAS, check_stage, ds_config, initialize, merge, read_user_config
+from .dsconfig import zero_stage as stage_of
+from .modeling import ValueModel, lr_schedule, pack
+from .prefix import shared_prompt_logprobs, token_logprobs
+
+__all__ = ["BETAS", "Trainer", "ValueModel", "ds_config", "lr_schedule", "pack", "token_logprobs"]
+
+
+class Trainer(TrainerIO):
+    """DeepSpeed engine(s) for one run. ``need_ref`` / ``need_critic`` load those models."""
+
+    stage, world = 0, 1  #: ZeRO stage and data-parallel ranks (set by ``__init__``)
+    score_tokens: int | None = None  #: token budget of the no-grad scoring chunks (set by ``__init__``)
+    autocast = False  #: bf16 autocast in the scoring forwards (set by ``__init__``)
+    lora = False  #: the policy is a PEFT model with LoRA adapters (set by ``__init__``)
+
+    def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
+                 need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
+                 score_rows: int = 16, share_prompt: bool = True, lora=None, gradient_checkpointing: bool = False,
+                 autocast: bool = False, deepspeed_config: str | dict | None = None, seed: int = 0,
+                 score_tokens: int | None = None,
+                 betas: tuple[float, float] = BETAS, eps: float = 1e-8, schedule: str = "constant",
+                 warmup_steps: int = 0, total_steps: int = 1):
+        from transformers import AutoModelForCausalLM
+
+        user = read_user_config(deepspeed_config)
+        policy_cfg = merge(ds_config(zero_stage, lr, weight_decay, grad_clip, dtype, betas, eps), user)
+        sched = lr_schedule(schedule, warmup_steps, total_steps)
+        zero_stage = stage_of(policy_cfg)  # the user's config may set the stage
+        check_stage(zero_stage, dtype, lora)
+        self.info, self.stage, self.pad_id = info, zero_stage, info.pad_token_id
+        self.score_rows, self.score_tokens = score_rows, score_tokens
+        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing
+        self.share_prompt = share_prompt and not gradient_checkpointing
+        #: bf16 compute over fp32 weights (policyzoo.engine.trainer.compute)
+        self.autocast = autocast
+        cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        tdtype = getattr(torch, dtype)
+        path = str(info.path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
+        model.eval()  # no dropout: the trainer must score exactly what the sampler sampled
+        self.lora = lora is not None
+        if self.lora:
+            model = lora_mod.wrap(model, lora, seed)
+            model.eval()
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        #: trained parameters (all of them, or the LoRA adapter's)
+        self.trainable_params = sum(p.numel() for p in trainable)
+        self.engine = initialize(model, trainable, policy_cfg, sched)
+        self.ref = None
+        if need_ref and not self.lora:  # with LoRA the reference is the base model (adapter off)
+            self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
+            self.ref.eval().requires_grad_(False).to(self.device)
+        self.critic = None
+        if need_critic:
+            vm = ValueModel(path, tdtype, trust_remote_code)
+            if gradient_checkpointing:
+                enable_gradient_checkpointing(vm.body)
+            cfg = merge(ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype, betas, eps), user)
+            self.critic = initialize(vm, vm.parameters(), cfg, sched)
+        self._need_ref = need_ref
+        self._nonfinite = 0
+        #: DeepSpeed averages gradients over ranks; losses are scaled by the world size so the
+        #: average is the full-batch gradient (see policyzoo.engine.dist)
+        self.world = world_size()
+
+    def models_loaded(self) -> list[str]:
+        """The models this run holds, for the summary (with LoRA the reference is the base model)."""
+        ref = ["reference (base model, adapter off)" if self.lora else "reference"] if self._need_ref else []
+        return ["policy"] + ref + (["critic"] if self.critic is not None else [])
+
+    # ---------------------------------------------------------------------------- scoring
+    def _logprobs(self, model, rollout: Rollout, entropy: bool, share: bool | None = None, cast: bool | None = None):
+        """Log-probs (and entropies) ``[B, T]``, exactly 0 where ``response_mask`` is False (under
+        bf16 autocast when ``train.autocast`` is on, unless ``cast`` is False)."""
+        with autocast(self.device, self.autocast if cast is None else cast):
+            return self._logprobs_inner(model, rollout, entropy, share)
+
+    def _logprobs_inner(self, model, rollout: Rollout, entropy: bool, share: bool | None):
+        if self.share_prompt if share is None else share:
+            lp, ent = shared_prompt_logprobs(model, rollout, self.pad_id, self.device, entropy)
+        else:
+            ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
+            lp, ent = token_logprobs(logits, rollout.response_ids.to(self.device), rollout.temperature, entropy)
+            mask = rollout.response_mask.to(self.device)
+            lp, ent = torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
+        return lp.cpu(), (ent.cpu() if ent is not None else None)
+
+    @torch.no_grad()
+    def check_share_prompt(self, ids: list[int], tolerance: float = 1e-3) -> str | None:
+        """Compare shared-prompt scoring with the per-row forward on rows built from ``ids``: two
+        prompts of different lengths (left padding), a long response, a short one and a one-token
+        one (so that the rows form several length groups and the cache is restored between them).
+        On a difference above ``tolerance`` nats, or an error (a model without cache support, a
+        cache kind not known to be restorable), turn sharing off and return why (for a warning);
+        None when it agrees or is off."""
+        if not self.share_prompt:
+            return None
+        if len(ids) < 8:
+            self.share_prompt = False
+            return f"the check sequence has {len(ids)} tokens (< 8): shared-prompt scoring left unchecked and off"
+        h = len(ids) // 2
+        t = len(ids) - h
+        resp = torch.tensor([ids[h:], ids[h:][::-1], ids[h - 1:][:t], ids[h:][:t]])
+        mask = torch.ones(4, t, dtype=torch.bool)
+        mask[1, 2:] = False  # 2 tokens
+        mask[3, 1:] = False  # 1 token
+        r = Rollout(prompt_ids=[ids[:h], ids[:h], ids[:h - 1], ids[:h - 1]], response_ids=resp, response_mask=mask,
+                    rollout_logprobs=torch.zeros(4, t), group_ids=torch.tensor([0, 0, 1, 1]),
+                    truncated=torch.zeros(4, dtype=torch.bool))
+        try:
+            diff = float((self._logprobs(self.engine, r, False, True, cast=False)[0]
+                          - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs().max())
+        except Exception as e:  # noqa: BLE001 - any failure means: score per row
+            self.share_prompt = False
+            return f"shared-prompt scoring failed on this model ({type(e).__name__}: {e}); scoring per row"
+        if not diff <= tolerance:
+            self.share_prompt = False
+            return f"shared-prompt scoring differs from the per-row forward by {diff:.3g} nats; scoring per row"
+        return None
+
+    def _chunked(self, fn, rollout: Rollout):
+        """``fn`` over row chunks of the no-grad scoring passes: ``score_rows`` rows each, or with
+        ``score_tokens`` (``train.max_tokens_per_micro_batch``) contiguous chunks of at most that
+        many prompt + real response tokens, so long answers never score more at once than a
+        training micro-batch does."""
+        if self.score_tokens:
+            costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, rollout.response_mask.sum(-1).tolist())]
+            bounds = token_budget_bounds(costs, self.score_tokens)
+            if self.stage == 3 and self.world > 1:  # ZeRO 3 gathers weights per forward: every rank as many
+                most = max(gather(len(bounds)))
+                if most > len(bounds):
+                    cuts = [round(i * len(rollout) / most) for i in range(most + 1)]
+                    bounds = list(zip(cuts[:-1], cuts[1:]))
+        else:
+            bounds = [(k, min(k + self.score_rows, len(rollout))) for k in range(0, len(rollout), self.score_rows)]
+        rows = torch.arange(len(rollout))
+        outs = [fn(rollout.select((rows >= lo) & (rows < hi))) for lo, hi in bounds]
+        if isinstance(outs[0], tuple):
+            return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
+        return torch.cat(outs)
+
+    def logprobs(self, rollout: Rollout, grad: bool, entropy: bool = False):
+        if grad:
+            with lora_mod.adapter_dropout(self.engine.module, self.lora):
+                return self._logprobs(self.engine, rollout, entropy)
+        with torch.no_grad():
+            return self._chunked(lambda r: self._logprobs(self.engine, r, entropy), rollout)
+
+    @torch.no_grad()
+    def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        if not self._need_ref:
+            raise RuntimeError("ref_logprobs called but no kl component is active (no reference model loaded)")
+        if self.lora:  # the base model: the adapter switched off
+            with self.engine.module.disable_adapter():
+                return self._chunked(lambda r: self._logprobs(self.engine, r, False)[0], rollout)
+        return self._chunked(lambda r: self._logprobs(self.ref, r, False)[0], rollout)
+
+    @torch.no_grad()
+    def sum_pi_squared(self, rollout: Rollout) -> torch.Tensor:
+        """``[B, T]``: sum_v softmax(logits / temperature)_v^2 at each response position (the
+        per-row forward, float32), 0 where ``response_mask`` is False."""
+        def run(r):
+            ids, attn, pos, t = pack(r, self.pad_id, self.device)
+            logits = self.engine(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
+            p = torch.softmax(logits[:, :-1].float() / r.temperature, -1)
+            return torch.where(r.response_mask.to(self.device), (p * p).sum(-1), 0.0).cpu()
+        return self._chunked(run, rollout)
+
+    def values(self, rollout: Rollout, grad: bool) -> torch.Tensor:
+        if self.critic is None:
+            raise RuntimeError("values called but the baseline needs no critic (no value model loaded)")
+
+        def run(r):
+            ids, attn, pos, t = pack(r, self.pad_id, self.device)
+            with autocast(self.device, self.autocast):
+                return self.critic(ids, attn, pos, t).cpu()
+        if grad:
+            return run(rollout)
+        with torch.no_grad():
+            return self._chunked(run, rollout)
+
+    @torch.no_grad()
+    def score_sequence(self, ids: list[int]) -> torch.Tensor:
+        """Log-probs ``[len(ids) - 1]`` of tokens 1.. at temperature 1 (for the sync check)."""
+        x = torch.tensor([ids], device=self.device)
+        logits = self.engine(input_ids=x).logits[0, :-1]
+        return token_logprobs(logits[None], x[:, 1:], 1.0, False)[0][0].cpu()
+
+    @torch.no_grad()
+    def next_logprobs(self, ids: list[int]) -> torch.Tensor:
+        """Log-probs ``[V]`` of every token after ``ids`` at temperature 1 (for the sync check)."""
+        x = torch.tensor([ids], device=self.device)
+        return self.engine(input_ids=x).logits[0, -1].float().log_softmax(-1).cpu()
+
+    # ---------------------------------------------------------------------------- updates
+    def backward(self, loss: torch.Tensor, value_loss: torch.Tensor | None = None) -> None:
+        """Accumulate one micro-batch. A non-finite loss is not back-propagated and marks the
+        whole optimizer step as skipped."""
+        for eng, part in ((self.engine, loss), (self.critic, value_loss)):
+            if eng is None or part is None:
+                continue
+            if not torch.isfinite(part.detach()).all():
+                self._nonfinite += 1
+                continue
+            eng.backward(part.to(self.device) * self.world, scale_wrt_gas=False)
+
+    @staticmethod
+    def _grad_norm(eng) -> torch.Tensor:
+        """L2 norm of the gradients held on this rank's module parameters (all of them at ZeRO 0/1;
+        partitioned away at 2/3). Not finite when any gradient entry is NaN or inf (or the sum of
+        squares overflows fp32), which is how :meth:`step` detects a bad gradient in one pass."""
+        grads = [p.grad for p in eng.module.parameters() if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+
+    def step(self, skip: bool = False) -> dict:
+        """Apply the accumulated gradients once. Returns ``grad_norm`` (before clipping) or
+        ``{"skipped": 1}`` (weights untouched) when ``skip`` is given or a loss or gradient was
+        not finite, on this rank or any other (the flag is agreed over ranks first)."""
+        engines = [e for e in (self.engine, self.critic) if e is not None]
+        norms = [self._grad_norm(e) for e in engines]
+        bad = skip or bool(self._nonfinite) or not all(bool(torch.isfinite(n)) for n in norms)
+        if any_rank(bad):
+            self.discard()
+            return {"skipped": 1}
+        pre = float(norms[0]) if self.stage == 0 else None
+        for e in engines:
+            e.step()
+        out = {"skipped": 0}
+        norm = pre if pre is not None else self.engine.get_global_grad_norm()
+        if norm is not None:
+            out["grad_norm"] = float(norm)
+        return out
+
+    def lr(self) -> float:
+        """The policy's learning rate for the next optimizer step."""
+        return float(self.engine.get_lr()[0])
+
+    def discard(self) -> None:
+        """Drop the accumulated gradients without touching weights or optimizer state."""
+        for e in (self.engine, self.critic):
+            if e is None:
+                continue
+            e.zero_grad()
+            if hasattr(e.optimizer, "zero_grad"):
+                e.optimizer.zero_grad(set_to_none=True)
+        self._nonfinite = 0

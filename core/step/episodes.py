@@ -1,0 +1,216 @@
+"""Multi-turn episodes: the loop that alternates model turns and environment answers, token-exact.
+
+:func:`run_episodes` starts B = P x n episodes (the env's ``env(row)`` reset, once per sample),
+then repeats, at most ``max_turns`` times: one model turn for every live episode -- all of them
+in one batched call of the policy's ``generate_tokens``, each with its own seed -- then
+``Episode.step`` on each turn, whose answer is rendered with the chat template and appended.
+
+Token layout of one row (the Rollout's response): ``turn_1 env_1 turn_2 env_2 ... turn_k``.
+``turn_i`` are the model's tokens exactly as sampled (EOS included when generated) with their
+sampler log-probs and ``response_mask`` True; ``env_i`` are the tokens of the environment's
+messages in the chat template -- what the template puts after the model's turn -- with mask False
+and log-prob 0. Nothing is decoded and re-tokenised: the next turn is sampled from the
+concatenated ids, so trainer and sampler see the same sequence.
+
+Environment tokens (:func:`env_turn_ids`): the conversation ``[system, user, assistant: X] +
+messages`` is rendered with ``add_generation_prompt=True``; the text after the assistant content X
+is the environment's part, minus the end-of-turn token the model already generated (the EOS text
+right after X). It is tokenised alone; chat templates end a message with a special token, so the
+boundary never merges with the model's tokens.
+
+Budgets: a model turn may use ``min(max_tokens, max_total_tokens - tokens so far)`` tokens.
+An episode ends when the env says ``done`` (or answers nothing) -- stop reason ``env`` -- when the
+turn budget is spent while the env still answers (``turns``), or when the env's answer would
+leave no room for another model token (``tokens``; that answer is not appended). ``truncated``
+is True for ``turns`` and ``tokens``, and when the last model turn hit its token limit without EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from policyzoo.contract import Episode, Observation, Rollout
+from policyzoo.errors import ComponentError, ConfigError, UserError
+
+SEED_MOD = 2**62
+#: per-step means over the sampled episodes, reported when the run has an env
+EPISODE_METRICS = ("env_turns_mean", "env_tool_calls_mean", "env_tool_errors_mean", "env_tool_call_frac",
+                   "env_truncated_turns_frac", "env_truncated_tokens_frac")
+_SENTINEL = "\u2063policyzoo-turn\u2063"
+
+
+def episode_sums(rollout: Rollout) -> dict[str, float]:
+    """Sums over the rows of ``rollout`` of the :data:`EPISODE_METRICS` (divide by the row count
+    for the means); empty for a single-turn rollout."""
+    if rollout.turns is None:
+        return {}
+    reasons = rollout.stop_reasons or []
+    return {"env_turns_mean": float(rollout.turns.sum()), "env_tool_calls_mean": float(rollout.tool_calls.sum()),
+            "env_tool_errors_mean": float(rollout.tool_errors.sum()),
+            "env_tool_call_frac": float((rollout.tool_calls > 0).sum()),
+            "env_truncated_turns_frac": float(sum(r == "turns" for r in reasons)),
+            "env_truncated_tokens_frac": float(sum(r == "tokens" for r in reasons))}
+
+
+def encode_prompt(tokenizer, prompt) -> list[int]:
+    """Token ids of one prompt: chat messages go through the tokenizer's chat template with the
+    generation prompt appended; a plain string is tokenized as is."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt).input_ids)
+    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def env_turn_ids(tokenizer, messages: list[dict], eos_generated: bool) -> list[int]:
+    """Token ids that follow a model turn when the environment answers with ``messages``: the
+    chat template's end of the assistant turn (unless the model generated it: ``eos_generated``,
+    its last token is the tokenizer's ``eos_token``; another stop id keeps the template's),
+    the messages, and the generation prompt of the next assistant turn (see the module docstring).
+    Raises :class:`ConfigError` when the template does not reproduce the assistant's content."""
+    base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "assistant", "content": _SENTINEL}]
+    text = tokenizer.apply_chat_template(base + list(messages), add_generation_prompt=True, tokenize=False)
+    at = text.find(_SENTINEL)
+    if at < 0:
+        raise ConfigError("env (chat template)", "the model's chat template does not render an assistant message's "
+                          "content verbatim, so environment turns cannot be placed after it",
+                          "use a model whose chat template renders assistant messages (e.g. ChatML)")
+    rest = text[at + len(_SENTINEL):]
+    eos = tokenizer.eos_token or ""
+    if eos_generated and eos and rest.startswith(eos):
+        rest = rest[len(eos):]
+    return list(tokenizer(rest, add_special_tokens=False).input_ids)
+
+
+@dataclass
+class _Trace:
+    """One episode in progress: its prompt ids and the response built so far."""
+
+    episode: Episode
+    prompt: list[int]
+    seed: int
+    ids: list[int] = field(default_factory=list)
+    model: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_rewards: dict[int, float] = field(default_factory=dict)
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    stop: str = ""
+    cut: bool = False  # the last model turn hit its token limit without EOS
+
+    def add(self, ids: list[int], logprobs: list[float] | None) -> None:
+        self.ids += ids
+        self.model += [logprobs is not None] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+
+
+def turn_seed(seed: int, prompt_index: int, n: int, sample: int, turn: int) -> int:
+    """The sampling seed of model turn ``turn`` of sample ``sample`` of the prompt with global index
+    ``prompt_index``: distinct for every (prompt, sample, turn) of a step, the same on any number
+    of data-parallel ranks."""
+    return (((seed * 1_000_003 + prompt_index) * n + sample) * 1_009 + turn) % SEED_MOD
+
+
+def _step(env, trace: _Trace, text: str, ids: list[int]) -> Observation:
+    try:
+        obs = trace.episode.step(text, ids)
+    except UserError:
+        raise
+    except Exception as e:  # name the environment, keep the cause chained
+        raise ComponentError(f"env component {env!r}", f"Episode.step raised {type(e).__name__}: {e}",
+                             "fix the environment; rerun with POLICYZOO_TRACE=1 to see the hook calls") from e
+    if not isinstance(obs, Observation):
+        raise ComponentError(f"env component {env!r}", f"Episode.step returned {type(obs).__name__}, "
+                             "not an Observation", "return policyzoo.Observation(messages=[...]) or done=True")
+    return obs
+
+
+def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
+                 top_p: float = 1.0) -> Rollout:
+    """``n`` episodes of ``env`` per row of ``rows``, as a Rollout of B = len(rows) x n rows
+    (row ``i * n + j`` is sample ``j`` of prompt ``i``, group id ``first_index + i``).
+
+    ``policy`` must have ``tokenizer``, ``pad_token_id`` and ``generate_tokens`` (see
+    :class:`policyzoo.contract.TokenPolicy`); ``first_index`` (default 0) is the global index of
+    ``rows[0]``. Raises :class:`ComponentError` when the env's ``env(row)`` does not return an
+    :class:`Episode`, its ``step`` fails or returns something else than an :class:`Observation`,
+    or its ``reward`` is not a number."""
+    tok, first = policy.tokenizer, getattr(policy, "first_index", 0)
+    budget, max_turns = env.params.max_total_tokens, env.params.max_turns
+    traces: list[_Trace] = []
+    for i, row in enumerate(rows):
+        for j in range(n):
+            try:
+                ep = env.env(row)
+            except TypeError as e:  # e.g. an Episode subclass without step() or reward()
+                raise ComponentError(f"env component {env!r}", f"env(row) raised TypeError: {e}",
+                                     "implement step(turn_text, turn_ids) and reward() on the Episode "
+                                     "subclass it returns") from e
+            if not isinstance(ep, Episode):
+                raise ComponentError(f"env component {env!r}", f"env(row) returned {type(ep).__name__}, not an "
+                                     "Episode", "return an instance of a policyzoo.Episode subclass")
+            traces.append(_Trace(ep, encode_prompt(tok, ep.prompt), turn_seed(seed, first + i, n, j, 0)))
+    for turn in range(max_turns):
+        live = [t for t in traces if not t.stop]
+        if not live:
+            break
+        outs = policy.generate_tokens([t.prompt + t.ids for t in live],
+                                      [min(max_tokens, budget - len(t.ids)) for t in live], temperature,
+                                      [t.seed + turn for t in live], top_p=top_p)
+        for t, out in zip(live, outs):
+            t.add(list(out.ids), list(out.logprobs))
+            t.turns += 1
+            t.cut = not out.stopped
+            obs = _step(env, t, out.text, list(out.ids))
+            if obs.reward is not None and out.ids:
+                t.turn_rewards[len(t.ids) - 1] = float(obs.reward)
+            t.tool_calls += int(obs.tool_call)
+            t.tool_errors += int(obs.tool_error)
+            if obs.done or not obs.messages:
+                t.stop = "env"
+            elif turn == max_turns - 1:
+                t.stop = "turns"
+            else:
+                ended = bool(out.ids) and out.ids[-1] == tok.eos_token_id  # the template's end-of-turn token
+                answer = env_turn_ids(tok, obs.messages, eos_generated=ended)
+                if len(t.ids) + len(answer) >= budget:
+                    t.stop = "tokens"
+                else:
+                    t.add(answer, None)
+    return _pack(env, traces, rows, n, policy.pad_token_id, tok, temperature, max_tokens, first)
+
+
+def _pack(env, traces: list[_Trace], rows, n, pad_id, tok, temperature, max_tokens, first) -> Rollout:
+    b, t = len(traces), max([len(x.ids) for x in traces] + [1])
+    ids = torch.full((b, t), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, t), dtype=torch.bool)
+    lps = torch.zeros((b, t), dtype=torch.float32)
+    turn_rewards = torch.zeros((b, t), dtype=torch.float32)
+    rewards = torch.zeros(b, dtype=torch.float32)
+    for k, x in enumerate(traces):
+        ids[k, :len(x.ids)] = torch.tensor(x.ids, dtype=torch.long)
+        mask[k, :len(x.ids)] = torch.tensor(x.model, dtype=torch.bool)
+        lps[k, :len(x.ids)] = torch.tensor(x.logprobs, dtype=torch.float32)
+        for pos, r in x.turn_rewards.items():
+            turn_rewards[k, pos] = r
+        r = x.episode.reward()
+        if not isinstance(r, (int, float)) or isinstance(r, bool):
+            raise ComponentError(f"env component {env!r}", f"Episode.reward() returned {type(r).__name__}",
+                                 "return a float (NaN = unscorable)")
+        rewards[k] = float(r)
+    return Rollout(prompt_ids=[x.prompt for x in traces], response_ids=ids, response_mask=mask,
+                   rollout_logprobs=lps, group_ids=torch.arange(first, first + len(rows)).repeat_interleave(n),
+                   truncated=torch.tensor([x.stop in ("turns", "tokens") or x.cut for x in traces], dtype=torch.bool),
+                   prompts=[tok.decode(x.prompt) for x in traces],
+                   completions=[tok.decode(x.ids, skip_special_tokens=True) for x in traces],
+                   rows=[r for r in rows for _ in range(n)], temperature=temperature, max_tokens=max_tokens,
+                   env_rewards=rewards, turn_rewards=turn_rewards,
+                   turns=torch.tensor([x.turns for x in traces], dtype=torch.long),
+                   tool_calls=torch.tensor([x.tool_calls for x in traces], dtype=torch.long),
+                   tool_errors=torch.tensor([x.tool_errors for x in traces], dtype=torch.long),
+                   stop_reasons=[x.stop for x in traces])

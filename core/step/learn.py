@@ -1,0 +1,168 @@
+"""Phase 3 of the step: score with frozen models, advantages, the update(s) and the weight sync.
+
+:func:`train_step` is one whole step, top to bottom: :func:`~policyzoo.step.collect.collect` (sample
+-> reward -> filter), then :func:`learn` (score -> advantages -> update -> sync). Used unchanged by
+the real engine and by the bandit test bed; every algorithm-specific decision is a hook call.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from typing import Callable
+
+import torch
+
+from policyzoo.contract import Rollout, StepBatch
+
+from .advantages import prepare
+from .collect import StepSettings, collect
+from .loss import micro_loss, step_totals
+
+
+def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
+               settings: StepSettings = StepSettings(), on_batch: Callable[[StepBatch], None] | None = None) -> dict:
+    """One optimizer step (or ``updates_per_batch`` of them) on a freshly sampled batch.
+    ``on_batch`` (if given) sees the batch with its advantages before the update (for logging)."""
+    rollout, rewards, parts, greedy_rewards, metrics = collect(run, policy, next_prompts, seed, settings)
+    return learn(run, policy, rollout, rewards, metrics, settings, parts, greedy_rewards, on_batch)
+
+
+def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
+          settings: StepSettings = StepSettings(), reward_components: torch.Tensor | None = None,
+          greedy_rewards: torch.Tensor | None = None, on_batch: Callable[[StepBatch], None] | None = None) -> dict:
+    """Score, advantages, update(s) and weight sync on a batch from :func:`collect` (its rollout,
+    rewards, metrics, reward components ``[B, K]`` and greedy rewards); ``on_batch`` as in
+    :func:`train_step`.
+
+    Rows sampled by older weights than the trainer's (``rollout.policy_lag`` > 0, see
+    ``engine.overlap``) are off-policy: their ``old_logprobs`` are the sampler's
+    ``rollout_logprobs`` (the behaviour policy's), so the ratio and clip components correct for
+    the lag (for the on-policy first update the ratio is exactly 1 instead)."""
+    if len(rollout) == 0:  # train_on_fewer with nothing kept: no update, the run goes on
+        return {**metrics, "skipped": 1, "skip_reason": "no rows kept by the filters", "rows": 0}
+    t0 = time.perf_counter()
+    batch, scored = _score(run, policy, rollout, rewards, metrics, settings, reward_components, greedy_rewards)
+    batch, adv_metrics = prepare(run, batch, scored, policy.collective)
+    metrics.update(adv_metrics)
+    if on_batch is not None:
+        on_batch(batch)
+    totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
+    _update(run, policy, batch, totals, metrics, settings)
+    metrics["time_train"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if not metrics["skipped"]:
+        metrics.update(policy.sync())
+    metrics["time_sync"] = time.perf_counter() - t0
+    metrics.update(_batch_metrics(rollout, rewards))
+    return metrics
+
+
+def _score(run, policy, rollout: Rollout, rewards, metrics: dict, settings: StepSettings, reward_components,
+           greedy_rewards) -> tuple[StepBatch, torch.Tensor | None]:
+    """Score the batch with frozen models, only what the chosen components need; returns the
+    :class:`StepBatch` and the trainer's log-probs at sampling time (None when nothing needs them)."""
+    with torch.no_grad():
+        kl_in_reward = run.kl is not None and run.kl.params.placement == "reward"
+        pi2 = run.baseline.needs_pi_squared
+        scored = (policy.logprobs(rollout, grad=False)[0] if (settings.updates_per_batch > 1 or kl_in_reward or pi2)
+                  else None)
+        sum_pi_squared = policy.sum_pi_squared(rollout) if pi2 else None
+        ref = policy.ref_logprobs(rollout) if run.kl is not None else None
+        values = policy.values(rollout, grad=False) if run.baseline.needs_values else None
+    # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
+    # log-probs detached, so the first ratio is exactly 1 without a second forward.
+    old = scored if settings.updates_per_batch > 1 else None
+    if rollout.policy_lag is not None:
+        lag = rollout.policy_lag
+        metrics.update(policy_lag_max=int(lag.max()), policy_lag_mean=float(lag.float().mean()))
+        if bool((lag > 0).any()):  # sampled by older weights: the behaviour policy's log-probs
+            old = torch.where(rollout.response_mask, rollout.rollout_logprobs, 0.0)
+    batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values,
+                      reward_components=reward_components, greedy_rewards=greedy_rewards,
+                      sum_pi_squared=sum_pi_squared)
+    return batch, scored
+
+
+def _micro_batches(batch: StepBatch, settings: StepSettings, collective) -> list[StepBatch]:
+    """The micro-batches of one pass: by token budget or by count; with a budget on several ranks,
+    every rank runs as many as the rank that needs the most (ZeRO 3, collectives in the clip)."""
+    budget = settings.max_tokens_per_micro_batch
+    micro = batch.split_tokens(budget) if budget else batch.split(min(settings.micro_batches, len(batch)))
+    if budget and collective.world_size > 1:
+        most = int(collective.gather(torch.tensor([len(micro)])).max())
+        if most > len(micro):
+            micro = batch.split(min(most, len(batch)))
+    return micro
+
+
+def _update(run, policy, batch: StepBatch, totals, metrics: dict, settings: StepSettings) -> None:
+    """Each pass over the batch is one optimizer step; micro-batches accumulate exactly. A
+    non-finite reward, log-prob or loss skips the whole update: gradients are discarded and the
+    weights stay as they were (the engine's ``optimizer_step(skip=True)`` guarantees it)."""
+    sums: Counter = Counter()
+    counts: Counter = Counter()
+    fault = _bad_rows("rewards", torch.isinf(batch.rewards), batch.rollout)
+    micro = _micro_batches(batch, settings, policy.collective)
+    n_micro = metrics["micro_batches"] = len(micro)
+    for _ in range(settings.updates_per_batch):
+        for mb in micro if fault is None else []:
+            fault = _accumulate(run, policy, mb, totals, n_micro, sums, counts)
+            if fault is not None:
+                break
+        if fault is not None:
+            metrics.update(policy.optimizer_step(skip=True), skipped=1, **fault)
+            break
+        metrics.update(policy.optimizer_step())
+    for k in sums:  # token-weighted means over the step (loss: sum of micro-batch losses)
+        metrics[k] = sums[k] / counts[k] if counts[k] else 0.0
+    metrics.setdefault("skipped", 0)
+
+
+def _accumulate(run, policy, mb: StepBatch, totals, n_micro: int, sums: Counter, counts: Counter) -> dict | None:
+    """Forward, loss and backward of one micro-batch; adds its metric sums. Returns the skip record
+    when a log-prob or the loss is not finite (nothing is accumulated then), else None."""
+    logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True)
+    fault = _bad_rows("logprobs", (~torch.isfinite(logprobs.detach()) & mb.response_mask).any(-1), mb.rollout)
+    if fault is not None:
+        return fault
+    loss, mb_sums = micro_loss(run, mb, logprobs, totals, entropy, policy.collective)
+    value_loss = None
+    if run.baseline.needs_values:
+        value_loss = run.baseline.value_loss(values=policy.values(mb.rollout, grad=True), old_values=mb.values,
+                                             returns=mb.returns, response_mask=mb.response_mask, totals=totals)
+        mb_sums["value_loss"] = (float(value_loss.detach()), 1.0 / n_micro)
+    if not all(math.isfinite(float(x.detach())) for x in (loss, value_loss) if x is not None):
+        return _bad_rows("loss", torch.ones(len(mb), dtype=torch.bool), mb.rollout)
+    mb_sums["loss"] = (float(loss.detach()), 1.0 / n_micro)  # sum over micro-batches, mean over updates
+    for k, (v, c) in mb_sums.items():
+        sums[k] += v
+        counts[k] += c
+    policy.backward(loss, value_loss)
+    return None
+
+
+def _batch_metrics(rollout: Rollout, rewards: torch.Tensor) -> dict:
+    """The batch's reward and length statistics (NaN rewards left out and counted)."""
+    lengths = rollout.response_mask.sum(-1).float()
+    valid = ~torch.isnan(rewards)
+    return dict(
+        reward_mean=float(rewards[valid].mean()) if valid.any() else math.nan,
+        reward_std=float(rewards[valid].std(unbiased=False)) if valid.any() else math.nan,
+        response_length_mean=float(lengths.mean()) if len(lengths) else 0.0,
+        response_length_max=float(lengths.max()) if len(lengths) else 0.0,
+        truncated_frac=float(rollout.truncated.float().mean()) if len(rollout) else 0.0,
+        rows=len(rollout),
+        reward_unscorable=int((~valid).sum()),
+    )
+
+
+def _bad_rows(what: str, bad, rollout: Rollout) -> dict | None:
+    """None if no row is bad, else the skip record: the reason, and the offending rows named by
+    group id (stable across micro-batches) with the first few prompts."""
+    if not bool(bad.any()):
+        return None
+    rows = bad.nonzero().flatten().tolist()
+    return {"skip_reason": f"non-finite {what}", "skip_groups": sorted(set(rollout.group_ids[rows].tolist())),
+            "skip_prompts": [rollout.prompt_excerpt(i) for i in rows[:4]] if rollout.prompts else []}

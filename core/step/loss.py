@@ -1,0 +1,61 @@
+"""The loss of one micro-batch, computed through the ``ratio``, ``clip``, ``kl`` and ``reduce`` hooks
+(no algorithm names here): :func:`micro_loss` runs per micro-batch with the current policy's
+log-probs and returns the reduced loss plus the metrics each part reports; :func:`step_totals`
+are the normalisers it divides by.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from policyzoo.contract import LOCAL, Collective, Importance, StepBatch, StepTotals
+
+
+def step_totals(batch: StepBatch) -> StepTotals:
+    """Token and sequence counts of the whole step (one rank; the engine all-reduces them)."""
+    mask = batch.response_mask
+    return StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()), rows=len(batch))
+
+
+def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy: Tensor | None = None,
+               collective: Collective = LOCAL) -> tuple[Tensor, dict[str, tuple[float, float]]]:
+    """Reduced loss of one micro-batch and its metric sums.
+
+    ``logprobs [B, T]`` carry grad. ``mb.old_logprobs`` None means on-policy (first update after
+    sampling): old = ``logprobs.detach()``, so every ratio is exactly 1. A ratio that returns an
+    :class:`Importance` with a ``weight`` has the clip's per-token loss multiplied by it (before the
+    KL term); ``mismatch/*`` report mean |old - rollout| and the truncated / masked token fractions.
+    Metrics are ``{name: (sum, count)}`` over masked tokens, so they add up across micro-batches.
+    """
+    mask = mb.response_mask
+    old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+    shape = mask.shape
+    rollout_lp = mb.rollout.rollout_logprobs
+    imp = run.call("ratio", *shape, logprobs=logprobs, old_logprobs=old, rollout_logprobs=rollout_lp,
+                   response_mask=mask, advantages=mb.advantages)
+    imp = imp if isinstance(imp, Importance) else Importance(imp)
+    ratio = imp.ratio
+    sur = run.call("clip", *shape, ratio=ratio, advantages=mb.advantages, logprobs=logprobs, old_logprobs=old,
+                   response_mask=mask, collective=collective)
+    per_token = sur.loss if imp.weight is None else sur.loss * imp.weight  # TRL/verl: weight on the clipped loss
+    n = float(mask.sum())
+    sums: dict[str, tuple[float, float]] = {}
+    # the trainer/sampler mismatch |old - rollout| per token (nats), every step, and what the ratio did about it
+    gap = torch.where(mask, (old.detach() - rollout_lp.to(old.dtype)).abs(), torch.zeros_like(old))
+    sums["mismatch/log_ratio_abs_mean"] = (float(gap.sum()), n)
+    for name, hit in (("mismatch/truncated_frac", imp.truncated), ("mismatch/masked_frac", imp.masked)):
+        sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
+    if run.kl is not None and run.kl.params.placement == "loss":
+        kl = run.call("kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask,
+                      ratio=ratio)
+        per_token = per_token + run.kl.params.beta * kl
+        sums["kl_loss"] = (float((kl.detach() * mask).sum()), n)
+    per_token = torch.where(mask, per_token, torch.zeros_like(per_token))  # no NaN leaks from padding
+    loss = run.call("reduce", *shape, loss=per_token, response_mask=mask, totals=totals)
+    for name, hit in (("clip_frac_low", sur.clipped_low), ("clip_frac_high", sur.clipped_high)):
+        sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
+    sums["ratio_mean"] = (float((ratio.detach() * mask).sum()), n)
+    if entropy is not None:
+        sums["entropy"] = (float((entropy.detach() * mask).sum()), n)
+    return loss, sums
