@@ -13,7 +13,7 @@ from policyzoo import ConfigError, Observation, assemble, use
 from policyzoo.contract import Generated, StepBatch
 from policyzoo.plugins.env import CALC_EXAMPLE, CALC_SYSTEM, CalcError, Calculator, calc, find_call
 from policyzoo.step import micro_loss, prepare, step_totals
-from policyzoo.step.episodes import env_turn_ids, run_episodes
+from policyzoo.step.episodes import DrivesEpisodes, env_turn_ids, run_episodes
 from policyzoo.testing.tiny import build_tokenizer
 
 IM_START, IM_END = 1, 2  # the tiny tokenizer's specials: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2 (= EOS)
@@ -40,7 +40,7 @@ def byte_ids(tok, text: str) -> list[int]:
     return [3 + alphabet.index(chars[b]) for b in text.encode()]
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(DrivesEpisodes):  # a TokenPolicy: the step's episode loop on scripted turns
     """``generate_tokens`` answers context k of call c with ``script[c][k]`` (text, EOS or not),
     cut to the requested max_tokens; records every call."""
 

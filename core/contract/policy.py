@@ -90,11 +90,12 @@ class Policy(Protocol):
 
 
 @runtime_checkable
-class TokenPolicy(Policy, Protocol):
-    """An engine that continues token ids and so can drive environments (multi-turn episodes).
-
-    ``tokenizer``: a transformers tokenizer with a chat template; ``pad_token_id``: the id that
-    pads responses."""
+class TokenPolicy(Protocol):
+    """What an engine adds to :class:`Policy` to drive environments (multi-turn episodes): it
+    continues token ids. ``tokenizer``: a transformers tokenizer with a chat template;
+    ``pad_token_id``: the id that pads responses. ``run_episodes`` is the step's token-exact episode
+    loop bound to the engine (an engine gets it by deriving from
+    :class:`policyzoo.step.episodes.DrivesEpisodes`)."""
 
     @property
     def tokenizer(self): ...
@@ -111,5 +112,4 @@ class TokenPolicy(Policy, Protocol):
     def run_episodes(self, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                      top_p: float = 1.0) -> Rollout:
         """``n`` episodes of the ``env`` component per row, token-exact, as one Rollout of
-        B = len(rows) x n rows: the step's episode loop (:func:`policyzoo.step.episodes.run_episodes`)
-        on this engine."""
+        B = len(rows) x n rows (:func:`policyzoo.step.episodes.run_episodes` on this engine)."""

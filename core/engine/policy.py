@@ -22,7 +22,7 @@ import torch
 
 from policyzoo.contract import SAMPLING_OPTIONS, Rollout, StepTotals
 from policyzoo.errors import UserError
-from policyzoo.step.episodes import run_episodes
+from policyzoo.step.episodes import DrivesEpisodes
 
 from .dist import DistCollective, sum_ints
 
@@ -53,7 +53,7 @@ def run_with_timeout(fn, timeout_s: float, what: str):
     return box.get("value")
 
 
-class LMPolicy:
+class LMPolicy(DrivesEpisodes):
     """Policy over a causal LM: ``rollout`` (VLLMRollout or HFRollout) + ``trainer`` (Trainer).
 
     ``check_ids``: the fixed token sequence of the sync check (e.g. the first held-out prompt and
@@ -107,11 +107,6 @@ class LMPolicy:
         self.stats["seconds"] += time.perf_counter() - t0
         self.stats["tokens"] += sum(len(g.ids) for g in out)
         return out
-
-    def run_episodes(self, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                     top_p: float = 1.0) -> Rollout:
-        """The step's token-exact episode loop on this engine (:func:`policyzoo.step.episodes.run_episodes`)."""
-        return run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=top_p)
 
     def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False):
         return self.trainer.logprobs(rollout, grad=grad, entropy=entropy)

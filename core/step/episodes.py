@@ -185,6 +185,15 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
     return _pack(env, traces, rows, n, policy.pad_token_id, tok, temperature, max_tokens, first)
 
 
+class DrivesEpisodes:
+    """Mixin of a :class:`~policyzoo.contract.TokenPolicy`: ``run_episodes`` = :func:`run_episodes` on
+    this engine (its ``tokenizer``, ``pad_token_id`` and ``generate_tokens``)."""
+
+    def run_episodes(self, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
+                     top_p: float = 1.0) -> Rollout:
+        return run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=top_p)
+
+
 def _pack(env, traces: list[_Trace], rows, n, pad_id, tok, temperature, max_tokens, first) -> Rollout:
     b, t = len(traces), max([len(x.ids) for x in traces] + [1])
     ids = torch.full((b, t), pad_id, dtype=torch.long)
