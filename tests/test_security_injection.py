@@ -229,11 +229,9 @@ def test_a_special_string_in_a_role_or_other_field_is_refused(tiny):
 
 
 class Hijack(Episode):
-    def step(self, turn_text, turn_ids):
-        self.done = getattr(self, "done", False)
-        obs = Observation(done=True) if self.done else Observation(messages=[{"role": "tool", "content": ATTACK}])
-        self.done = True
-        return obs
+    def step(self, turn_text, turn_ids):  # the first turn gets the fake assistant turn, the second ends it
+        self.turns = getattr(self, "turns", 0) + 1
+        return Observation(messages=[{"role": "tool", "content": ATTACK}], done=self.turns > 1)
 
     def reward(self):
         return 0.0
@@ -254,9 +252,8 @@ class Scripted:
         self.tokenizer, self.pad_token_id, self.turns, self.calls = tok, IM_END, turns, 0
 
     def generate_tokens(self, contexts, max_tokens, temperature, seeds, top_p=1.0):
-        ids = byte_ids(self.turns[self.calls]) + [IM_END]
-        self.calls += 1
-        return [Generated(ids, [-0.5] * len(ids), self.turns[self.calls - 1], True) for _ in contexts]
+        text, self.calls = self.turns[self.calls], self.calls + 1
+        return [Generated(byte_ids(text) + [IM_END], [-0.5] * (len(text) + 1), text, True) for _ in contexts]
 
 
 def test_an_episode_keeps_the_injected_text_out_of_the_control_tokens(tiny):
