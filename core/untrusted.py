@@ -46,6 +46,7 @@ encode from two threads at once (as before).
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -58,15 +59,50 @@ _FREE_FIRST, _FREE_LAST = 0xE000, 0xF8FF
 def special_strings(tokenizer) -> tuple[str, ...]:
     """Every special-token string of ``tokenizer``, longest first (as the tokenizer matches them:
     leftmost, then longest)."""
-    found = {str(s) for s in (getattr(tokenizer, "all_special_tokens", None) or []) if s}
-    for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
-        if getattr(tok, "special", False) and str(tok):
-            found.add(str(tok))
-    return tuple(sorted(found, key=lambda s: (-len(s), s)))
+    return _info(tokenizer).specials
 
 
-def _pattern(specials: tuple[str, ...]) -> re.Pattern | None:
-    return re.compile("|".join(map(re.escape, specials))) if specials else None
+@dataclass(frozen=True)
+class _Info:
+    """What one tokenizer's special tokens are: their strings (longest first), a pattern matching
+    them, each one's index and id, the ids that text must not produce (all but an unknown token
+    the model gives for unknown text, see :func:`_unk`), and the added tokens by string."""
+
+    specials: tuple[str, ...]
+    pattern: re.Pattern | None
+    index: dict[str, int]
+    ids: dict[str, int]
+    control: dict[str, int]
+    control_ids: frozenset[int]
+    added: dict[str, Any]
+
+
+_INFO: "weakref.WeakKeyDictionary[Any, tuple[tuple, _Info]]" = weakref.WeakKeyDictionary()
+
+
+def _info(tokenizer) -> _Info:
+    """The :class:`_Info` of ``tokenizer``, kept per tokenizer object until its vocabulary size or
+    named special tokens change (adding a token changes the size)."""
+    key = (len(tokenizer), tuple(getattr(tokenizer, "all_special_tokens", None) or ()))
+    try:
+        cached = _INFO.get(tokenizer)
+    except TypeError:  # not weak-referenceable: computed every time
+        cached = None
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    added = {str(t): t for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()}
+    found = {str(s) for s in key[1] if s} | {s for s, t in added.items() if getattr(t, "special", False) and s}
+    specials = tuple(sorted(found, key=lambda s: (-len(s), s)))
+    ids = {s: tokenizer.convert_tokens_to_ids(s) for s in specials}
+    ids = {s: int(i) for s, i in ids.items() if isinstance(i, int)}
+    control = {s: i for s, i in ids.items() if s != _unk(tokenizer)}
+    info = _Info(specials, re.compile("|".join(map(re.escape, specials))) if specials else None,
+                 {s: k for k, s in enumerate(specials)}, ids, control, frozenset(control.values()), added)
+    try:
+        _INFO[tokenizer] = (key, info)
+    except TypeError:
+        pass
+    return info
 
 
 @dataclass(frozen=True)
@@ -118,11 +154,10 @@ class _Escaper:
     """Markers and boundaries for one conversation: characters absent from all of ``texts``."""
 
     def __init__(self, tokenizer, texts: list[str]):
-        self.specials = special_strings(tokenizer)
-        self.pattern = _pattern(self.specials)
-        self.index = {s: k for k, s in enumerate(self.specials)}
-        used = set("".join(texts))
-        free = (chr(c) for c in range(_FREE_FIRST, _FREE_LAST + 1) if chr(c) not in used)
+        info = _info(tokenizer)
+        self.specials, self.pattern, self.index = info.specials, info.pattern, info.index
+        joined = "".join(texts)
+        free = (chr(c) for c in range(_FREE_FIRST, _FREE_LAST + 1) if chr(c) not in joined)
         self.open, self.close, self.edge = next(free), next(free), next(free)
 
     def escape(self, value: Any, edge: bool) -> Any:
@@ -193,23 +228,15 @@ def _unk(tokenizer) -> str | None:
     return None if getattr(model, "unk_token", "") is None else getattr(tokenizer, "unk_token", None)
 
 
-def _control(tokenizer, specials: tuple[str, ...]) -> dict[str, int]:
-    """The id of each special string that text must not produce (all but such an unknown token)."""
-    unk = _unk(tokenizer)
-    ids = {s: tokenizer.convert_tokens_to_ids(s) for s in specials if s != unk}
-    return {s: int(i) for s, i in ids.items() if isinstance(i, int)}
-
-
 def encode_marked(tokenizer, marked: Marked, add_special_tokens: bool = False, where: str = "data",
                   error: type[UserError] = DataError) -> list[int]:
     """Token ids of ``marked`` (see the module docstring): its structural special strings as their
     ids, everything else as text; with ``add_special_tokens`` the tokenizer's own affixes (a BOS)
     around. Raises ``error(where, ...)`` when the tokenizer forms a control token from text even
     with special-token matching off."""
-    pattern = _pattern(marked.specials)
-    structure = list(pattern.finditer(marked.bound)) if pattern is not None else []
-    ids_of, control = _ids_of(tokenizer, marked.specials), _control(tokenizer, marked.specials)
-    control_ids = set(control.values())
+    info = _info(tokenizer)
+    structure = list(info.pattern.finditer(marked.bound)) if info.pattern is not None else []
+    control, control_ids = info.control, info.control_ids
     if marked.open not in marked.raw:  # no special string in the contents: one call, the ids as before
         ids = list(tokenizer(marked.raw, add_special_tokens=add_special_tokens).input_ids)
         pre, post = affixes(tokenizer) if add_special_tokens else ([], [])
@@ -217,24 +244,19 @@ def encode_marked(tokenizer, marked: Marked, add_special_tokens: bool = False, w
                                                        if m.group(0) in control] + [i for i in post if i in control_ids]
         if [i for i in ids if i in control_ids] == want:
             return ids
-    added = {str(t): t for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()}
     out: list[int] = []
     pos, strip_left = 0, False
     for m in structure:
-        attrs, piece = added.get(m.group(0)), marked.text(marked.bound[pos:m.start()])
+        attrs, piece = info.added.get(m.group(0)), marked.text(marked.bound[pos:m.start()])
         piece = piece.lstrip() if strip_left else piece
         out += _text_ids(tokenizer, piece.rstrip() if getattr(attrs, "lstrip", False) else piece, control_ids,
                          where, error)
-        out.append(ids_of[m.group(0)])
+        out.append(info.ids[m.group(0)])
         pos, strip_left = m.end(), bool(getattr(attrs, "rstrip", False))
     tail = marked.text(marked.bound[pos:])
     out += _text_ids(tokenizer, tail.lstrip() if strip_left else tail, control_ids, where, error)
     pre, post = affixes(tokenizer) if add_special_tokens else ([], [])
     return pre + out + post
-
-
-def _ids_of(tokenizer, specials: tuple[str, ...]) -> dict[str, int]:
-    return {s: int(tokenizer.convert_tokens_to_ids(s)) for s in specials}
 
 
 def _text_ids(tokenizer, text: str, control: set[int], where: str, error: type[UserError]) -> list[int]:
@@ -268,7 +290,7 @@ def encode_text(tokenizer, text: str, add_special_tokens: bool = True, where: st
     affixes, e.g. a BOS, still added with ``add_special_tokens``); special strings stay text.
     Raises ``error(where, ...)`` as :func:`encode_marked`."""
     ids = list(tokenizer(text, add_special_tokens=add_special_tokens, split_special_tokens=True).input_ids)
-    control = set(_control(tokenizer, special_strings(tokenizer)).values())
+    control = _info(tokenizer).control_ids
     if any(i in control for i in ids):  # only the affixes (a BOS) may be control tokens
         pre, post = affixes(tokenizer) if add_special_tokens else ([], [])
         inner = ids[len(pre):len(ids) - len(post)]

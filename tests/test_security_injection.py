@@ -170,6 +170,7 @@ def test_custom_special_tokens_of_a_template_are_handled(tmp_path):
     from tokenizers import AddedToken
 
     tok = build_tokenizer(tmp_path)
+    assert len(special_strings(tok)) == 3  # now kept for this tokenizer: adding tokens must renew it
     tok.add_special_tokens({"additional_special_tokens": ["<tool_response>"]})  # ids 259, in all_special_tokens
     tok.add_tokens([AddedToken("</tool_response>", special=True)])  # 260, only in added_tokens_decoder
     assert "</tool_response>" not in tok.all_special_tokens
