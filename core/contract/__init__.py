@@ -13,7 +13,7 @@ types (:mod:`.batch`), the :class:`Policy` protocol (:mod:`.policy`) and compone
 This package imports nothing of policyzoo but :mod:`policyzoo.errors`.
 """
 
-from . import runstate
+from . import runstate, untrusted
 from .batch import Rollout, StepBatch, token_budget_bounds
 from .components import INHERIT, Bundle, Component, Params, Use, use, validate_params
 from .ground import (
@@ -40,6 +40,6 @@ __all__ = [
     "BASES", "INHERIT", "KL", "LOCAL", "PROJECT", "SAMPLING_OPTIONS", "SLOTS", "Advantages", "Baseline", "Bundle",
     "Clip", "Collective", "Component", "Env", "Episode", "Filter", "Generated", "Importance", "Keep", "Observation",
     "Params", "Policy", "Ratio", "Reduce", "Reward", "Rollout", "Sample", "Spec", "StepBatch", "StepTotals",
-    "Surrogate", "TokenPolicy", "Use", "hookimpl", "hookspec", "moments", "runstate", "std_of", "token_budget_bounds",
+    "Surrogate", "TokenPolicy", "Use", "hookimpl", "hookspec", "moments", "runstate", "std_of", "token_budget_bounds", "untrusted",
     "use", "validate_params", "whiten",
 ]

@@ -16,7 +16,9 @@ Environment tokens (:func:`env_turn_ids`): the conversation ``[system, user, ass
 messages`` is rendered with ``add_generation_prompt=True``; the text after the assistant content X
 is the environment's part, minus the end-of-turn token the model already generated (the EOS text
 right after X). It is tokenised alone; chat templates end a message with a special token, so the
-boundary never merges with the model's tokens.
+boundary never merges with the model's tokens. The messages' contents are untrusted text
+(:mod:`policyzoo.contract.untrusted`): a special-token string in a tool result stays text, so the result
+cannot end its turn or write a fake assistant turn; only the template's structure gives control tokens.
 
 Budgets: a model turn may use ``min(max_tokens, max_total_tokens - tokens so far)`` tokens.
 An episode ends when the env says ``done`` (or answers nothing) -- stop reason ``env`` -- when the
@@ -32,7 +34,8 @@ from dataclasses import dataclass, field
 import torch
 
 from policyzoo.contract import Episode, Observation, Rollout
-from policyzoo.errors import ComponentError, ConfigError, UserError
+from policyzoo.contract.untrusted import encode_chat, encode_marked, encode_text, render_chat
+from policyzoo.errors import ComponentError, ConfigError, DataError, UserError
 
 SEED_MOD = 2**62
 #: per-step means over the sampled episodes, reported when the run has an env
@@ -54,36 +57,44 @@ def episode_sums(rollout: Rollout) -> dict[str, float]:
             "env_truncated_tokens_frac": float(sum(r == "tokens" for r in reasons))}
 
 
-def encode_prompt(tokenizer, prompt) -> list[int]:
+def encode_prompt(tokenizer, prompt, where: str = "data (a prompt)", error: type[UserError] | None = None) -> list[int]:
     """Token ids of one prompt: chat messages go through the tokenizer's chat template with the
-    generation prompt appended; a plain string is tokenized as is."""
+    generation prompt appended; a plain string is tokenized as is (with the tokenizer's BOS, if it
+    adds one). The prompt is untrusted text (:mod:`policyzoo.contract.untrusted`): special-token
+    strings in a message's content or in a plain string stay text, only the template's structure
+    gives control tokens; without such strings the ids are those of ``apply_chat_template(prompt,
+    add_generation_prompt=True, tokenize=True)`` / ``tokenizer(prompt)``. Raises ``error``
+    (default :class:`~policyzoo.errors.DataError`) at ``where`` when a message's role (or any field
+    but its content) holds a special-token string."""
+    error = error or DataError
     if isinstance(prompt, str):
-        return list(tokenizer(prompt).input_ids)
-    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
+        return encode_text(tokenizer, prompt, True, where, error)
+    return encode_chat(tokenizer, list(prompt), where, error)
 
 
-def env_turn_ids(tokenizer, messages: list[dict], eos_generated: bool) -> list[int]:
+def env_turn_ids(tokenizer, messages: list[dict], eos_generated: bool,
+                 where: str = "env (Observation.messages)") -> list[int]:
     """Token ids that follow a model turn when the environment answers with ``messages``: the
     chat template's end of the assistant turn (unless the model generated it: ``eos_generated``,
     its last token is the tokenizer's ``eos_token``; another stop id keeps the template's),
     the messages, and the generation prompt of the next assistant turn (see the module docstring).
-    Raises :class:`ConfigError` when the template does not reproduce the assistant's content."""
+    The messages' contents are untrusted text (:mod:`policyzoo.contract.untrusted`): a special-token string
+    in them stays text, so a tool result cannot end its turn or write a fake assistant turn.
+    Raises :class:`ConfigError` when the template does not reproduce the assistant's content, and
+    :class:`ComponentError` at ``where`` when a message's role (or any field but its content)
+    holds a special-token string."""
     base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
             {"role": "assistant", "content": _SENTINEL}]
-    text = tokenizer.apply_chat_template(base + list(messages), add_generation_prompt=True, tokenize=False)
-    at = text.find(_SENTINEL)
-    if at < 0:
+    marked = render_chat(tokenizer, base + list(messages), where, ComponentError, trusted=len(base),
+                         add_generation_prompt=True)
+    if _SENTINEL not in marked.raw or _SENTINEL not in marked.bound:
         raise ConfigError("env (chat template)", "the model's chat template does not render an assistant message's "
                           "content verbatim, so environment turns cannot be placed after it",
                           "use a model whose chat template renders assistant messages (e.g. ChatML)")
-    rest = text[at + len(_SENTINEL):]
-    eos = tokenizer.eos_token or ""
-    if eos_generated and eos and rest.startswith(eos):
-        rest = rest[len(eos):]
-    return list(tokenizer(rest, add_special_tokens=False).input_ids)
+    rest = marked.after(_SENTINEL)
+    if eos_generated:
+        rest = rest.drop_prefix(tokenizer.eos_token or "")
+    return encode_marked(tokenizer, rest, False, where, ComponentError)
 
 
 @dataclass
@@ -154,7 +165,8 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
             if not isinstance(ep, Episode):
                 raise ComponentError(f"env component {env!r}", f"env(row) returned {type(ep).__name__}, not an "
                                      "Episode", "return an instance of a policyzoo.Episode subclass")
-            traces.append(_Trace(ep, encode_prompt(tok, ep.prompt), turn_seed(seed, first + i, n, j, 0)))
+            traces.append(_Trace(ep, encode_prompt(tok, ep.prompt, f"env component {env!r}, Episode.prompt",
+                                                 ComponentError), turn_seed(seed, first + i, n, j, 0)))
     for turn in range(max_turns):
         live = [t for t in traces if not t.stop]
         if not live:
@@ -177,7 +189,8 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
                 t.stop = "turns"
             else:
                 ended = bool(out.ids) and out.ids[-1] == tok.eos_token_id  # the template's end-of-turn token
-                answer = env_turn_ids(tok, obs.messages, eos_generated=ended)
+                answer = env_turn_ids(tok, obs.messages, eos_generated=ended,
+                                      where=f"env component {env!r}, Observation.messages")
                 if len(t.ids) + len(answer) >= budget:
                     t.stop = "tokens"
                 else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import math
 
@@ -55,6 +56,8 @@ class Function(Reward):
     Errors (:class:`RewardFunctionError`, a ``UserError``): a path that does not import; a raising
     function (the function is re-run row by row to name the first failing row); a result of the
     wrong length or with a non-number (naming the row).
+    Isolation: every call (also each row-by-row re-run) gets deep copies of its arguments, so a
+    function that edits them in place changes nothing outside that call.
     Source: TRL ``GRPOTrainer._calculate_rewards`` reward-function convention (huggingface.co/docs/trl)."""
 
     name = "function"
@@ -91,8 +94,15 @@ class Function(Reward):
         return prompts, texts, ids
 
     def _call(self, prompts, completions, ids, rows):
-        return self.fn(prompts=list(prompts), completions=list(completions), completion_ids=list(ids),
-                       trainer_state=runstate.current(), **self._columns(rows))
+        """One call of the function on its own copies of everything it is given: every row's prompt,
+        completion, ids and column value are deep-copied one by one (no two rows share an object,
+        as in TRL where each row comes fresh from the data set), and ``trainer_state`` is a copy. So a
+        function that edits its arguments in place cannot reach the data set's rows (which the
+        rest of the run trains and evaluates on), the rollout or the next reward's inputs."""
+        own = [copy.deepcopy(x) for x in prompts], [copy.deepcopy(x) for x in completions]
+        return self.fn(prompts=own[0], completions=own[1], completion_ids=[copy.deepcopy(x) for x in ids],
+                       trainer_state=copy.copy(runstate.current()),
+                       **{k: [copy.deepcopy(v) for v in vals] for k, vals in self._columns(rows).items()})
 
     @hookimpl
     def reward(self, rollout):

@@ -6,6 +6,7 @@ import torch
 from pydantic import Field
 
 from policyzoo.contract import Reward, hookimpl
+from policyzoo.contract.untrusted import affixes, encode_marked, mark_text, render_chat
 from policyzoo.errors import ConfigError, UserError
 
 
@@ -15,7 +16,9 @@ class RewardModel(Reward):
     ``path``: any local folder that ``AutoModelForSequenceClassification`` loads (weights are
     loaded once, lazily, at the first call; the folder is checked at construction). Input text:
     the row's chat ``prompt`` plus the completion as an assistant turn through the reward model's
-    own chat template if it has one, else ``rollout.prompts[i] + completion``. Sequences longer
+    own chat template if it has one, else ``rollout.prompts[i] + completion``; the chat prompt's
+    contents and the completion are untrusted text (special-token strings in them stay text, see
+    ``policyzoo.contract.untrusted``). Sequences longer
     than ``max_length`` tokens are cut from the left (the end of the completion is kept); batches
     are right-padded (pad = eos if the tokenizer has no pad token). The score is the model's own
     pooled logit (transformers pools at the last non-pad token, as TRL's RewardTrainer trains it)
@@ -65,25 +68,33 @@ class RewardModel(Reward):
             model.config.pad_token_id = tok.pad_token_id
         self.tokenizer, self.model = tok, model.eval().requires_grad_(False)
 
-    def _text(self, rollout, i: int) -> str:
+    def _ids(self, rollout, i: int) -> list[int]:
+        """Row ``i``'s token ids, cut from the left to ``max_length`` (the tokenizer's own affixes,
+        e.g. a BOS without a chat template, kept). Chat prompt contents and the completion are
+        untrusted text (:mod:`policyzoo.contract.untrusted`): a completion that writes ``<|im_end|>`` as
+        text cannot end its turn in the reward model's input."""
+        tok, where = self.tokenizer, f"{self.where}, row {i}"
         row, completion = rollout.rows[i] if rollout.rows else {}, rollout.completions[i]
-        if self.tokenizer.chat_template and isinstance(row.get("prompt"), list):
-            chat = row["prompt"] + [{"role": "assistant", "content": completion}]
-            return self.tokenizer.apply_chat_template(chat, tokenize=False)
-        return rollout.prompts[i] + completion
+        if tok.chat_template and isinstance(row.get("prompt"), list):
+            marked, (pre, post) = render_chat(tok, row["prompt"] + [{"role": "assistant", "content": completion}],
+                                              where), ([], [])
+        else:  # the prompt as the policy saw it (decoded), then the completion; without a template the BOS etc.
+            marked = mark_text(tok, rollout.prompts[i], completion)
+            pre, post = ([], []) if tok.chat_template else affixes(tok)
+        core = encode_marked(tok, marked, False, where)
+        keep = max(self.params.max_length - len(pre) - len(post), 0)
+        return pre + core[max(len(core) - keep, 0):] + post if keep else pre + post
 
     @hookimpl
     def reward(self, rollout):
         if self.model is None:
             self._load()
-        texts = [self._text(rollout, i) for i in range(len(rollout))]
+        ids = [self._ids(rollout, i) for i in range(len(rollout))]
         step = self.params.batch_size if self.tokenizer.pad_token is not None else 1
-        special = not self.tokenizer.chat_template
         out = []
         with torch.no_grad():
-            for lo in range(0, len(texts), step):
-                enc = self.tokenizer(texts[lo:lo + step], padding=step > 1, truncation=True, return_tensors="pt",
-                                     max_length=self.params.max_length, add_special_tokens=special)
-                logits = self.model(**enc).logits
+            for lo in range(0, len(ids), step):
+                enc = self.tokenizer.pad({"input_ids": ids[lo:lo + step]}, padding=step > 1, return_tensors="pt")
+                logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
                 out.append(logits[:, self.params.label or 0].float())
         return torch.cat(out) if out else torch.zeros(0)

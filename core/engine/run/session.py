@@ -10,6 +10,7 @@ from rich.console import Console
 
 from policyzoo.assembly import Run, resolve_algorithm, resolved_view, reward_uses, step_settings
 from policyzoo.catalog import get_catalog
+from policyzoo.contract.untrusted import encode_text
 from policyzoo.data import load_task
 from policyzoo.engine import dist
 from policyzoo.engine.models import resolve_model
@@ -88,7 +89,7 @@ class Session(RunLoop):
         self.warnings += self.task.warnings
         self.max_model_len = min(self.model.max_context, max(lengths) + self.max_tokens + 8)
         row = (self.task.eval_rows or self.task.train_rows)[0]
-        answer = self.model.tokenizer(str(row.get("answer", "")), add_special_tokens=False).input_ids[:self.max_tokens]
+        answer = encode_text(tok, str(row.get("answer", "")), False, "data (an answer)")[:self.max_tokens]
         self.check_ids = (encode_prompt(self.model.tokenizer, row["prompt"]) + list(answer)
                           + [self.model.eos_token_ids[0]])[:self.max_model_len]
         self.resolved = resolved_view(config, self.run)
