@@ -40,6 +40,6 @@ __all__ = [
     "BASES", "INHERIT", "KL", "LOCAL", "PROJECT", "SAMPLING_OPTIONS", "SLOTS", "Advantages", "Baseline", "Bundle",
     "Clip", "Collective", "Component", "Env", "Episode", "Filter", "Generated", "Importance", "Keep", "Observation",
     "Params", "Policy", "Ratio", "Reduce", "Reward", "Rollout", "Sample", "Spec", "StepBatch", "StepTotals",
-    "Surrogate", "TokenPolicy", "Use", "hookimpl", "hookspec", "moments", "runstate", "std_of", "token_budget_bounds", "untrusted",
-    "use", "validate_params", "whiten",
+    "Surrogate", "TokenPolicy", "Use", "hookimpl", "hookspec", "moments", "runstate", "std_of", "token_budget_bounds",
+    "untrusted", "use", "validate_params", "whiten",
 ]
