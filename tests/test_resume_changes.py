@@ -122,10 +122,10 @@ def test_drawing_by_row_position_visits_each_row_once_per_epoch_whatever_p():
 
 SCRIPT = r'''
 import json, sys, tempfile
-from policyzoo.engine.env import setup_process
+from policyzoo.engine.process import setup_process
 setup_process(1, 0.1)
 from policyzoo.engine.models import resolve_model
-from policyzoo.engine.trainer import Trainer
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 info = resolve_model(sys.argv[1])
 folder = tempfile.mkdtemp()
 

@@ -12,11 +12,11 @@ from _engine_helpers import engine_env, tiny_model
 
 SCRIPT = r'''
 import json, sys
-from policyzoo.engine.env import setup_process
+from policyzoo.engine.process import setup_process
 setup_process(1, 0.1)
 import torch
 from policyzoo.engine.models import resolve_model
-from policyzoo.engine.trainer import Trainer
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 tr = Trainer(resolve_model(sys.argv[1]), dtype="float32", zero_stage=0, lr=1e-3, weight_decay=0.0, grad_clip=1e6,
              need_ref=False, need_critic=False, critic_lr=1e-3)
 params = dict(tr.engine.module.named_parameters())

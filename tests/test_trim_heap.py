@@ -5,7 +5,7 @@ import sys
 
 CHILD = r"""
 import torch
-from policyzoo.engine.startup import rss_gib, trim_heap
+from policyzoo.engine.run.startup import rss_gib, trim_heap
 
 # Free one 16 MiB block first: glibc then raises its mmap threshold to 16 MiB, so the 4 MiB
 # blocks below come from the heap; small blocks kept alive between them stop the freed ones from
