@@ -7,12 +7,17 @@ CHILD = r"""
 import torch
 from policyzoo.engine.run.startup import rss_gib, trim_heap
 
-# Free one 16 MiB block first: glibc then raises its mmap threshold to 16 MiB, so the 4 MiB
-# blocks below come from the heap; small blocks kept alive between them stop the freed ones from
-# merging into the heap's top (which free() itself would trim), as a step's live tensors do.
-big = torch.empty(4 << 20)
-big.fill_(1.0)
-del big
+# A step's activations come and go in pieces of a few MiB that glibc serves from its heap once its
+# adaptive thresholds have grown, and free() gives back only what sits above the heap's trim
+# threshold. Both thresholds are set here (mmap 16 MiB: M_MMAP_THRESHOLD = -3; trim 2 GiB:
+# M_TRIM_THRESHOLD = -1), because the adaptive ones depend on what the imports left free, so the
+# premise held in some processes and not in others: the 4 MiB blocks below come from the heap and
+# stay resident when freed, until trim_heap returns them. Small blocks between them stand for a
+# step's live tensors.
+import ctypes
+libc = ctypes.CDLL("libc.so.6")
+libc.mallopt(-3, 16 << 20)
+libc.mallopt(-1, (1 << 31) - 1)
 base = rss_gib()
 xs, pins = [], []
 for _ in range(256):  # 256 x 4 MiB = 1 GiB, pages touched
