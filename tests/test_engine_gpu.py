@@ -77,11 +77,15 @@ def test_vllm_rollout_starts_external_launcher_and_reasserts_the_device(fake_cud
         def __init__(self, model, **kwargs):
             started.append(kwargs)
             fake_cuda.append(("llm_started",))
+
+        def collective_rpc(self, fn):  # one worker that sized a 3 GiB KV cache
+            return [fn(types.SimpleNamespace(available_kv_cache_memory_bytes=3 * 2**30))]
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM))
     info = types.SimpleNamespace(path=tmp_path, tokenizer=None)
     r = VLLMRollout(info, "bfloat16", 256, 0, 0.5, sleep_level=2)
     assert started[0]["distributed_executor_backend"] == "external_launcher"
     assert started[0]["enable_sleep_mode"] is True and r.sleeper.level == 2
+    assert r.kv_cache_gib == 3.0  # metric gpu_kv_cache_gib
     # vLLM's worker sets the current device while it starts: the rank's device is set again after it
     assert fake_cuda.index(("llm_started",)) < fake_cuda.index(("set_device", 3, "MainThread"))
 

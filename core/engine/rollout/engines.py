@@ -100,6 +100,8 @@ class VLLMRollout(_Base):
         device.set_thread_device()  # vLLM's worker set the current device while it started
         #: sleep/wake of vLLM around training (no-op at level 0)
         self.sleeper = Sleeper(self.llm, sleep_level if on_cuda else 0, device.release_cached_memory)
+        #: GiB vLLM gave its KV cache on this GPU (metric gpu_kv_cache_gib; None on CPU)
+        self.kv_cache_gib = sum(self.llm.collective_rpc(_kv_cache_bytes)) / 2**30 if on_cuda else None
 
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                  top_p: float = 1.0, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
@@ -192,6 +194,11 @@ class VLLMRollout(_Base):
         out = self.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=1.0,
                                                                            prompt_logprobs=0), use_tqdm=False)[0]
         return torch.tensor([out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))])
+
+
+def _kv_cache_bytes(worker) -> int:
+    """The KV cache a GPU worker sized after its memory profile (vLLM's ``gpu_worker``)."""
+    return int(getattr(worker, "available_kv_cache_memory_bytes", 0) or 0)
 
 
 def _refresh_cpu_kernels(worker) -> int:

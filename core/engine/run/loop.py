@@ -107,6 +107,8 @@ class RunLoop:
                  prompt_tokens=delta["prompt_tokens"], stop_requested=int(self.stop_requested),
                  rss_gib=rss_gib(), peak_rss_gib=peak_rss_gib(), **gpu_memory_metrics(),
                  rollout_tokens_per_s=delta["tokens"] / delta["seconds"] if delta["seconds"] > 0 else 0.0)
+        if getattr(self.rollout, "kv_cache_gib", None) is not None:  # vLLM on a GPU
+            m["gpu_kv_cache_gib"] = self.rollout.kv_cache_gib
         m = dist.merge_metrics(dist.gather(m))  # every rank holds the merged record
         self.stop_requested = bool(m.pop("stop_requested"))
         self.state["step"] = step
