@@ -36,3 +36,20 @@ def test_streamed_sync_equals_the_whole_model_sync_on_two_ranks(stage):
         assert whole["most_gathered"] == 20 and streamed["most_gathered"] == 1
     else:  # nothing is partitioned: every parameter is whole all the time
         assert whole["most_gathered"] == streamed["most_gathered"] == 20
+
+
+def test_zero3_models_load_sharded_and_the_reference_scores_as_the_replica():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(ROOT / "tests" / "_zero3_probe.py"), str(tiny_model())]
+    env = engine_env()
+    env.pop("RANK", None)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    # each of 2 ranks holds a half partition of the policy and of the reference (DeepSpeed pads each
+    # partition to the rank count: at most 1 element per parameter over half). Parameters under DeepSpeed's
+    # persistence threshold (1e5 elements: every tensor of the tiny model) also stay whole after a forward.
+    assert 0.5 <= out["policy_held"] < 0.501 and 0.5 <= out["ref_held"] < 0.501
+    assert out["trainable"] == out["replica_params"]  # counted from the partitioned parameters
+    # same weights, same kernels (fp32): the sharded reference and policy score as the whole replica
+    assert out["ref_diff"] < 1e-5 and out["policy_diff"] < 1e-5

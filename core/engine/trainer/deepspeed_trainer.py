@@ -32,6 +32,7 @@ from policyzoo.engine.device import local_device, set_thread_device
 from policyzoo.engine.dist import any_rank, gather, world_size
 
 from . import lora as lora_mod
+from . import sharded
 from .checkpoint_io import TrainerIO
 from .compute import autocast, enable_gradient_checkpointing
 from .dsconfig import BETAS, check_stage, ds_config, initialize, merge, read_user_config
@@ -83,6 +84,8 @@ class Trainer(TrainerIO):
         self.device = local_device()  # cuda:LOCAL_RANK (one GPU per rank) or cpu
         tdtype = getattr(torch, dtype)
         path = str(info.path)
+        # ZeRO 3: models load partitioned (deepspeed.zero.Init via transformers) while this is referenced
+        zero3 = sharded.zero3_loading(policy_cfg) if zero_stage == 3 else None
         model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
         model.eval()  # no dropout: the trainer must score exactly what the sampler sampled
         self.lora = lora is not None
@@ -93,12 +96,13 @@ class Trainer(TrainerIO):
             enable_gradient_checkpointing(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
         #: trained parameters (all of them, or the LoRA adapter's)
-        self.trainable_params = sum(p.numel() for p in trainable)
+        self.trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)  # ZeRO 3: partitioned
         self.engine = initialize(model, trainable, policy_cfg, sched)
         self.ref = None
         if need_ref and not self.lora:  # with LoRA the reference is the base model (adapter off)
             self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
-            self.ref.eval().requires_grad_(False).to(self.device)
+            self.ref.eval().requires_grad_(False)
+            self.ref = sharded.reference_engine(self.ref, policy_cfg) if zero3 else self.ref.to(self.device)
         self.critic = None
         if need_critic:
             vm = ValueModel(path, tdtype, trust_remote_code)
@@ -106,6 +110,7 @@ class Trainer(TrainerIO):
                 enable_gradient_checkpointing(vm.body)
             cfg = merge(ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype, betas, eps), user)
             self.critic = initialize(vm, vm.parameters(), cfg, sched)
+        del zero3  # later loads in this process (the transformers rollout) are whole again
         self._need_ref = need_ref
         self._nonfinite = 0
         #: DeepSpeed averages gradients over ranks; losses are scaled by the world size so the
