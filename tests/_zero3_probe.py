@@ -11,6 +11,7 @@ setup_process(threads=1)
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers.integrations import is_deepspeed_zero3_enabled  # noqa: E402
 
 from policyzoo.contract import Rollout  # noqa: E402
 from policyzoo.engine import dist  # noqa: E402
@@ -26,6 +27,7 @@ mask = torch.tensor([[True] * 4, [True, True, True, False]])
 r = Rollout(prompt_ids=[[1, 9, 10], [1, 4]], response_ids=resp, response_mask=mask,
             rollout_logprobs=torch.zeros(2, 4), group_ids=torch.tensor([0, 1]), truncated=torch.tensor([False] * 2),
             temperature=0.7)
+zero3_after = is_deepspeed_zero3_enabled()  # a later transformers load (the HF rollout) must be whole
 ref = trainer.ref_logprobs(r)
 pol = trainer.logprobs(r, grad=False)[0]
 replica = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -39,6 +41,6 @@ out = {"ref_diff": float((ref - want).abs().max()), "policy_diff": float((pol - 
        "policy_held": held(trainer.engine.module.parameters()) / full,
        "ref_held": held(trainer.ref.module.parameters()) / full,
        "whole_now": sum(p.numel() for p in trainer.ref.module.parameters()), "trainable": trainer.trainable_params,
-       "replica_params": sum(p.numel() for p in replica.parameters())}
+       "replica_params": sum(p.numel() for p in replica.parameters()), "zero3_after": zero3_after}
 if dist.rank() == 0:
     print("RESULT " + json.dumps(out), flush=True)

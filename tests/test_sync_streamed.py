@@ -51,5 +51,6 @@ def test_zero3_models_load_sharded_and_the_reference_scores_as_the_replica():
     # persistence threshold (1e5 elements: every tensor of the tiny model) also stay whole after a forward.
     assert 0.5 <= out["policy_held"] < 0.501 and 0.5 <= out["ref_held"] < 0.501
     assert out["trainable"] == out["replica_params"]  # counted from the partitioned parameters
+    assert out["zero3_after"] is False  # zero.Init loading ended with the trainer's models
     # same weights, same kernels (fp32): the sharded reference and policy score as the whole replica
     assert out["ref_diff"] < 1e-5 and out["policy_diff"] < 1e-5
