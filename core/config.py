@@ -102,12 +102,17 @@ class EngineSettings(Section):
                                                      "transformers generate fallback")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
     sync_check: bool = Field(False, description="after each weight sync, compare vLLM and trainer logprobs")
-    sync_tolerance: float = Field(1e-3, gt=0, description="max |logprob difference| (nats) the sync check accepts; "
-                                  "fp32 SmolLM2 measured up to 6e-5, one missed sync moves it by >1e-2")
+    sync_tolerance: float | None = Field(None, gt=0, description="max |logprob difference| (nats) the sync check "
+                                         "accepts; null: by model.dtype, 1e-3 for float32 (SmolLM2 measured up to "
+                                         "6e-5, one missed sync moves it by >1e-2), 0.25 for bfloat16")
     sync_timeout_s: float = Field(300.0, gt=0, description="seconds a weight sync may take before the run stops")
     threads: int | None = Field(None, ge=1, description="torch/OpenMP threads (null: all cores)")
     kv_cache_gb: float = Field(1.0, gt=0, description="vLLM KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only)")
+    vllm_sleep: Literal[0, 1, 2] = Field(0, description="GPU only: vLLM's sleep mode while DeepSpeed trains (TRL's "
+                                         "vllm_enable_sleep_mode): 1 offloads vLLM's weights to host memory and drops "
+                                         "its KV cache, 2 drops both (the weight push refills them); 0 keeps vLLM's "
+                                         "gpu_memory_utilization share of the GPU through training")
     critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in the run directory")
     trim_memory: bool = Field(False, description="after every step, return the C heap's free memory to the OS "

@@ -230,3 +230,20 @@ def test_startup_check_falls_back_when_the_numbers_differ(model):
     tr = _bare_trainer(Wrong())
     why = tr.check_share_prompt(list(range(3, 40)))
     assert not tr.share_prompt and "differs from the per-row forward" in why
+
+
+def test_startup_check_tolerance_follows_the_weights_dtype(model):
+    class Rounding(torch.nn.Module):  # the cache path off by a logit shift of at most 0.05 (bf16-sized rounding)
+        def forward(self, **kw):
+            out = model(**kw)
+            if kw.get("past_key_values") is not None:
+                out = types.SimpleNamespace(logits=out.logits + torch.linspace(0, 0.05, out.logits.shape[-1]))
+            return out
+
+    # a shift of the logits by values in [0, s] moves every log-prob by at most s: |diff| <= 0.05
+    fp32, bf16 = _bare_trainer(Rounding()), _bare_trainer(Rounding())
+    fp32.dtype, bf16.dtype = "float32", "bfloat16"
+    assert "tolerance 0.001" in fp32.check_share_prompt(list(range(3, 40))) and not fp32.share_prompt
+    assert bf16.check_share_prompt(list(range(3, 40))) is None and bf16.share_prompt  # tolerance 0.1
+    check = bf16.share_prompt_check
+    assert check["tolerance"] == 0.1 and 1e-3 < check["max_diff"] <= 0.05 and check["mean_diff"] <= check["max_diff"]

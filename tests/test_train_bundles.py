@@ -74,5 +74,10 @@ def test_transformers_fallback_rollout_trains_with_the_sync_check(tmp_path):
     train = metrics(out)
     assert [r["step"] for r in train] == [1, 2]
     assert all(math.isfinite(r["loss"]) and r["sync_max_diff"] <= 1e-4 for r in train)
+    assert all(0 <= r["sync_mean_diff"] <= r["sync_max_diff"] for r in train)  # the mean is logged with the max
     import json
-    assert json.loads((out / "summary.json").read_text())["rollout"] == "transformers"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rollout"] == "transformers"
+    # shared-prompt scoring passed its start-up check (fp32 tolerance 1e-3) and stayed on
+    assert summary["share_prompt"] is True and summary["share_prompt_check"]["tolerance"] == 1e-3
+    assert 0 <= summary["share_prompt_check"]["mean_diff"] <= summary["share_prompt_check"]["max_diff"] <= 1e-3

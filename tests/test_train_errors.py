@@ -24,7 +24,8 @@ def _jsonl(path, rows):
     return path
 
 
-@pytest.mark.parametrize("case", ["missing_model", "missing_column", "long_prompt", "non_numeric", "bad_key"])
+@pytest.mark.parametrize("case", ["missing_model", "missing_column", "long_prompt", "non_numeric", "bad_key",
+                                  "vllm_sleep_on_cpu"])
 def test_bad_input_is_one_clear_error_before_training(tmp_path, case):
     good = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
     model = f"model.path={tiny_model()}"
@@ -41,6 +42,8 @@ def test_bad_input_is_one_clear_error_before_training(tmp_path, case):
     elif case == "non_numeric":
         rows = good + [{"prompt": "Name a colour", "answer": "blue"}]
         args, expect = [model, f"data.path={_jsonl(tmp_path / 'd.jsonl', rows)}"], "blue"
+    elif case == "vllm_sleep_on_cpu":  # vLLM-CPU has no sleep mode: refused before any model loads
+        args, expect = [model, "engine.vllm_sleep=1"], "needs a CUDA GPU"
     else:
         args, expect = [model, "train.stepz=3"], "stepz"
     proc, out = _train(tmp_path, *args)

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 ARGS = ["train.steps=6", "train.save_every=2", "algorithm.sample.n=4", "engine.zero_stage=0",
         "train.log_completions_every=1"]
-VOLATILE = ("time_", "rollout_tokens_per_s", "sync_seconds", "rss_gib", "peak_rss_gib")  # timings, memory
+VOLATILE = ("time_", "rollout_tokens_per_s", "sync_seconds", "rss_gib", "peak_rss_gib", "gpu_")  # timings, memory
 
 
 def _same(a: dict, b: dict) -> None:

@@ -28,10 +28,13 @@ import os
 from policyzoo.contract.ground import Collective
 from policyzoo.errors import UserError
 
+from .device import local_device, set_thread_device
+
 #: metrics that add up over ranks; ``time_*`` and flags take the max; the rest are means
 SUMMED = {"loss", "value_loss", "rows", "sampled_rows", "rollout_tokens", "prompt_tokens", "rollout_tokens_per_s",
           "shortfall_rows", "reward_unscorable"}
-MAXED = {"skipped", "grad_norm", "sync_max_diff", "stop_requested", "policy_lag_max", "rss_gib", "peak_rss_gib"}
+MAXED = {"skipped", "grad_norm", "sync_max_diff", "sync_mean_diff", "stop_requested", "policy_lag_max", "rss_gib",
+         "peak_rss_gib", "gpu_peak_allocated_gib", "gpu_reserved_gib", "gpu_kv_cache_gib"}
 
 
 class DistError(UserError):
@@ -59,8 +62,7 @@ def init() -> None:
     import deepspeed
     import torch
 
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    set_thread_device()  # NCCL binds each rank's communicator to the current device
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
@@ -97,9 +99,7 @@ def any_rank(flag: bool) -> bool:
         return bool(flag)
     import torch
 
-    t = torch.tensor([1.0 if flag else 0.0])
-    if torch.cuda.is_available():
-        t = t.cuda()
+    t = torch.tensor([1.0 if flag else 0.0], device=local_device())
     d.all_reduce(t, op=d.ReduceOp.MAX)
     return bool(t.item() > 0)
 
@@ -110,9 +110,7 @@ def sum_ints(values: list[int]) -> list[int]:
         return list(values)
     import torch
 
-    t = torch.tensor(values, dtype=torch.float64)
-    if torch.cuda.is_available():
-        t = t.cuda()
+    t = torch.tensor(values, dtype=torch.float64, device=local_device())
     d.all_reduce(t)
     return [int(round(v)) for v in t.tolist()]
 
@@ -135,9 +133,7 @@ class DistCollective(Collective):
             return x
         import torch
 
-        t = x.detach().to(torch.float64).clone()
-        if torch.cuda.is_available():
-            t = t.cuda()
+        t = x.detach().to(device=local_device(), dtype=torch.float64, copy=True)
         d.all_reduce(t)
         return t.to(device=x.device, dtype=x.dtype)
 

@@ -11,6 +11,11 @@ generation path, which reads every cached block of that prefix; the training pro
 their first block with it, and each check leaves it cached for the next, so a prefix cache left
 stale by a weight push fails the check. A sync that does not finish within
 ``timeout_s`` seconds raises :class:`SyncError` too (rather than hanging the run).
+
+On a GPU with ``engine.vllm_sleep`` the policy tells the rollout engine's sleeper when the trainer
+takes over (every trainer call: log-probs, reference, values, backward), so vLLM's weights and KV
+cache leave the GPU while DeepSpeed trains (``policyzoo.engine.rollout.vllm_options``); the push wakes
+the weights, sampling the KV cache. After every push the CUDA allocator's cached blocks are released.
 """
 
 from __future__ import annotations
@@ -24,7 +29,19 @@ from policyzoo.contract import SAMPLING_OPTIONS, Rollout, StepTotals
 from policyzoo.errors import UserError
 from policyzoo.step.episodes import DrivesEpisodes
 
+from .device import on_device, release_cached_memory
 from .dist import DistCollective, sum_ints
+
+#: default sync-check tolerance (nats, max over the checked tokens) per ``model.dtype``. fp32: SmolLM2
+#: measured up to 6e-5 on CPU, one missed sync moves it by > 1e-2. bf16: vLLM's kernels and
+#: transformers' round differently by 1e-2..1e-1 nats (reported for bf16 on GPUs, not measured here);
+#: a stale or wrong weight moves log-probs by far more (a tied lm_head left stale: > 1 nat)
+SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25}
+
+
+def sync_tolerance(dtype: str, configured: float | None = None) -> float:
+    """``configured`` (``engine.sync_tolerance``) or the default of ``dtype`` (:data:`SYNC_TOLERANCE`)."""
+    return configured if configured is not None else SYNC_TOLERANCE[dtype]
 
 
 class SyncError(UserError):
@@ -41,7 +58,7 @@ def run_with_timeout(fn, timeout_s: float, what: str):
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
 
-    th = threading.Thread(target=target, name=f"policyzoo-{what}", daemon=True)
+    th = threading.Thread(target=on_device(target), name=f"policyzoo-{what}", daemon=True)
     th.start()
     th.join(timeout_s)
     if th.is_alive():
@@ -73,6 +90,16 @@ class LMPolicy(DrivesEpisodes):
         #: global index of this rank's first prompt in the step (data parallel; 0 on one rank)
         self.first_index = 0
         self.collective = DistCollective()
+        #: mean |difference| of the last sync check (nats; the max is its return value)
+        self.last_mean_diff: float | None = None
+        self.sleeper = getattr(rollout, "sleeper", None)  # vLLM's sleep mode (GPU, engine.vllm_sleep)
+        if self.sleeper is not None:
+            self.sleeper.repush = self._push
+
+    def _training(self) -> None:
+        """The trainer is about to run: vLLM sleeps (when its sleep mode is on)."""
+        if self.sleeper is not None:
+            self.sleeper.for_training()
 
     # --------------------------------------------------------------------- Policy protocol
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
@@ -109,18 +136,23 @@ class LMPolicy(DrivesEpisodes):
         return out
 
     def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False):
+        self._training()
         return self.trainer.logprobs(rollout, grad=grad, entropy=entropy)
 
     def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        self._training()
         return self.trainer.ref_logprobs(rollout)
 
     def sum_pi_squared(self, rollout: Rollout) -> torch.Tensor:
+        self._training()
         return self.trainer.sum_pi_squared(rollout)
 
     def values(self, rollout: Rollout, *, grad: bool) -> torch.Tensor:
+        self._training()
         return self.trainer.values(rollout, grad=grad)
 
     def backward(self, loss: torch.Tensor, value_loss: torch.Tensor | None = None) -> None:
+        self._training()
         self.trainer.backward(loss, value_loss)
 
     def optimizer_step(self, skip: bool = False) -> dict:
@@ -139,15 +171,17 @@ class LMPolicy(DrivesEpisodes):
         """Push the trainer's weights into the rollout engine; with the check on, compare
         log-probs on ``check_ids`` (metric ``sync_max_diff``, nats)."""
         t0 = time.perf_counter()
-
-        def push():
-            with self.trainer.full_weights() as weights:
-                self.rollout.load_weights(weights)
-        run_with_timeout(push, self.timeout_s, "pushing weights into the rollout engine")
+        run_with_timeout(self._push, self.timeout_s, "pushing weights into the rollout engine")
+        release_cached_memory()  # the gathered copies' blocks, back to the GPU for vLLM's KV cache
         out = {"sync_seconds": time.perf_counter() - t0}
         if self.check:
             out["sync_max_diff"] = self.check_now()
+            out["sync_mean_diff"] = self.last_mean_diff
         return out
+
+    def _push(self) -> None:
+        with self.trainer.full_weights() as weights:
+            self.rollout.load_weights(weights)
 
     def check_now(self) -> float:
         """Max |trainer - rollout engine| log-prob over ``check_ids`` (prompt log-probs) and over
@@ -158,10 +192,12 @@ class LMPolicy(DrivesEpisodes):
         b = self.trainer.score_sequence(self.check_ids)
         full = self.trainer.next_logprobs(self.cached_ids)
         cached = torch.tensor([v - float(full[t]) for t, v in nxt.items()])
-        diff = float(torch.cat([(a - b).abs(), cached.abs()]).max())  # NaN propagates
+        diffs = torch.cat([(a - b).abs(), cached.abs()])
+        diff, self.last_mean_diff = float(diffs.max()), float(diffs.mean())  # NaN propagates
         if not diff <= self.tolerance:  # also catches NaN
             raise SyncError("weight sync check", f"after the sync the rollout engine's log-probs differ from the "
-                            f"trainer's by up to {diff:.3g} nats on a fixed {len(self.check_ids)}-token sequence "
+                            f"trainer's by up to {diff:.3g} nats (mean {self.last_mean_diff:.3g}) on a fixed "
+                            f"{len(self.check_ids)}-token sequence "
                             f"(tolerance {self.tolerance:g})",
                             "the rollout engine is sampling from other weights than the ones trained: report it "
                             "with the model folder; engine.rollout: transformers avoids vLLM meanwhile")

@@ -34,7 +34,10 @@ import torch
 
 from policyzoo.contract.batch import Rollout
 from policyzoo.contract.policy import Generated
+from policyzoo.engine import device
 from policyzoo.step.episodes import encode_prompt
+
+from .vllm_options import Sleeper, llm_kwargs
 
 SEED_MOD = 2**62
 #: tokens whose next-token log-probs the sync check compares on the cached path
@@ -78,33 +81,34 @@ class _Base:
 
 
 class VLLMRollout(_Base):
-    """vLLM in this process (``distributed_executor_backend="uni"``), fp32 on CPU.
+    """vLLM in this process: ``external_launcher`` on ``cuda:LOCAL_RANK`` on GPUs, ``uni`` on CPU
+    (``policyzoo.engine.rollout.vllm_options``), fp32 on CPU.
 
     ``max_model_len`` bounds prompt + response; ``seed`` seeds vLLM's own generator (each request
-    also carries its seed, see the module docstring)."""
+    also carries its seed, see the module docstring). ``sleep_level`` (``engine.vllm_sleep``, GPU
+    only): 1 or 2 puts vLLM to sleep while the trainer runs (:attr:`sleeper`)."""
 
-    def __init__(self, model_info, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float = 0.3):
+    def __init__(self, model_info, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float = 0.3,
+                 sleep_level: int = 0):
         super().__init__(model_info)
         from vllm import LLM
 
-        kwargs = dict(dtype=dtype, distributed_executor_backend="uni", enforce_eager=True, seed=seed,
-                      max_model_len=max_model_len, logprobs_mode="processed_logprobs",
-                      trust_remote_code=False, tokenizer=str(model_info.path))
-        if torch.cuda.is_available():
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        else:
-            # A prefill split over two engine steps rewinds the request's seeded generator with
-            # Generator.set_offset, which only CUDA generators have: on CPU any step whose prompts
-            # exceed the token budget (e.g. 8 prompts x 32 samples x 103 tokens) crashed with
-            # "CPU Generator does not use offset". Unsplit prefills never rewind.
-            kwargs["enable_chunked_prefill"] = False
-        self.llm = LLM(str(model_info.path), **kwargs)
+        on_cuda = device.cuda()
+        self.llm = LLM(str(model_info.path), **llm_kwargs(
+            on_cuda=on_cuda, dtype=dtype, max_model_len=max_model_len, seed=seed, tokenizer=str(model_info.path),
+            gpu_memory_utilization=gpu_memory_utilization, sleep_level=sleep_level))
+        device.set_thread_device()  # vLLM's worker set the current device while it started
+        #: sleep/wake of vLLM around training (no-op at level 0)
+        self.sleeper = Sleeper(self.llm, sleep_level if on_cuda else 0, device.release_cached_memory)
+        #: GiB vLLM gave its KV cache on this GPU (metric gpu_kv_cache_gib; None on CPU)
+        self.kv_cache_gib = sum(self.llm.collective_rpc(_kv_cache_bytes)) / 2**30 if on_cuda else None
 
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                  top_p: float = 1.0, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, stop: list[str] = ()) -> Rollout:
         from vllm import SamplingParams
 
+        self.sleeper.for_sampling()
         prompt_ids, texts = self.encode(rows)
         extra = dict(top_k=top_k or -1, min_p=min_p, repetition_penalty=repetition_penalty, stop=list(stop) or None,
                      include_stop_str_in_output=True)
@@ -130,6 +134,7 @@ class VLLMRollout(_Base):
         ``temperature`` 0 is greedy. For multi-turn episodes (``policyzoo.step.episodes``)."""
         from vllm import SamplingParams
 
+        self.sleeper.for_sampling()
         stop = list(self.info.eos_token_ids)
         params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=m, logprobs=0, seed=s,
                                  stop_token_ids=stop) for m, s in zip(max_tokens, seeds)]
@@ -146,6 +151,7 @@ class VLLMRollout(_Base):
         """One greedy (temperature 0) response per prompt, for held-out evaluation."""
         from vllm import SamplingParams
 
+        self.sleeper.for_sampling()
         prompt_ids, texts = self.encode(rows)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
                                  SamplingParams(temperature=0.0, max_tokens=max_tokens,
@@ -162,6 +168,7 @@ class VLLMRollout(_Base):
         without this a model with tied embeddings samples from stale output weights), and drop
         the prefix cache (its keys and values were computed with the old weights; the sync
         check's :meth:`score_next` reads through it, so a cache left stale fails the check)."""
+        self.sleeper.for_push()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
         self.llm.collective_rpc(_refresh_cpu_kernels)
         self.llm.reset_prefix_cache()
@@ -174,6 +181,7 @@ class VLLMRollout(_Base):
         uses both."""
         from vllm import SamplingParams
 
+        self.sleeper.for_sampling()
         out = self.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=1.0, logprobs=k,
                                                                            seed=0), use_tqdm=False)[0]
         return {int(t): float(lp.logprob) for t, lp in out.outputs[0].logprobs[0].items()}
@@ -182,9 +190,15 @@ class VLLMRollout(_Base):
         """Log-probs ``[len(ids) - 1]`` of tokens 1.. of ``ids`` at temperature 1 (prompt logprobs)."""
         from vllm import SamplingParams
 
+        self.sleeper.for_sampling()
         out = self.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=1.0,
                                                                            prompt_logprobs=0), use_tqdm=False)[0]
         return torch.tensor([out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))])
+
+
+def _kv_cache_bytes(worker) -> int:
+    """The KV cache a GPU worker sized after its memory profile (vLLM's ``gpu_worker``)."""
+    return int(getattr(worker, "available_kv_cache_memory_bytes", 0) or 0)
 
 
 def _refresh_cpu_kernels(worker) -> int:
@@ -214,8 +228,7 @@ class HFRollout(_Base):
         self.model = AutoModelForCausalLM.from_pretrained(str(model_info.path), dtype=getattr(torch, dtype),
                                                           trust_remote_code=trust_remote_code)
         self.model.eval().requires_grad_(False)
-        if torch.cuda.is_available():
-            self.model.cuda()
+        self.model.to(device.local_device())
 
     @torch.no_grad()
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,

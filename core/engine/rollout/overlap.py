@@ -31,6 +31,7 @@ import threading
 import torch
 
 from policyzoo.contract import Rollout
+from policyzoo.engine.device import on_device
 from policyzoo.step import collect, learn, round_seed
 
 
@@ -90,7 +91,7 @@ class OverlapPolicy:
             except BaseException as e:  # noqa: BLE001 - re-raised (or dropped) in the main thread
                 box["error"] = e
 
-        box["thread"] = threading.Thread(target=run, name="policyzoo-prefetch", daemon=True)
+        box["thread"] = threading.Thread(target=on_device(run), name="policyzoo-prefetch", daemon=True)
         box["thread"].start()
         self._pending = box
 

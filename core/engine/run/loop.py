@@ -13,6 +13,7 @@ from pathlib import Path
 from policyzoo.contract import runstate
 from policyzoo.data import rows_at
 from policyzoo.engine import dist
+from policyzoo.engine.device import gpu_memory_metrics
 from policyzoo.engine.report.progress import progress_bar
 from policyzoo.engine.report.tracking import completion_rows
 from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
@@ -104,8 +105,10 @@ class RunLoop:
         delta = {k: counters.get(k, 0) - stats0.get(k, 0) for k in ("tokens", "prompt_tokens", "seconds")}
         m.update(step=step, kind="train", time_step=time.perf_counter() - t0, rollout_tokens=delta["tokens"],
                  prompt_tokens=delta["prompt_tokens"], stop_requested=int(self.stop_requested),
-                 rss_gib=rss_gib(), peak_rss_gib=peak_rss_gib(),
+                 rss_gib=rss_gib(), peak_rss_gib=peak_rss_gib(), **gpu_memory_metrics(),
                  rollout_tokens_per_s=delta["tokens"] / delta["seconds"] if delta["seconds"] > 0 else 0.0)
+        if getattr(self.rollout, "kv_cache_gib", None) is not None:  # vLLM on a GPU
+            m["gpu_kv_cache_gib"] = self.rollout.kv_cache_gib
         m = dist.merge_metrics(dist.gather(m))  # every rank holds the merged record
         self.stop_requested = bool(m.pop("stop_requested"))
         self.state["step"] = step
@@ -167,7 +170,8 @@ class RunLoop:
                    "tokens_seen": self.state["tokens_seen"],
                    "models_loaded": self.trainer.models_loaded(), "trainable_params": self.trainer.trainable_params,
                    "peak_rss_gib": peak_rss_gib(), "zero_stage": self.trainer.stage,
-                   "rollout": self.config.engine.rollout, "run_dir": str(self.rundir.path)}
+                   "rollout": self.config.engine.rollout, "share_prompt": self.trainer.share_prompt,
+                   "share_prompt_check": self.trainer.share_prompt_check, "run_dir": str(self.rundir.path)}
         self.rundir.write_summary(summary)
         self.tracker.close()
         acc = [summary["eval_accuracy_before"], summary["eval_accuracy_after"]]

@@ -13,8 +13,9 @@ from policyzoo.catalog import get_catalog
 from policyzoo.contract.untrusted import encode_text
 from policyzoo.data import load_task
 from policyzoo.engine import dist
+from policyzoo.engine.device import check_device_options
 from policyzoo.engine.models import resolve_model
-from policyzoo.engine.policy import LMPolicy
+from policyzoo.engine.policy import LMPolicy, sync_tolerance
 from policyzoo.engine.process import captured_output
 from policyzoo.engine.report.tracking import Tracker, check_trackers
 from policyzoo.engine.rollout.engines import HFRollout, VLLMRollout
@@ -67,6 +68,7 @@ class Session(RunLoop):
                               "set engine.overlap=none for runs with an env")
         check_trackers(config.train.report_to)
         check_engine(config)  # the DeepSpeed settings, before any model loads
+        check_device_options(config.engine)  # sleep mode on CPU, parallel_start on a GPU
         self.settings = step_settings(config, self.run)
         sp = self.run.sample.params
         self.turn_tokens, self.n = sp.max_tokens, sp.n
@@ -156,11 +158,12 @@ class Session(RunLoop):
                 self.rollout = early.result()
             elif c.engine.rollout == "vllm":
                 self.rollout = VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
-                                           c.engine.gpu_memory_utilization)
+                                           c.engine.gpu_memory_utilization, c.engine.vllm_sleep)
             else:
                 self.rollout = HFRollout(self.model, c.model.dtype, c.model.trust_remote_code)
         cached = (self.check_ids * (self.max_model_len // len(self.check_ids) + 1))[:self.max_model_len - 1]
-        self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check, tolerance=c.engine.sync_tolerance,
+        self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check,
+                               tolerance=sync_tolerance(c.model.dtype, c.engine.sync_tolerance),
                                timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids, cached_ids=cached)
         parts["rollout_engine_s"] = time.perf_counter() - t0 - sum(parts.values())
         self.share = c.train.prompts_per_step // dist.world_size()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+from policyzoo.engine.device import on_device
+
 
 def peak_rss_gib() -> float:
     """This process's peak resident memory so far, GiB (``ru_maxrss``: KiB on Linux)."""
@@ -58,7 +60,7 @@ class Background:
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                 self.box["error"] = e
 
-        self.thread = threading.Thread(target=run, name="policyzoo-start", daemon=True)
+        self.thread = threading.Thread(target=on_device(run), name="policyzoo-start", daemon=True)
         self.thread.start()
 
     def result(self):

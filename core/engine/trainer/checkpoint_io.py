@@ -16,24 +16,55 @@ from . import lora as lora_mod
 from .dsconfig import BETAS
 
 
+def _gathered_one_at_a_time(params):
+    import deepspeed
+
+    for name, p in params:
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+            yield name, p.data
+
+
 class TrainerIO:
+    #: stream the sync: gather and yield one parameter at a time (False: gather the whole model first)
+    stream_sync = True
+
     @contextlib.contextmanager
-    def full_weights(self):
-        """``[(hf_name, tensor)]`` of the policy's full weights (gathered under ZeRO-3)."""
+    def full_weights(self, streamed: bool | None = None):
+        """An iterable of ``(hf_name, tensor)``: the policy's full weights, in ``named_parameters``
+        order on every rank (the order the ZeRO-3 gathers must agree on).
+
+        * ZeRO 0-2: every weight is whole on every rank; nothing is gathered or copied.
+        * ZeRO 3, ``streamed`` (default :attr:`stream_sync`): a generator that gathers one parameter
+          (``GatheredParameters([p])``), yields it and releases it when the consumer asks for the next,
+          so a rank holds one gathered parameter beyond its shard (plus what the consumer keeps: vLLM's
+          layer-wise loader keeps the tensors of one layer until the layer is complete; a released
+          parameter's tensor stays valid while referenced, DeepSpeed only rebinds ``param.data``).
+          TRL and OpenRLHF gather one parameter at a time too. Every rank must consume it to the end.
+        * ZeRO 3, not streamed: the whole model gathered at once (a full copy per rank), as a list.
+        * LoRA (ZeRO 0-2): the merged weights, computed one layer at a time as they are consumed
+          (:func:`policyzoo.engine.trainer.lora.merged_weights`).
+        """
         import deepspeed
 
         if self.lora:  # ZeRO 0-2 only: every weight is held whole on every rank
             yield lora_mod.merged_weights(self.engine.module)
             return
         params = list(self.engine.module.named_parameters())
-        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None, enabled=self.stage == 3):
+        if self.stage != 3:
+            yield ((n, p.data) for n, p in params)
+            return
+        if self.stream_sync if streamed is None else streamed:
+            yield _gathered_one_at_a_time(params)
+            return
+        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None):
             yield [(n, p.data) for n, p in params]
 
     def weights_finite(self) -> bool:
         """True when every policy (and critic) weight is finite (gathered under ZeRO-3; the
         answer is agreed over data-parallel ranks)."""
         with self.full_weights() as weights:
-            bad = any(not bool(torch.isfinite(t).all()) for _, t in weights)
+            # a list, not a short-circuit: at ZeRO 3 every rank must take part in every gather
+            bad = not all([bool(torch.isfinite(t).all()) for _, t in weights])
         if self.critic is not None:
             bad = bad or any(not bool(torch.isfinite(p.data).all()) for p in self.critic.module.parameters()
                              if p.data.numel())

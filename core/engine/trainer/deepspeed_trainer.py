@@ -28,9 +28,11 @@ from __future__ import annotations
 import torch
 
 from policyzoo.contract import Rollout, token_budget_bounds
+from policyzoo.engine.device import local_device, set_thread_device
 from policyzoo.engine.dist import any_rank, gather, world_size
 
 from . import lora as lora_mod
+from . import sharded
 from .checkpoint_io import TrainerIO
 from .compute import autocast, enable_gradient_checkpointing
 from .dsconfig import BETAS, check_stage, ds_config, initialize, merge, read_user_config
@@ -41,6 +43,12 @@ from .prefix import shared_prompt_logprobs, token_logprobs
 __all__ = ["BETAS", "Trainer", "ValueModel", "ds_config", "lr_schedule", "pack", "token_logprobs"]
 
 
+#: shared-prompt check tolerance (nats) per weight dtype: fp32 forwards of other shapes agree to
+#: ~1e-5; bf16 ones round differently by ~1e-2 (reduction order; not measured on a GPU here); a
+#: wrong cache (a prompt seen by the wrong rows, positions shifted) differs by > 1 nat
+SHARE_PROMPT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+
+
 class Trainer(TrainerIO):
     """DeepSpeed engine(s) for one run. ``need_ref`` / ``need_critic`` load those models."""
 
@@ -48,6 +56,9 @@ class Trainer(TrainerIO):
     score_tokens: int | None = None  #: token budget of the no-grad scoring chunks (set by ``__init__``)
     autocast = False  #: bf16 autocast in the scoring forwards (set by ``__init__``)
     lora = False  #: the policy is a PEFT model with LoRA adapters (set by ``__init__``)
+    dtype = "float32"  #: the weights' dtype (``model.dtype``; set by ``__init__``)
+    #: max and mean |shared - per-row| log-prob of the start-up check and its tolerance (None: not run)
+    share_prompt_check: dict | None = None
 
     def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
@@ -63,16 +74,18 @@ class Trainer(TrainerIO):
         sched = lr_schedule(schedule, warmup_steps, total_steps)
         zero_stage = stage_of(policy_cfg)  # the user's config may set the stage
         check_stage(zero_stage, dtype, lora)
-        self.info, self.stage, self.pad_id = info, zero_stage, info.pad_token_id
+        self.info, self.stage, self.pad_id, self.dtype = info, zero_stage, info.pad_token_id, dtype
         self.score_rows, self.score_tokens = score_rows, score_tokens
         #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing
         self.share_prompt = share_prompt and not gradient_checkpointing
         #: bf16 compute over fp32 weights (policyzoo.engine.trainer.compute)
         self.autocast = autocast
-        cuda = torch.cuda.is_available()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        set_thread_device()
+        self.device = local_device()  # cuda:LOCAL_RANK (one GPU per rank) or cpu
         tdtype = getattr(torch, dtype)
         path = str(info.path)
+        # ZeRO 3: models load partitioned (deepspeed.zero.Init via transformers) while this is referenced
+        zero3 = sharded.zero3_loading(policy_cfg) if zero_stage == 3 else None
         model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
         model.eval()  # no dropout: the trainer must score exactly what the sampler sampled
         self.lora = lora is not None
@@ -83,12 +96,13 @@ class Trainer(TrainerIO):
             enable_gradient_checkpointing(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
         #: trained parameters (all of them, or the LoRA adapter's)
-        self.trainable_params = sum(p.numel() for p in trainable)
+        self.trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)  # ZeRO 3: partitioned
         self.engine = initialize(model, trainable, policy_cfg, sched)
         self.ref = None
         if need_ref and not self.lora:  # with LoRA the reference is the base model (adapter off)
             self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
-            self.ref.eval().requires_grad_(False).to(self.device)
+            self.ref.eval().requires_grad_(False)
+            self.ref = sharded.reference_engine(self.ref, policy_cfg) if zero3 else self.ref.to(self.device)
         self.critic = None
         if need_critic:
             vm = ValueModel(path, tdtype, trust_remote_code)
@@ -96,6 +110,7 @@ class Trainer(TrainerIO):
                 enable_gradient_checkpointing(vm.body)
             cfg = merge(ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype, betas, eps), user)
             self.critic = initialize(vm, vm.parameters(), cfg, sched)
+        del zero3  # later loads in this process (the transformers rollout) are whole again
         self._need_ref = need_ref
         self._nonfinite = 0
         #: DeepSpeed averages gradients over ranks; losses are scaled by the world size so the
@@ -126,13 +141,15 @@ class Trainer(TrainerIO):
         return lp.cpu(), (ent.cpu() if ent is not None else None)
 
     @torch.no_grad()
-    def check_share_prompt(self, ids: list[int], tolerance: float = 1e-3) -> str | None:
+    def check_share_prompt(self, ids: list[int], tolerance: float | None = None) -> str | None:
         """Compare shared-prompt scoring with the per-row forward on rows built from ``ids``: two
         prompts of different lengths (left padding), a long response, a short one and a one-token
         one (so that the rows form several length groups and the cache is restored between them).
         On a difference above ``tolerance`` nats, or an error (a model without cache support, a
         cache kind not known to be restorable), turn sharing off and return why (for a warning);
-        None when it agrees or is off."""
+        None when it agrees or is off. ``tolerance`` defaults to :data:`SHARE_PROMPT_TOLERANCE` of the
+        weights' dtype; the max and mean difference are kept in :attr:`share_prompt_check`."""
+        tolerance = SHARE_PROMPT_TOLERANCE[self.dtype] if tolerance is None else tolerance
         if not self.share_prompt:
             return None
         if len(ids) < 8:
@@ -148,14 +165,17 @@ class Trainer(TrainerIO):
                     rollout_logprobs=torch.zeros(4, t), group_ids=torch.tensor([0, 0, 1, 1]),
                     truncated=torch.zeros(4, dtype=torch.bool))
         try:
-            diff = float((self._logprobs(self.engine, r, False, True, cast=False)[0]
-                          - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs().max())
+            d = (self._logprobs(self.engine, r, False, True, cast=False)[0]
+                 - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs()[mask]
         except Exception as e:  # noqa: BLE001 - any failure means: score per row
             self.share_prompt = False
             return f"shared-prompt scoring failed on this model ({type(e).__name__}: {e}); scoring per row"
+        diff = float(d.max())
+        self.share_prompt_check = {"max_diff": diff, "mean_diff": float(d.mean()), "tolerance": tolerance}
         if not diff <= tolerance:
             self.share_prompt = False
-            return f"shared-prompt scoring differs from the per-row forward by {diff:.3g} nats; scoring per row"
+            return (f"shared-prompt scoring differs from the per-row forward by up to {diff:.3g} nats (mean "
+                    f"{float(d.mean()):.3g}, tolerance {tolerance:g}); scoring per row")
         return None
 
     def _chunked(self, fn, rollout: Rollout):

@@ -60,28 +60,27 @@ def _lora_layers(peft_model) -> dict:
     return {name: m for name, m in peft_model.get_base_model().named_modules() if isinstance(m, LoraLayer)}
 
 
-@torch.no_grad()
-def merged_weights(peft_model) -> list[tuple[str, torch.Tensor]]:
-    """``[(hf_name, tensor)]``: the base model's parameters under their plain HF names, each adapted
-    weight replaced by ``W + delta`` (PEFT's ``get_delta_weight``, i.e. ``scale * B @ A``, for every
-    active adapter); the adapter's own parameters left out."""
+def merged_weights(peft_model):
+    """A generator of ``(hf_name, tensor)``: the base model's parameters under their plain HF names,
+    each adapted weight replaced by ``W + delta`` (PEFT's ``get_delta_weight``, i.e. ``scale * B @ A``,
+    for every active adapter); the adapter's own parameters left out. Each merged weight is computed
+    when the consumer asks for it, so the sync holds one merged copy at a time, not a merged model."""
     layers = _lora_layers(peft_model)
-    out = []
     for name, p in peft_model.get_base_model().named_parameters():
         if ".lora_" in name:
             continue
         if ".base_layer." not in name:
-            out.append((name, p.data))
+            yield name, p.data
             continue
         owner, _, leaf = name.partition(".base_layer.")
         t = p.data
         if leaf == "weight":
             layer = layers[owner]
-            for adapter in layer.active_adapters:
-                if adapter in layer.lora_A:
-                    t = t + layer.get_delta_weight(adapter).to(t.dtype)
-        out.append((f"{owner}.{leaf}", t))
-    return out
+            with torch.no_grad():
+                for adapter in layer.active_adapters:
+                    if adapter in layer.lora_A:
+                        t = t + layer.get_delta_weight(adapter).to(t.dtype)
+        yield f"{owner}.{leaf}", t
 
 
 @contextlib.contextmanager
