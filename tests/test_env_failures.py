@@ -77,8 +77,8 @@ def test_step_timeout_stops_or_drops_a_hanging_tool(tok):
     t0 = time.perf_counter()
     with pytest.raises(ComponentError, match=r"did not return within step_timeout = 0.2 s"):
         episodes(tok, Calculator(step_timeout=0.2), [[("calc(hang)", True)]])
-    r = episodes(tok, Calculator(step_timeout=0.2, on_error="drop_group"), [[("calc(hang)", True), ("Answer: 4", True)]],
-                 n=2)
+    script = [[("calc(hang)", True), ("Answer: 4", True)]]
+    r = episodes(tok, Calculator(step_timeout=0.2, on_error="drop_group"), script, n=2)
     assert time.perf_counter() - t0 < 5  # two 0.2 s limits, not two 30 s sleeps
     assert r.stop_reasons == ["timeout", "env"] and failed_groups(r).tolist() == [True, True]
     sums = episode_sums(r)
