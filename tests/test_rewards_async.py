@@ -118,8 +118,8 @@ def test_nan_for_none_and_sync_functions_stay_inline():
 def test_engine_trains_two_steps_with_two_async_rewards(tmp_path):
     out = tmp_path / "run"
     f = "policyzoo.testing.tiny:async_spread_reward"
-    proc = run_train(out, "train.steps=2", "algorithm.sample.n=2",
-                     f'rewards=[{{use: function, function: "{f}", timeout: 30}}, {{use: function, function: "{f}"}}]')
+    rewards = f'rewards=[{{use: function, function: "{f}", timeout: 30}}, {{use: function, function: "{f}"}}]'
+    proc = run_train(out, "train.steps=2", "algorithm.sample.n=2", rewards, timeout=1500)  # a shared machine
     assert proc.returncode == 0, proc.stderr[-4000:]
     train = [r for r in metrics(out) if r.get("kind") == "train"]
     assert [r["step"] for r in train] == [1, 2]
