@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from policyzoo import ConfigError, Observation, assemble, use
-from policyzoo.contract import Generated, StepBatch
+from policyzoo.contract import LOCAL, Generated, StepBatch
 from policyzoo.plugins.env import CALC_EXAMPLE, CALC_SYSTEM, CalcError, Calculator, calc, find_call
 from policyzoo.step import micro_loss, prepare, step_totals
 from policyzoo.step.episodes import env_turn_ids, run_episodes
@@ -44,8 +44,19 @@ class ScriptedPolicy:
     """``generate_tokens`` answers context k of call c with ``script[c][k]`` (text, EOS or not),
     cut to the requested max_tokens; records every call."""
 
+    collective, sampling_options = LOCAL, frozenset({"top_p"})  # the rest of TokenPolicy: unused here
+
     def __init__(self, tok, script):
         self.tokenizer, self.pad_token_id, self.script, self.calls = tok, IM_END, script, []
+
+    def run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=1.0):
+        return run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=top_p)
+
+    def unused(self, *args, **kwargs):
+        raise AssertionError("the episode tests only sample")
+
+    generate = logprobs = ref_logprobs = sum_pi_squared = values = backward = optimizer_step = sync = unused
+    reduce_totals = unused
 
     def generate_tokens(self, contexts, max_tokens, temperature, seeds, top_p=1.0):
         self.calls.append({"contexts": [list(c) for c in contexts], "max_tokens": list(max_tokens),

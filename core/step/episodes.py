@@ -198,15 +198,16 @@ def _step(env, trace: _Trace, text: str, ids: list[int]) -> Observation | None:
 
 
 def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0) -> Rollout:
+                 top_p: float = 1.0, **options) -> Rollout:
     """``n`` episodes of ``env`` per row of ``rows``, as a Rollout of B = len(rows) x n rows
     (row ``i * n + j`` is sample ``j`` of prompt ``i``, group id ``first_index + i``).
 
     ``policy`` must have ``tokenizer``, ``pad_token_id`` and ``generate_tokens`` (see
     :class:`policyzoo.contract.TokenPolicy`); ``first_index`` (default 0) is the global index of
-    ``rows[0]``. Raises :class:`ComponentError` when the env's ``env(row)`` does not return an
-    :class:`Episode`, its ``step`` fails or returns something else than an :class:`Observation`,
-    or its ``reward`` is not a number."""
+    ``rows[0]``. ``options``: the other sampling options (top_k, min_p, repetition_penalty, stop),
+    passed to every ``generate_tokens`` call. Raises :class:`ComponentError` when the env's
+    ``env(row)`` does not return an :class:`Episode`, its ``step`` fails (``on_error: stop``) or
+    returns something else than an :class:`Observation`, or its ``reward`` is not a number."""
     tok, first = policy.tokenizer, getattr(policy, "first_index", 0)
     budget, max_turns = env.params.max_total_tokens, env.params.max_turns
     traces: list[_Trace] = []
@@ -228,7 +229,7 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
             break
         outs = policy.generate_tokens([t.prompt + t.ids for t in live],
                                       [min(max_tokens, budget - len(t.ids)) for t in live], temperature,
-                                      [t.seed + turn for t in live], top_p=top_p)
+                                      [t.seed + turn for t in live], top_p=top_p, **options)
         for t, out in zip(live, outs):
             t.add(list(out.ids), list(out.logprobs))
             t.turns += 1
