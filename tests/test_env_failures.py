@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_env_episodes import ROW, ScriptedPolicy
 
-import policyzoo.plugins.env as env_module
+import policyzoo.plugins.env.calculator as env_module
 from policyzoo import assemble, use
 from policyzoo.contract import LOCAL
 from policyzoo.errors import ComponentError, ConfigError
