@@ -136,8 +136,11 @@ def test_engine_trains_two_steps_with_the_code_env(tmp_path):
     proc = run_train(out, "train.steps=2", "algorithm.sample.n=2", f"data.path={data}", "data.eval_size=2",
                      "algorithm.env.use=python_sandbox", "algorithm.env.max_turns=2",
                      "algorithm.env.max_total_tokens=48", "algorithm.env.code_blocks=false", "rewards=null",
-                     timeout=1500)
+                     "eval.n=2", "eval.temperature=1.0", timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    evals = metrics(out, "eval")  # 2 held-out prompts x 2 sampled episodes each, in the sandbox too
+    assert [e["eval_n"] for e in evals] == [2, 2] and all(e["eval_pass@2"] == 0.0 for e in evals)
+    assert all(e["eval_env_tool_call_frac"] == 1.0 for e in evals)
     train = [r for r in metrics(out) if r.get("kind") == "train"]
     assert [r["step"] for r in train] == [1, 2]
     for r in train:

@@ -5,6 +5,7 @@ is searched row by row like a synchronous one."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 
@@ -119,8 +120,13 @@ def test_engine_trains_two_steps_with_two_async_rewards(tmp_path):
     out = tmp_path / "run"
     f = "policyzoo.testing.tiny:async_spread_reward"
     rewards = f'rewards=[{{use: function, function: "{f}", timeout: 30}}, {{use: function, function: "{f}"}}]'
-    proc = run_train(out, "train.steps=2", "algorithm.sample.n=2", rewards, timeout=1500)  # a shared machine
+    proc = run_train(out, "train.steps=2", "algorithm.sample.n=2", rewards, "eval.n=2", "eval.temperature=1.0",
+                     timeout=1500)  # a shared machine
     assert proc.returncode == 0, proc.stderr[-4000:]
+    evals = metrics(out, "eval")  # 4 held-out prompts x eval.n = 2 sampled responses, before and after
+    assert [e["eval_n"] for e in evals] == [2, 2] and all(0 <= e["eval_pass@1"] <= e["eval_pass@2"] <= 1 for e in evals)
+    after = json.loads((out / "summary.json").read_text())["eval_after"]
+    assert set(after) == {"pass@1", "pass@2", "maj@1", "maj@2", "mean@2"}
     train = [r for r in metrics(out) if r.get("kind") == "train"]
     assert [r["step"] for r in train] == [1, 2]
     for r in train:
