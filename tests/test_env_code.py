@@ -117,7 +117,7 @@ def test_escape_infinite_loop_is_killed_at_the_limit(env):
     took = time.perf_counter() - t0
     text = obs.messages[0]["content"]
     assert obs.tool_error and took < 10  # 2 CPU seconds or 3 s of wall clock, whichever first
-    assert text.startswith("timed out after 3 s") or text.startswith("exit code -")  # SIGXCPU / SIGKILL
+    assert text.startswith(("timed out after 3 s", "killed by signal"))  # wall clock, or RLIMIT_CPU's signal
 
 
 def test_escape_memory_bomb_is_contained(env):

@@ -48,7 +48,8 @@ class CodeEpisode(Episode):
         self.passed = bool(tests) and r.ok
         self.last_stdout = r.stdout
         status = ("timed out after {:g} s (killed)".format(p.timeout_s) if r.timed_out
-                  else f"exit code {r.exit_code}")
+                  else f"killed by signal {r.exit_code - 128} (a CPU, memory or process limit)"
+                  if r.exit_code > 128 else f"exit code {r.exit_code}")  # bwrap: 128 + n = died of signal n
         text = f"{status}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}".rstrip()
         done = self.passed and p.stop_when_passed
         return Observation(messages=[] if done else [{"role": p.tool_role, "content": text}], tool_call=True,

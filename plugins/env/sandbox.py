@@ -11,7 +11,8 @@ around a Python interpreter:
 * **limits** (``setrlimit`` before ``bwrap`` starts, inherited): CPU seconds, address space
   (memory), processes (``RLIMIT_NPROC``: a fork bomb gets EAGAIN), file size; wall-clock
   ``timeout_s``. When this process runs as root the sandbox runs as ``nobody`` (65534) --
-  root ignores ``RLIMIT_NPROC`` -- through an unprivileged user namespace.
+  root ignores ``RLIMIT_NPROC`` -- through an unprivileged user namespace; as another user the
+  process limit is that user's current count plus ``max_procs`` (the limit is per user).
 
 The result is a :class:`SandboxResult` (stdout, stderr, exit code, whether the limit killed it);
 the program's failure is data for the caller (an observation), never an exception here.
@@ -59,7 +60,26 @@ def python_path(python: str | None) -> str:
     return python or ("/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable)
 
 
+def user_processes(uid: int) -> int:
+    """Processes (and threads) the user ``uid`` runs now, as ``RLIMIT_NPROC`` counts them."""
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                status = open(f"/proc/{entry}/status").read()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if fields.get("Uid", "").split()[:1] == [str(uid)]:
+                n += int(fields.get("Threads", "1").strip() or 1)
+    return n
+
+
 def _limits(cpu_s: int, memory_mb: int, max_procs: int, file_mb: int):
+    # RLIMIT_NPROC counts every process of the user: as root the sandbox runs as nobody (root ignores
+    # the limit), otherwise the limit is what the user already runs plus max_procs
+    procs = max_procs + (0 if os.geteuid() == 0 else user_processes(os.geteuid()))
+
     def apply():
         os.setsid()  # a process group of its own, killed as a whole
         if os.geteuid() == 0:
@@ -68,7 +88,7 @@ def _limits(cpu_s: int, memory_mb: int, max_procs: int, file_mb: int):
             os.setuid(NOBODY)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        resource.setrlimit(resource.RLIMIT_NPROC, (max_procs, max_procs))
+        resource.setrlimit(resource.RLIMIT_NPROC, (procs, procs))
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return apply
