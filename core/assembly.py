@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pluggy
@@ -213,24 +214,34 @@ class Run:
                   **kwargs) -> list[tuple[Component, Any]]:
         """Call every component of a collect slot; returns ``[(component, result)]`` in config
         order, so results can be weighted and reported per component. With ``rows`` each result
-        is checked at the boundary (rewards come back as ``[B]`` float32)."""
-        out = []
+        is checked at the boundary (rewards come back as ``[B]`` float32). Components whose
+        ``concurrent`` attribute is True (async reward functions, remote rewards: I/O-bound) run
+        at the same time, each in its own thread, while the others run one after the other in
+        this thread; the first error in config order is raised."""
         impls = {id(i.plugin): i for i in getattr(self.pm.hook, slot).get_hookimpls()}
-        for comp in getattr(self, slot):
+        comps = list(getattr(self, slot))
+
+        def one(comp):
             impl = impls[id(comp)]
             if self.trace:
                 sys.stderr.write(f"[policyzoo trace] {slot} -> {comp!r}\n")
             try:
-                result = impl.function(**{a: kwargs[a] for a in impl.argnames})
+                return impl.function(**{a: kwargs[a] for a in impl.argnames})
             except UserError:
                 raise
             except Exception as e:  # name the component that failed, keep the cause chained
                 raise ComponentError(f"{slot} component {comp!r}", f"raised {type(e).__name__}: {e}",
                                      f"fix the component or remove it from `{slot}`; rerun with "
                                      "POLICYZOO_TRACE=1 to see the hook calls") from e
-            if rows is not None:
-                result = boundary.check(slot, comp, result, rows, width)
-            out.append((comp, result))
+
+        together = [c for c in comps if getattr(c, "concurrent", False) is True]
+        with ThreadPoolExecutor(max(1, len(together))) as pool:
+            futures = {id(c): pool.submit(one, c) for c in together} if len(together) > 1 else {}
+            inline = {id(c): one(c) for c in comps if id(c) not in futures}
+            out = []
+            for comp in comps:
+                result = futures[id(comp)].result() if id(comp) in futures else inline[id(comp)]
+                out.append((comp, boundary.check(slot, comp, result, rows, width) if rows is not None else result))
         return out
 
 

@@ -132,6 +132,30 @@ class EngineSettings(Section):
                                "row (same numbers, fewer FLOPs; checked against the per-row forward at start-up)")
 
 
+class EvalSettings(Section):
+    n: int = Field(1, ge=1, description="responses sampled per held-out prompt (verl's val_kwargs.n); > 1 reports "
+                   "pass@k, maj@k and mean@k")
+    temperature: float = Field(0.0, ge=0, description="sampling temperature of the held-out responses (0: greedy)")
+    k: list[int] | None = Field(None, description="the k of pass@k and maj@k (each 1 <= k <= eval.n); null: 1, "
+                                "the powers of 2 below eval.n, and eval.n")
+    pass_threshold: float = Field(1.0, description="a response counts as correct (pass@k, maj@k) when its task "
+                                  "reward is >= this (1.0: full marks of a 0/1 reward)")
+
+    @pydantic.model_validator(mode="after")
+    def _sampled_when_several(self):
+        if self.n > 1 and self.temperature == 0:
+            raise ValueError(f"eval.n={self.n} with eval.temperature=0 samples the same greedy response {self.n} "
+                             "times: set eval.temperature (e.g. 0.6), or eval.n=1")
+        bad = [k for k in self.k or () if not 1 <= k <= self.n]
+        if bad:
+            raise ValueError(f"eval.k {bad} outside 1..eval.n={self.n}: list k values between 1 and eval.n")
+        return self
+
+    def ks(self) -> list[int]:
+        """The k values reported: ``k`` if set, else 1, the powers of 2 below ``n``, and ``n``."""
+        return sorted(set(self.k)) if self.k else sorted({1, self.n, *(2 ** i for i in range(8) if 2 ** i < self.n)})
+
+
 class Config(Section):
     algorithm: str | dict[str, Any] = Field("grpo", description="a zoo name or {base: NAME, SLOT: {use: ...}}")
     rewards: list[str | dict[str, Any]] | None = Field(None, description="task reward components "
@@ -140,6 +164,7 @@ class Config(Section):
     data: DataSettings = DataSettings()
     train: TrainSettings = TrainSettings()
     engine: EngineSettings = EngineSettings()
+    eval: EvalSettings = EvalSettings()
     output_dir: str | None = Field(None, description="the run directory (null: runs/<algorithm>-<UTC time>)")
 
     @pydantic.model_validator(mode="after")

@@ -63,22 +63,15 @@ class Group(Sample):
     @hookimpl
     def sample(self, policy, prompts, seed, env):
         p = self.params
+        kwargs = self.options(getattr(policy, "sampling_options", frozenset()), type(policy).__name__)
         if env is not None:
             if not isinstance(policy, TokenPolicy):
                 raise ConfigError("algorithm.env", f"{type(policy).__name__} cannot drive the environment "
                                   f"{env.name!r}: it has no generate_tokens (token-level continuation)",
                                   "train with the language-model engine, or remove algorithm.env")
-            rollout = policy.run_episodes(env, prompts, p.n, p.max_tokens, p.temperature, seed, top_p=p.top_p)
-            best = policy.run_episodes(env, prompts, 1, p.max_tokens, 0.0, seed) if p.greedy else None
+            rollout = policy.run_episodes(env, prompts, p.n, p.max_tokens, p.temperature, seed, **kwargs)
+            best = policy.run_episodes(env, prompts, 1, p.max_tokens, 0.0, seed, **kwargs) if p.greedy else None
             return self._regroup(rollout, best, p)
-        kwargs = {k: getattr(p, k) for k, off in SAMPLING_OPTIONS.items() if _is_set(getattr(p, k), off)}
-        honoured = getattr(policy, "sampling_options", frozenset())
-        for key in kwargs:
-            if key not in honoured:
-                raise ConfigError(f"sample: group -> {key}", f"{key} = {kwargs[key]} but "
-                                  f"{type(policy).__name__}.generate takes no {key}",
-                                  f"set sample.{key}: {'[]' if key == 'stop' else SAMPLING_OPTIONS[key]}, or use an "
-                                  "engine that supports it")
         rollout: Rollout = policy.generate(prompts, p.n, p.max_tokens, p.temperature, seed, **kwargs)
         expected = len(prompts) * p.n
         if len(rollout) != expected or tuple(rollout.group_ids.shape) != (expected,):
@@ -87,6 +80,21 @@ class Group(Sample):
                             "generate must return len(prompts) x n rows with one group id per row")
         best = policy.generate(prompts, 1, p.max_tokens, 0.0, seed, **kwargs) if p.greedy else None
         return self._regroup(rollout, best, p)
+
+    def options(self, honoured: frozenset, engine: str) -> dict:
+        """The sampling options that are set (not their "off" value), as keyword arguments; raises
+        :class:`ConfigError` for one not in ``honoured`` (the engine's ``sampling_options``), on the
+        single-turn and the episode path alike. The session calls it with the engine's options
+        before any model loads."""
+        p = self.params
+        kwargs = {k: getattr(p, k) for k, off in SAMPLING_OPTIONS.items() if _is_set(getattr(p, k), off)}
+        for key in kwargs:
+            if key not in honoured:
+                raise ConfigError(f"sample: group -> {key}", f"{key} = {kwargs[key]} but "
+                                  f"{engine} takes no {key} (not in its sampling_options)",
+                                  f"set sample.{key}: {'[]' if key == 'stop' else SAMPLING_OPTIONS[key]}, or use an "
+                                  "engine that supports it")
+        return kwargs
 
     def _regroup(self, rollout: Rollout, best: Rollout | None, p) -> Rollout:
         """Stamp temperature and max_tokens; renumber groups so ids never repeat within a run; append

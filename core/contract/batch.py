@@ -46,7 +46,8 @@ class Rollout:
         turns / tool_calls / tool_errors: ``[B]`` long, model turns, tool calls and failed tool
             calls per episode.
         stop_reasons: B strings, why each episode ended: ``env`` (the environment stopped it),
-            ``turns`` (turn budget), ``tokens`` (token budget).
+            ``turns`` (turn budget), ``tokens`` (token budget), ``error`` / ``timeout`` (a failing
+            ``Episode.step`` under the env's ``on_error: drop_group``; the step drops the group).
     """
 
     prompt_ids: list[list[int]]

@@ -104,12 +104,13 @@ class TokenPolicy(Protocol):
     def pad_token_id(self) -> int: ...
 
     def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
-                        seeds: list[int], top_p: float = 1.0) -> list[Generated]:
+                        seeds: list[int], top_p: float = 1.0, **options) -> list[Generated]:
         """One continuation of each token-id context (``contexts[i]``, a list of ids, continued for
         at most ``max_tokens[i]`` tokens with seed ``seeds[i]``), all contexts in one batched call;
-        temperature 0 = greedy."""
+        temperature 0 = greedy. ``options``: keyword sampling options among ``sampling_options``
+        (an engine that names an option there honours it here too)."""
 
     def run_episodes(self, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                     top_p: float = 1.0) -> Rollout:
+                     top_p: float = 1.0, **options) -> Rollout:
         """``n`` episodes of the ``env`` component per row, token-exact, as one Rollout of
         B = len(rows) x n rows (:func:`policyzoo.step.episodes.run_episodes` on this engine)."""

@@ -81,7 +81,9 @@ class Env(Component):
     The hook method ``env(row)`` is the reset: it returns a
     :class:`~policyzoo.contract.Episode` whose ``step(turn_text, turn_ids)`` answers each model
     turn with an :class:`~policyzoo.contract.Observation` and whose ``reward()`` is the
-    sequence reward, read by the ``env_reward`` reward component."""
+    sequence reward, read by the ``env_reward`` reward component.
+    Failures (``on_error``, ``step_timeout``): see :mod:`policyzoo.step.episodes` (metrics
+    ``env_error_frac``, ``env_timeout_frac``)."""
 
     slot = "env"
 
@@ -89,6 +91,12 @@ class Env(Component):
         max_turns: int = Field(4, ge=1, description="turn budget: model turns per episode (>= 1)")
         max_total_tokens: int = Field(512, ge=1, description="token budget: model + environment tokens "
                                       "after the prompt (>= 1)")
+        on_error: str = Field("stop", pattern=r"^(stop|drop_group|retry\([1-9][0-9]?\))$",
+                              description="when Episode.step raises or times out: stop (the run stops with the "
+                              "error), retry(k) (call step again with the same turn, up to k times, then stop), "
+                              "drop_group (end the episode and drop its whole group from the step)")
+        step_timeout: float | None = Field(None, gt=0, description="seconds one Episode.step call may take "
+                                           "(None: no limit); a call over it counts as a failure (on_error)")
 
     @abstractmethod
     def env(self, row: dict) -> Episode:

@@ -1,6 +1,7 @@
 """Reference answers: number normalisation and the GSM8K final-answer format.
 
-Conventions (tested in ``tests/test_data_gsm8k.py``, ``tests/test_data_files.py`` and ``tests/test_math_reward_filter_sample.py``):
+Conventions (tested in ``tests/test_data_gsm8k.py``, ``tests/test_data_files.py`` and
+``tests/test_math_reward_filter_sample.py``):
 
 * A numeric answer is written ``[+-]digits[.digits]``; thousands separators (``1,000``) are
   removed and a leading ``+`` dropped. Nothing else is rewritten: ``3.50`` stays ``3.50`` (reward

@@ -6,7 +6,10 @@ Split rules (all deterministic in ``data.seed``):
   (see :mod:`policyzoo.data.arithmetic`); ``limit`` training problems (default 5000).
 * ``eval_path`` (a separate file or folder), else a separate held-out split (``eval_split``; gsm8k
   uses ``test`` by default): the first ``eval_size`` rows of it, in source order.
-* Otherwise ``eval_size`` rows of ``split`` are held out, chosen by a seeded shuffle.
+* Otherwise ``eval_size`` rows of ``split`` with distinct prompts are held out, chosen by a seeded
+  shuffle; rows repeating a held-out prompt leave training (a warning gives their count). A
+  separate held-out file or split is not changed: a warning gives the count of its prompts that
+  the training rows repeat.
 * ``eval_size`` is a count, or a fraction in (0, 1) of the rows (rounded to the nearest count). A
   count that would hold out half of the rows or more holds out none (a warning in
   ``Task.warnings``): a small file is for training, not for a held-out set that leaves nothing.
@@ -20,6 +23,7 @@ Every check (file, columns, prompts, answers) runs here, before any model is loa
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from importlib import resources
@@ -169,11 +173,18 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
                             f"{name_of(s)} for training, so none are held out and there is no held-out evaluation; "
                             "set data.eval_size to a fraction (e.g. 0.1) or data.eval_path to evaluate")
             n = 0
-        order = list(range(len(rows)))
-        random.Random(f"policyzoo-heldout:{s.seed}").shuffle(order)
-        chosen = set(order[:n])
-        held = [rows[i] for i in order[:n]]
-        pool = [r for i, r in enumerate(rows) if i not in chosen]
+        held, pool = _split_by_prompt(rows, n, pc, s.seed)
+        left_out = len(rows) - len(held) - len(pool)
+        if left_out:
+            warnings.append(f"{left_out} rows of {name_of(s)} repeat a held-out prompt and were left out of "
+                            "training, so held-out rows are prompts the model never trained on")
+    if s.eval_path is not None or (eval_split is not None and eval_split != s.split):
+        seen = {prompt_key(r.get(pc)) for r in pool}
+        overlap = sum(prompt_key(r.get(pc)) in seen for r in held)
+        if overlap:
+            warnings.append(f"{overlap} of the {len(held)} held-out prompts also appear in the training rows "
+                            "(same prompt text), so held-out accuracy partly measures trained prompts; "
+                            "deduplicate the held-out set against the training data")
     k = s.few_shot or 0
     examples, train = pool[:k], pool[k:]
     train = train[:s.limit] if s.limit else train
@@ -187,6 +198,29 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     return Task(name_of(s), build_prompts(train, pc, system, examples, solved, plain),
                 build_prompts(held, pc, system, examples, solved, plain), [use("math_verify")], s.seed,
                 [origin[id(r)] for r in train], [origin[id(r)] for r in held], warnings, missing)
+
+
+def prompt_key(prompt) -> str:
+    """A row's prompt as comparable text (chat messages as canonical JSON)."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+
+
+def _split_by_prompt(rows: list[dict], n: int, column: str, seed: int) -> tuple[list[dict], list[dict]]:
+    """``(held, pool)``: ``n`` rows with distinct prompts chosen by a seeded shuffle (the same rows
+    as a shuffle of row indices when every prompt is distinct), and the rows whose prompt is not
+    held out (rows repeating a held-out prompt are in neither)."""
+    order = list(range(len(rows)))
+    random.Random(f"policyzoo-heldout:{seed}").shuffle(order)
+    held, keys = [], set()
+    for i in order:
+        if len(held) == n:
+            break
+        key = prompt_key(rows[i].get(column))
+        if key not in keys:
+            keys.add(key)
+            held.append(rows[i])
+    chosen = {id(r) for r in held}
+    return held, [r for r in rows if id(r) not in chosen and prompt_key(r.get(column)) not in keys]
 
 
 def name_of(s: DataSettings) -> str:

@@ -126,11 +126,11 @@ class LMPolicy(DrivesEpisodes):
         return self.rollout.info.pad_token_id
 
     def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
-                        seeds: list[int], top_p: float = 1.0):
+                        seeds: list[int], top_p: float = 1.0, **options):
         """Batched continuation of token-id contexts (multi-turn episodes; see
-        :class:`policyzoo.contract.TokenPolicy`)."""
+        :class:`policyzoo.contract.TokenPolicy`); ``options``: the other sampling options."""
         t0 = time.perf_counter()
-        out = self.rollout.generate_tokens(contexts, max_tokens, temperature, seeds, top_p=top_p)
+        out = self.rollout.generate_tokens(contexts, max_tokens, temperature, seeds, top_p=top_p, **options)
         self.stats["seconds"] += time.perf_counter() - t0
         self.stats["tokens"] += sum(len(g.ids) for g in out)
         return out

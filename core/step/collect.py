@@ -18,7 +18,7 @@ import torch
 from policyzoo.contract import Rollout
 from policyzoo.errors import ComponentError, UserError
 
-from .episodes import EPISODE_METRICS, episode_sums
+from .episodes import EPISODE_METRICS, episode_sums, failed_groups
 
 #: the seed of step ``s`` of a run with ``train.seed`` = k is ``k * SEED_STRIDE + s`` (:func:`step_seed`)
 SEED_STRIDE = 1_000_003
@@ -113,6 +113,10 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
         metrics["time_reward"] += time.perf_counter() - t0
         rollout, rewards, parts, baseline_reward = _split_greedy(rollout, rewards, parts, greedy, metrics)
         keep = _filter(run, rollout, rewards, metrics)
+        if rollout.stop_reasons is not None:  # env on_error: drop_group -- whole groups, no partial-group bias
+            failed = failed_groups(rollout)
+            metrics["filtered/env_error"] += int((failed & keep).sum())
+            keep &= ~failed
         metrics["sampled_rows"] += len(rollout)
         metrics.update(episode_sums(rollout))
         metrics["reward_mean_sampled"] += float(torch.nansum(rewards))

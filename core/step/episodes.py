@@ -25,10 +25,24 @@ An episode ends when the env says ``done`` (or answers nothing) -- stop reason `
 turn budget is spent while the env still answers (``turns``), or when the env's answer would
 leave no room for another model token (``tokens``; that answer is not appended). ``truncated``
 is True for ``turns`` and ``tokens``, and when the last model turn hit its token limit without EOS.
+
+Failures (the env's ``on_error`` and ``step_timeout``): a ``step`` call that raises or runs longer
+than ``step_timeout`` seconds (it runs in a daemon thread, which is abandoned: a Python call cannot
+be cancelled, so a tool that may hang should run in a subprocess with its own limit, as
+``python_sandbox`` does) is a failure. ``stop``: the run stops with a :class:`ComponentError`
+naming the env. ``retry(k)``: ``step`` is called again with the same turn, at most k more times
+(the Episode must tolerate that), then the run stops. ``drop_group``: the episode ends with stop
+reason ``error`` or ``timeout``, its ``reward()`` is not called (NaN), and the step drops every
+row of its group (:func:`failed_groups`), so no group trains with a biased subset of its
+samples. Metrics: ``env_error_frac`` (episodes ended by a failure, timeouts included) and
+``env_timeout_frac`` (by a timeout), over the sampled episodes.
 """
 
 from __future__ import annotations
 
+import math
+import re
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +54,8 @@ from policyzoo.errors import ComponentError, ConfigError, DataError, UserError
 SEED_MOD = 2**62
 #: per-step means over the sampled episodes, reported when the run has an env
 EPISODE_METRICS = ("env_turns_mean", "env_tool_calls_mean", "env_tool_errors_mean", "env_tool_call_frac",
-                   "env_truncated_turns_frac", "env_truncated_tokens_frac")
+                   "env_truncated_turns_frac", "env_truncated_tokens_frac", "env_error_frac", "env_timeout_frac")
+FAILED = ("error", "timeout")  # stop reasons of an episode ended by a failing step (on_error: drop_group)
 _SENTINEL = "\u2063policyzoo-turn\u2063"
 
 
@@ -54,7 +69,17 @@ def episode_sums(rollout: Rollout) -> dict[str, float]:
             "env_tool_errors_mean": float(rollout.tool_errors.sum()),
             "env_tool_call_frac": float((rollout.tool_calls > 0).sum()),
             "env_truncated_turns_frac": float(sum(r == "turns" for r in reasons)),
-            "env_truncated_tokens_frac": float(sum(r == "tokens" for r in reasons))}
+            "env_truncated_tokens_frac": float(sum(r == "tokens" for r in reasons)),
+            "env_error_frac": float(sum(r in FAILED for r in reasons)),
+            "env_timeout_frac": float(sum(r == "timeout" for r in reasons))}
+
+
+def failed_groups(rollout: Rollout) -> torch.Tensor:
+    """``[B]`` bool, True on every row of a group in which an episode ended by a failure (stop reason
+    ``error`` or ``timeout``, see the module docstring): the step drops these whole groups."""
+    reasons = rollout.stop_reasons or []
+    bad = [g for g, r in zip(rollout.group_ids.tolist(), reasons) if r in FAILED]
+    return torch.isin(rollout.group_ids, torch.tensor(bad, dtype=torch.long))
 
 
 def encode_prompt(tokenizer, prompt, where: str = "data (a prompt)", error: type[UserError] | None = None) -> list[int]:
@@ -127,14 +152,56 @@ def turn_seed(seed: int, prompt_index: int, n: int, sample: int, turn: int) -> i
     return (((seed * 1_000_003 + prompt_index) * n + sample) * 1_009 + turn) % SEED_MOD
 
 
-def _step(env, trace: _Trace, text: str, ids: list[int]) -> Observation:
-    try:
-        obs = trace.episode.step(text, ids)
-    except UserError:
-        raise
-    except Exception as e:  # name the environment, keep the cause chained
-        raise ComponentError(f"env component {env!r}", f"Episode.step raised {type(e).__name__}: {e}",
-                             "fix the environment; rerun with POLICYZOO_TRACE=1 to see the hook calls") from e
+class _StepTimeout(Exception):
+    pass
+
+
+def _call_step(episode: Episode, text: str, ids: list[int], timeout: float | None):
+    """``episode.step(text, ids)``; with ``timeout`` in a daemon thread, raising :class:`_StepTimeout`
+    when it has not returned after ``timeout`` seconds (the thread is left behind)."""
+    if timeout is None:
+        return episode.step(text, ids)
+    box: dict = {}
+
+    def target():
+        try:
+            box["obs"] = episode.step(text, ids)
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+
+    worker = threading.Thread(target=target, daemon=True, name="policyzoo-episode-step")
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise _StepTimeout(f"Episode.step did not return within step_timeout = {timeout} s")
+    if "error" in box:
+        raise box["error"]
+    return box["obs"]
+
+
+def _step(env, trace: _Trace, text: str, ids: list[int]) -> Observation | None:
+    """The env's answer to a model turn, applying ``on_error`` (module docstring); None when the
+    episode ended by a failure (``drop_group``: ``trace.stop`` is then ``error`` or ``timeout``)."""
+    policy = getattr(env.params, "on_error", "stop")
+    retry = re.fullmatch(r"retry\((\d+)\)", policy)
+    tries = 1 + (int(retry.group(1)) if retry else 0)
+    for attempt in range(tries):
+        try:
+            obs = _call_step(trace.episode, text, ids, getattr(env.params, "step_timeout", None))
+            break
+        except UserError:
+            raise
+        except Exception as e:  # name the environment, keep the cause chained
+            if attempt + 1 < tries:
+                continue
+            if policy == "drop_group":
+                trace.stop = "timeout" if isinstance(e, _StepTimeout) else "error"
+                return None
+            what = str(e) if isinstance(e, _StepTimeout) else f"Episode.step raised {type(e).__name__}: {e}"
+            after = f" ({tries} attempts, on_error: {policy})" if tries > 1 else ""
+            raise ComponentError(f"env component {env!r}", what + after,
+                                 "fix the environment, or set on_error: retry(k) or drop_group (and step_timeout) "
+                                 "on the env; rerun with POLICYZOO_TRACE=1 to see the hook calls") from e
     if not isinstance(obs, Observation):
         raise ComponentError(f"env component {env!r}", f"Episode.step returned {type(obs).__name__}, "
                              "not an Observation", "return policyzoo.Observation(messages=[...]) or done=True")
@@ -142,15 +209,16 @@ def _step(env, trace: _Trace, text: str, ids: list[int]) -> Observation:
 
 
 def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0) -> Rollout:
+                 top_p: float = 1.0, **options) -> Rollout:
     """``n`` episodes of ``env`` per row of ``rows``, as a Rollout of B = len(rows) x n rows
     (row ``i * n + j`` is sample ``j`` of prompt ``i``, group id ``first_index + i``).
 
     ``policy`` must have ``tokenizer``, ``pad_token_id`` and ``generate_tokens`` (see
     :class:`policyzoo.contract.TokenPolicy`); ``first_index`` (default 0) is the global index of
-    ``rows[0]``. Raises :class:`ComponentError` when the env's ``env(row)`` does not return an
-    :class:`Episode`, its ``step`` fails or returns something else than an :class:`Observation`,
-    or its ``reward`` is not a number."""
+    ``rows[0]``. ``options``: the other sampling options (top_k, min_p, repetition_penalty, stop),
+    passed to every ``generate_tokens`` call. Raises :class:`ComponentError` when the env's
+    ``env(row)`` does not return an :class:`Episode`, its ``step`` fails (``on_error: stop``) or
+    returns something else than an :class:`Observation`, or its ``reward`` is not a number."""
     tok, first = policy.tokenizer, getattr(policy, "first_index", 0)
     budget, max_turns = env.params.max_total_tokens, env.params.max_turns
     traces: list[_Trace] = []
@@ -173,12 +241,14 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
             break
         outs = policy.generate_tokens([t.prompt + t.ids for t in live],
                                       [min(max_tokens, budget - len(t.ids)) for t in live], temperature,
-                                      [t.seed + turn for t in live], top_p=top_p)
+                                      [t.seed + turn for t in live], top_p=top_p, **options)
         for t, out in zip(live, outs):
             t.add(list(out.ids), list(out.logprobs))
             t.turns += 1
             t.cut = not out.stopped
             obs = _step(env, t, out.text, list(out.ids))
+            if obs is None:  # a failed step under on_error: drop_group
+                continue
             if obs.reward is not None and out.ids:
                 t.turn_rewards[len(t.ids) - 1] = float(obs.reward)
             t.tool_calls += int(obs.tool_call)
@@ -203,8 +273,8 @@ class DrivesEpisodes:
     this engine (its ``tokenizer``, ``pad_token_id`` and ``generate_tokens``)."""
 
     def run_episodes(self, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                     top_p: float = 1.0) -> Rollout:
-        return run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=top_p)
+                     top_p: float = 1.0, **options) -> Rollout:
+        return run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=top_p, **options)
 
 
 def _pack(env, traces: list[_Trace], rows, n, pad_id, tok, temperature, max_tokens, first) -> Rollout:
@@ -220,7 +290,7 @@ def _pack(env, traces: list[_Trace], rows, n, pad_id, tok, temperature, max_toke
         lps[k, :len(x.ids)] = torch.tensor(x.logprobs, dtype=torch.float32)
         for pos, r in x.turn_rewards.items():
             turn_rewards[k, pos] = r
-        r = x.episode.reward()
+        r = math.nan if x.stop in FAILED else x.episode.reward()  # a failed episode is not scored
         if not isinstance(r, (int, float)) or isinstance(r, bool):
             raise ComponentError(f"env component {env!r}", f"Episode.reward() returned {type(r).__name__}",
                                  "return a float (NaN = unscorable)")

@@ -9,6 +9,7 @@ The tokenizer is byte-level BPE with no merges: every byte is one token, so any 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
@@ -65,3 +66,10 @@ def spread_reward(prompts, completions, **columns) -> list[float]:
     the number of distinct characters of a completion divided by its length plus one. Use as
     ``rewards: [{use: function, function: "policyzoo.testing.tiny:spread_reward"}]``."""
     return [len(set(c)) / (len(c) + 1) for c in completions]
+
+
+async def async_spread_reward(prompts, completions, **columns) -> list[float]:
+    """:func:`spread_reward` as a coroutine function that first waits 0.2 s (as a remote verifier
+    would): the engine test of async rewards. Use as ``function: "policyzoo.testing.tiny:async_spread_reward"``."""
+    await asyncio.sleep(0.2)
+    return spread_reward(prompts, completions)

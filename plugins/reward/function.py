@@ -11,6 +11,7 @@ from pydantic import Field
 
 from policyzoo.contract import Reward, hookimpl, runstate
 from policyzoo.errors import UserError
+from policyzoo.plugins.reward.aio import RewardTimeout, gather, is_async, resolve
 
 
 class RewardFunctionError(UserError):
@@ -53,6 +54,10 @@ class Function(Reward):
     ``[{"role": "assistant", "content": text}]``; plain-text data gets the prompt strings as given in
     the data and the completion strings. It must return B numbers; None means unscorable (NaN).
     Its metric is ``reward/<name>`` (the function's name).
+    Async: a coroutine function, an object with ``async def __call__`` or a function returning an
+    awaitable is awaited (TRL ``GRPOTrainer`` accepts async reward functions too); async components
+    of one step run concurrently, each in its own thread and event loop (``concurrent``), and
+    ``timeout`` (seconds, async only) cancels a call that runs longer -- an error naming the limit.
     Errors (:class:`RewardFunctionError`, a ``UserError``): a path that does not import; a raising
     function (the function is re-run row by row to name the first failing row); a result of the
     wrong length or with a non-number (naming the row).
@@ -66,10 +71,19 @@ class Function(Reward):
         function: str = Field(..., pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
                               description="import path 'package.module:function' of "
                               "fn(prompts, completions, **columns)")
+        timeout: float | None = Field(None, gt=0, description="seconds one call of an async reward function may "
+                                      "take before it is cancelled (None: no limit; async functions only)")
 
     def __init__(self, **params):
         super().__init__(**params)
         self.fn = load_function(self.params.function, f"reward: function -> {self.params.function}")
+        #: async functions run concurrently with the step's other concurrent reward components
+        self.concurrent = is_async(self.fn)
+        if self.params.timeout is not None and not self.concurrent:
+            raise RewardFunctionError(f"reward: function {self.params.function}", "`timeout` is set but the "
+                                      "function is synchronous: a running Python function cannot be cancelled",
+                                      "remove `timeout`, or make the function `async def` (it is then awaited "
+                                      "and cancelled after `timeout` seconds)")
 
     @property
     def label(self) -> str:
@@ -111,7 +125,11 @@ class Function(Reward):
         rows = rollout.rows if len(rollout.rows) == b else [{} for _ in range(b)]
         prompts, completions, ids = self._inputs(rollout, rows)
         try:
-            result = self._call(prompts, completions, ids, rows)
+            result = resolve(self._call(prompts, completions, ids, rows), self.params.timeout)
+        except RewardTimeout as e:
+            raise RewardFunctionError(f"reward: function {name}", f"{name} timed out on the batch of {b} rows: {e}",
+                                      "raise `timeout`, or make the function faster (a remote call: check "
+                                      "the server)") from None
         except Exception as e:
             row = self._failing_row(prompts, completions, ids, rows)
             prompt = rollout.prompt_excerpt(row, 60) if row is not None else ""
@@ -140,9 +158,17 @@ class Function(Reward):
         return torch.tensor(out, dtype=torch.float32)
 
     def _failing_row(self, prompts, completions, ids, rows) -> int | None:
+        if self.concurrent:  # the rows of an async function are retried concurrently
+            slices = [(prompts[i:i + 1], completions[i:i + 1], ids[i:i + 1], rows[i:i + 1])
+                      for i in range(len(completions))]
+            results = gather([self._awaitable(*x) for x in slices], self.params.timeout)
+            return next((i for i, r in enumerate(results) if isinstance(r, Exception)), None)
         for i in range(len(completions)):
             try:
-                self._call(prompts[i:i + 1], completions[i:i + 1], ids[i:i + 1], rows[i:i + 1])
+                resolve(self._call(prompts[i:i + 1], completions[i:i + 1], ids[i:i + 1], rows[i:i + 1]), None)
             except Exception:
                 return i
         return None
+
+    async def _awaitable(self, *args):
+        return await self._call(*args)

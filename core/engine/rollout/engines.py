@@ -128,16 +128,20 @@ class VLLMRollout(_Base):
                              temperature, max_tokens, first_index)
 
     def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
-                        seeds: list[int], top_p: float = 1.0) -> list[Generated]:
+                        seeds: list[int], top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                        repetition_penalty: float = 1.0, stop: list[str] = ()) -> list[Generated]:
         """One continuation of each token-id context, all in one ``LLM.generate`` call (vLLM batches
         them; shared prefixes hit its prefix cache), request ``i`` seeded with ``seeds[i]``;
-        ``temperature`` 0 is greedy. For multi-turn episodes (``policyzoo.step.episodes``)."""
+        ``temperature`` 0 is greedy; the sampling options as in :meth:`generate`. For multi-turn
+        episodes (``policyzoo.step.episodes``)."""
         from vllm import SamplingParams
 
         self.sleeper.for_sampling()
-        stop = list(self.info.eos_token_ids)
+        eos = list(self.info.eos_token_ids)
+        extra = dict(top_k=top_k or -1, min_p=min_p, repetition_penalty=repetition_penalty, stop=list(stop) or None,
+                     include_stop_str_in_output=True)
         params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=m, logprobs=0, seed=s,
-                                 stop_token_ids=stop) for m, s in zip(max_tokens, seeds)]
+                                 stop_token_ids=eos, **extra) for m, s in zip(max_tokens, seeds)]
         outs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], params, use_tqdm=False)
         res = []
         for out in outs:
@@ -269,17 +273,22 @@ class HFRollout(_Base):
 
     @torch.no_grad()
     def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
-                        seeds: list[int], top_p: float = 1.0) -> list[Generated]:
+                        seeds: list[int], top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                        repetition_penalty: float = 1.0, stop: list[str] = ()) -> list[Generated]:
         """One continuation per context, one ``generate`` call each (seeded with ``seeds[i]``);
-        ``temperature`` 0 is greedy. Log-probs as in :meth:`generate`."""
+        ``temperature`` 0 is greedy; sampling options and log-probs as in :meth:`generate`."""
         eos, res = list(self.info.eos_token_ids), []
+        stops = {"stop_strings": list(stop), "tokenizer": self.tokenizer} if stop else {}
         for ids, m, seed in zip(contexts, max_tokens, seeds):
             torch.manual_seed(seed)
             x = torch.tensor([ids], device=self.model.device)
             greedy = temperature == 0
             out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
                                       temperature=None if greedy else temperature, top_p=None if greedy else top_p,
-                                      top_k=None, max_new_tokens=m, eos_token_id=eos,
+                                      top_k=None if greedy else (top_k or None),
+                                      min_p=None if greedy or not min_p else min_p,
+                                      repetition_penalty=None if repetition_penalty == 1.0 else repetition_penalty,
+                                      max_new_tokens=m, eos_token_id=eos, **stops,
                                       pad_token_id=self.info.pad_token_id, output_scores=True,
                                       return_dict_in_generate=True)
             toks = out.sequences[0, len(ids):].cpu().tolist()
@@ -287,7 +296,8 @@ class HFRollout(_Base):
             toks = toks if stop is None else toks[:stop + 1]
             lp = torch.stack(out.scores, 1)[0, :len(toks)].float().log_softmax(-1).cpu() if out.scores else None
             res.append(Generated(toks, [] if lp is None else lp[torch.arange(len(toks)), torch.tensor(toks)].tolist(),
-                                 self.tokenizer.decode(toks, skip_special_tokens=True), stop is not None))
+                                 self.tokenizer.decode(toks, skip_special_tokens=True),
+                                 stop is not None or bool(stops) and len(toks) < m))  # EOS or a stop string
         return res
 
     @torch.no_grad()

@@ -38,9 +38,6 @@ from policyzoo.step import collect, learn, round_seed
 class OverlapPolicy:
     """A Policy that delegates to ``inner`` and can sample one request ahead (:meth:`prefetch`)."""
 
-    #: a request is matched to the prefetched one by its arguments: ``top_p`` is the only option kept
-    sampling_options = frozenset({"top_p"})
-
     def __init__(self, inner, max_lag: int = 1):
         self.inner, self.max_lag = inner, max_lag
         #: optimizer steps pushed into the rollout engine so far (the version sampling uses)
@@ -62,6 +59,12 @@ class OverlapPolicy:
         for k, v in delta.items():
             self.stats[k] += v
 
+    @property
+    def sampling_options(self) -> frozenset:
+        """The inner engine's: every option is passed through and part of the request a prefetched
+        batch is matched by."""
+        return getattr(self.inner, "sampling_options", frozenset())
+
     def __getattr__(self, name):  # the rest of the Policy protocol: the inner policy's
         return getattr(self.inner, name)
 
@@ -74,15 +77,15 @@ class OverlapPolicy:
         box: dict = {"version": self.version}
 
         class Recorder:
-            sampling_options = OverlapPolicy.sampling_options
+            sampling_options = getattr(self.inner, "sampling_options", frozenset())
 
             def __getattr__(_, name):
                 return getattr(self.inner, name)
 
-            def generate(_, prompts, n, max_tokens, temperature, seed, top_p=1.0):
-                box["call"] = (prompts, n, max_tokens, temperature, seed, top_p)
+            def generate(_, prompts, n, max_tokens, temperature, seed, **options):
+                box["call"] = (prompts, n, max_tokens, temperature, seed, options)
                 box["rollout"], box["stats"] = self._counted(
-                    lambda: self.inner.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p))
+                    lambda: self.inner.generate(prompts, n, max_tokens, temperature, seed, **options))
                 return box["rollout"]
 
         def run():
@@ -103,12 +106,12 @@ class OverlapPolicy:
 
     # ------------------------------------------------------------------ Policy protocol
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0) -> Rollout:
+                 **options) -> Rollout:
         """The prefetched batch when it was asked with these arguments and is at most ``max_lag``
         steps behind (``policy_lag [B]`` set to its lag), else a fresh one (``policy_lag`` 0)."""
         box = self.wait()
         self._pending = None
-        call = (prompts, n, max_tokens, temperature, seed, top_p)
+        call = (prompts, n, max_tokens, temperature, seed, options)  # options: the set sampling options
         if box is not None and "error" not in box and box.get("call") == call:
             lag = self.version - box["version"]
             if lag <= self.max_lag:
@@ -118,7 +121,7 @@ class OverlapPolicy:
                 return out
         if box is not None:
             self.stale_dropped += 1
-        out, delta = self._counted(lambda: self.inner.generate(prompts, n, max_tokens, temperature, seed, top_p=top_p))
+        out, delta = self._counted(lambda: self.inner.generate(prompts, n, max_tokens, temperature, seed, **options))
         self._book(delta)
         out.policy_lag = torch.zeros(len(out), dtype=torch.long)
         return out

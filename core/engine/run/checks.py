@@ -8,6 +8,9 @@ sampling settings, made before any model loads (errors) or at start-up and durin
 * :func:`template_system_turn`: some templates (SmolLM2's, Qwen2.5's) insert their own default
   system message when a conversation has none, so ``data.system_prompt: ""`` does not remove
   it. Detected by rendering a one-message conversation and looking for a system turn before it.
+* :func:`check_sampling_options`: a sampling option (top_p, top_k, min_p, repetition_penalty,
+  stop) set on the ``sample`` component that the engine does not honour, on any path
+  (single-turn, env episodes, overlap), refused before any model loads.
 * :func:`sampling_warning`: a temperature near 0 with G > 1 samples G (nearly) identical
   responses: every group has reward std 0, every advantage is 0, nothing is learned.
 * :class:`ZeroSignalWatch`: the same seen during the run (``zero_std_frac`` 1.0 for several
@@ -18,9 +21,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from policyzoo.contract import SAMPLING_OPTIONS
 from policyzoo.data import fit_prompt_lengths
 from policyzoo.engine.models import ModelError
-from policyzoo.errors import DataError
+from policyzoo.errors import ConfigError, DataError
 
 #: below this temperature, samples of one prompt are expected to coincide (warned with G > 1)
 LOW_TEMPERATURE = 0.1
@@ -128,3 +132,15 @@ def fit_prompts(task, count: Callable[[list[dict]], int], budget: int, on_long: 
         raise DataError("data", f"every training prompt is longer than the {budget} tokens the context leaves for "
                         "it", "shorten the prompts, lower data.few_shot or algorithm.sample.max_tokens")
     return lengths + more
+
+
+def check_sampling_options(sample, honoured: frozenset, engine: str) -> None:
+    """Raise :class:`ConfigError` when the ``sample`` component sets (to anything but its "off"
+    value, :data:`~policyzoo.contract.SAMPLING_OPTIONS`) an option that ``engine`` does not name in
+    ``honoured`` (its ``sampling_options``, which cover ``generate`` and ``generate_tokens``)."""
+    for key, off in SAMPLING_OPTIONS.items():
+        value = getattr(sample.params, key, off)
+        if (tuple(value) if isinstance(value, list) else value) != off and key not in honoured:
+            raise ConfigError(f"algorithm.sample.{key}", f"{key} = {value} but the {engine} engine takes no {key}",
+                              f"set algorithm.sample.{key}: {'[]' if key == 'stop' else off}, or use an engine that "
+                              "supports it")

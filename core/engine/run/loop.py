@@ -41,15 +41,19 @@ class RunLoop:
         return self.rows_drawn / max(len(self.task.train_rows), 1)
 
     def evaluate(self) -> dict:
-        """Held-out greedy accuracy at the current step (rank 0; ``{}`` without held-out rows),
-        logged to ``metrics.jsonl`` and the trackers."""
+        """Held-out accuracy (``eval.n`` responses per prompt at ``eval.temperature``; pass@k, maj@k,
+        mean@k) at the current step (rank 0; ``{}`` without held-out rows), logged to
+        ``metrics.jsonl`` and the trackers."""
         step = self.state["step"]
         if dist.rank() != 0:  # held-out accuracy is measured once, by rank 0's rollout engine
             return {}
         t0 = time.perf_counter()
         try:
+            ev = self.config.eval
             rec = evaluate_held_out(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows,
-                                    self.turn_tokens, env=self.run.env, policy=self.policy)
+                                    self.turn_tokens, env=self.run.env, policy=self.policy, n=ev.n,
+                                    temperature=ev.temperature, ks=ev.ks(), pass_threshold=ev.pass_threshold,
+                                    seed=self.config.train.seed)
         except UserError as e:  # a reward error on a held-out row
             _at_step(e, f"held-out evaluation at step {step}")
             raise
@@ -165,7 +169,10 @@ class RunLoop:
         self.trainer.export(str(self.rundir.path / "final"))
         summary = {"steps": step, "algorithm": self.run.bundle.name, "model": str(self.model.path),
                    "eval_accuracy_before": self.eval_before.get("eval_accuracy", self._first_eval()),
-                   "eval_accuracy_after": after.get("eval_accuracy"), "startup_seconds": self.startup_s,
+                   "eval_accuracy_after": after.get("eval_accuracy"),
+                   "eval_after": {k[5:]: v for k, v in after.items() if k.startswith(("eval_pass@", "eval_maj@",
+                                                                                       "eval_mean@"))},
+                   "startup_seconds": self.startup_s,
                    "startup_parts": self.startup_parts, "process_to_ready_seconds": self.process_to_ready_s,
                    "tokens_seen": self.state["tokens_seen"],
                    "models_loaded": self.trainer.models_loaded(), "trainable_params": self.trainer.trainable_params,

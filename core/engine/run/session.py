@@ -29,6 +29,7 @@ from .checks import (
     ZeroSignalWatch,
     check_answers,
     check_chat_template,
+    check_sampling_options,
     fit_prompts,
     sampling_warning,
     system_turn_warning,
@@ -67,6 +68,7 @@ class Session(RunLoop):
                               f"multi-turn episodes of the env '{self.run.env.name}' are not sampled ahead",
                               "set engine.overlap=none for runs with an env")
         check_trackers(config.train.report_to)
+        check_sampling_options(self.run.sample, LMPolicy.sampling_options, config.engine.rollout)  # every path
         check_engine(config)  # the DeepSpeed settings, before any model loads
         check_device_options(config.engine)  # sleep mode on CPU, parallel_start on a GPU
         self.settings = step_settings(config, self.run)

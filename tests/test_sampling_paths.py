@@ -1,0 +1,123 @@
+"""Every sampling option (top_p, top_k, min_p, repetition_penalty, stop) is honoured or refused on
+every path: single-turn ``generate``, the episode loop's ``generate_tokens`` (an env), the overlap
+policy's prefetch, and the pre-load check; and the transformers engine's ``generate_tokens``
+applies them on the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _engine_helpers import tiny_model
+from test_env_episodes import ROW
+
+from policyzoo.contract import LOCAL, Generated
+from policyzoo.engine.policy import LMPolicy
+from policyzoo.engine.rollout.overlap import OverlapPolicy
+from policyzoo.engine.run.checks import check_sampling_options
+from policyzoo.errors import ConfigError
+from policyzoo.plugins.env import Calculator
+from policyzoo.plugins.sample import Group
+from policyzoo.testing.tiny import build_tokenizer
+
+SETTINGS = {"top_p": 0.9, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "stop": ["\n"]}
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return build_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+class TokenRecorder:
+    """A TokenPolicy that answers every context with EOS and records the options it was given."""
+
+    collective = LOCAL
+
+    def __init__(self, tok, honoured=frozenset(SETTINGS)):
+        self.tokenizer, self.pad_token_id, self.sampling_options, self.seen = tok, 2, honoured, []
+
+    def generate_tokens(self, contexts, max_tokens, temperature, seeds, **options):
+        self.seen.append({k: v for k, v in options.items() if (k, v) != ("top_p", 1.0)})  # top_p 1.0: off
+        return [Generated([2], [-0.1], "", True) for _ in contexts]
+
+    def run_episodes(self, env, rows, n, max_tokens, temperature, seed, **options):
+        return LMPolicy.run_episodes(self, env, rows, n, max_tokens, temperature, seed, **options)
+
+    def unused(self, *args, **kwargs):
+        raise AssertionError("only sampling here")
+
+    generate = logprobs = ref_logprobs = sum_pi_squared = values = backward = optimizer_step = sync = unused
+    reduce_totals = unused
+
+
+@pytest.mark.parametrize("key", list(SETTINGS))
+def test_the_env_path_passes_each_option_to_generate_tokens(tok, key):
+    pol = TokenRecorder(tok)
+    Group(n=2, greedy=True, **{key: SETTINGS[key]}).sample(policy=pol, prompts=[ROW], seed=0, env=Calculator())
+    assert pol.seen == [{key: SETTINGS[key]}] * 2  # the sampled episodes and the greedy baseline's
+    with pytest.raises(ConfigError) as e:  # an engine that does not honour it: refused, never dropped
+        Group(n=2, **{key: SETTINGS[key]}).sample(policy=TokenRecorder(tok, frozenset()), prompts=[ROW], seed=0,
+                                                  env=Calculator())
+    assert key in e.value.where and f"takes no {key}" in e.value.why
+
+
+class Inner:
+    """An engine behind the overlap policy: records each generate call's options."""
+
+    sampling_options = frozenset(SETTINGS)
+
+    def __init__(self):
+        self.calls, self.stats = [], {}
+
+    def generate(self, prompts, n, max_tokens, temperature, seed, **options):
+        from test_trl_rewards import rollout
+
+        self.calls.append(options)
+        return rollout(["x"] * (len(prompts) * n), [{}] * (len(prompts) * n))
+
+    def sync(self):
+        return {}
+
+
+@pytest.mark.parametrize("key", list(SETTINGS))
+def test_the_overlap_policy_passes_each_option_and_matches_the_prefetch_by_it(key):
+    pol = OverlapPolicy(Inner())
+    assert pol.sampling_options == frozenset(SETTINGS)
+    opts = {key: SETTINGS[key]}
+    pol.prefetch(lambda rec: rec.generate([ROW], 2, 8, 1.0, 3, **opts))
+    pol.sync()
+    out = pol.generate([ROW], 2, 8, 1.0, 3, **opts)  # the same request: the prefetched batch, 1 step behind
+    assert pol.inner.calls == [opts] and out.policy_lag.tolist() == [1, 1] and pol.stale_dropped == 0
+    pol.prefetch(lambda rec: rec.generate([ROW], 2, 8, 1.0, 3))
+    pol.generate([ROW], 2, 8, 1.0, 3, **opts)  # asked with the option, prefetched without: sampled again
+    assert pol.inner.calls == [opts, {}, opts] and pol.stale_dropped == 1
+
+
+@pytest.mark.parametrize("key", list(SETTINGS))
+def test_each_option_is_checked_against_the_engine_before_any_model_loads(key):
+    group = Group(**{key: SETTINGS[key]})
+    check_sampling_options(group, LMPolicy.sampling_options, "vllm")  # both engines honour every option
+    with pytest.raises(ConfigError, match=f"takes no {key}") as e:
+        check_sampling_options(group, LMPolicy.sampling_options - {key}, "vllm")
+    assert e.value.where == f"algorithm.sample.{key}"
+    check_sampling_options(Group(), frozenset(), "vllm")  # options left off: nothing to honour
+
+
+def test_the_transformers_engine_applies_the_options_in_generate_tokens():
+    from policyzoo.engine.models import resolve_model
+    from policyzoo.engine.rollout.engines import HFRollout
+
+    engine = HFRollout(resolve_model(str(tiny_model())), "float32")
+    ctx = [list(engine.tokenizer("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n").input_ids)]
+    greedy = engine.generate_tokens(ctx, [8], 0.0, [0])[0]
+    # top_k = 1 keeps only the most likely token: sampling at temperature 1 gives the greedy answer
+    assert engine.generate_tokens(ctx, [8], 1.0, [7], top_k=1)[0].ids == greedy.ids
+    # min_p = 1.0 keeps only tokens as likely as the most likely one: greedy again
+    assert engine.generate_tokens(ctx, [8], 1.0, [7], min_p=1.0)[0].ids == greedy.ids
+    # a stop string made of the greedy answer's second token's text ends the turn right after it
+    second = engine.tokenizer.decode(greedy.ids[1:2])
+    stopped = engine.generate_tokens(ctx, [8], 0.0, [0], stop=[second])[0]
+    assert stopped.stopped and second in engine.tokenizer.decode(stopped.ids) and len(stopped.ids) <= 2
+    # a huge repetition penalty forbids every token already in the context: none of them comes back
+    penalised = engine.generate_tokens(ctx, [4], 0.0, [0], repetition_penalty=1e9)[0]
+    assert not set(penalised.ids[:1]) & set(ctx[0])
+    assert torch.isfinite(torch.tensor(penalised.logprobs)).all()
