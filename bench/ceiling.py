@@ -289,6 +289,13 @@ def measured_split(path: str) -> dict[str, float]:
     return {k: statistics.median(float(r[k]) for r in rows if k in r) for k in keys}
 
 
+def train_ceiling(res: dict, kind: str = "fp32") -> float:
+    """Seconds of one step's training at the ``kind`` ceiling: forward+backward, the reference
+    forward (when counted) and the optimizer."""
+    c = res[f"ceiling_{kind}"]
+    return c["train: forward+backward"] + c.get("reference forward", 0.0) + c["optimizer"]
+
+
 def main(argv=None) -> dict:
     a = parse(argv)
     arch = arch_from_config(a.model_config) if a.model_config else SMOLLM2_135M
@@ -351,11 +358,12 @@ def main(argv=None) -> dict:
         print("\n| measured (median over the run) | s | x the fp32 ceiling |")
         print("|---|---|---|")
         ceil = {"time_rollout": res["ceiling_fp32"]["rollout: prefill"] + res["ceiling_fp32"]["rollout: decode"],
-                "time_train": res["ceiling_fp32"]["train: forward+backward"]
-                + res["ceiling_fp32"].get("reference forward", 0.0) + res["ceiling_fp32"]["optimizer"]}
+                "time_train": train_ceiling(res)}
         for k, v in split.items():
             print(f"| {k} | {v:.2f} | {v / ceil[k]:.1f} |" if k in ceil else f"| {k} | {v:.2f} | |")
         res["measured"] = split
+        if "time_train" in split:
+            res["train_over_ceiling"] = split["time_train"] / ceil["time_train"]
         if a.summary_key and "time_train" in split:
             bf16 = (res["ceiling_bf16"]["train: forward+backward"] + res["ceiling_bf16"].get("reference forward", 0.0)
                     + res["ceiling_bf16"]["optimizer"])
