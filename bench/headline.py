@@ -75,9 +75,9 @@ def plan(a) -> list[dict]:
             "--threads", "2", "--warmup", "1", *extra, "--out", out, "--summary-key", key, "--pair-median"]})
     for i in range(a.pairs):
         run = str(ROOT / "runs" / f"headline-ceiling-{i}")
-        steps.append({"what": f"train_over_ceiling pair {i + 1}", "minutes": CEILING_PAIR_MIN, "command": [
-            str(Path(PY).parent / "policyzoo"), "train", "--algo", "grpo", "--output-dir", run, *CEILING_TRAIN], "then": [
-            "--P", "2", "--G", "4", "--threads", "2", "--metrics", f"{run}/metrics.jsonl"], "run": run})
+        train = [str(Path(PY).parent / "policyzoo"), "train", "--algo", "grpo", "--output-dir", run, *CEILING_TRAIN]
+        steps.append({"what": f"train_over_ceiling pair {i + 1}", "minutes": CEILING_PAIR_MIN, "command": train,
+                      "then": ["--P", "2", "--G", "4", "--threads", "2", "--metrics", f"{run}/metrics.jsonl"]})
     for i in range(a.pairs):
         steps.append({"what": f"start-up pair {i + 1} (cold, then warm)", "minutes": STARTUP_PAIR_MIN,
                       "command": "in-process: evict page cache, start a policyzoo worker twice"})
