@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def plan(a) -> list[dict]:
         run = str(ROOT / "runs" / f"headline-ceiling-{i}")
         train = [str(Path(PY).parent / "policyzoo"), "train", "--algo", "grpo", "--output-dir", run, *CEILING_TRAIN]
         steps.append({"what": f"train_over_ceiling pair {i + 1}", "minutes": CEILING_PAIR_MIN, "command": train,
-                      "then": ["--P", "2", "--G", "4", "--threads", "2", "--metrics", f"{run}/metrics.jsonl"]})
+                      "then": ["--P", "2", "--G", "4", "--threads", "2", "--metrics", f"{run}/metrics.jsonl"], "run": run})
     for i in range(a.pairs):
         steps.append({"what": f"start-up pair {i + 1} (cold, then warm)", "minutes": STARTUP_PAIR_MIN,
                       "command": "in-process: evict page cache, start a policyzoo worker twice"})
@@ -149,6 +150,7 @@ def execute(a, steps: list[dict]) -> None:
         elif s["what"].startswith("train_over_ceiling"):
             import ceiling
 
+            shutil.rmtree(s["run"], ignore_errors=True)  # a fresh run, not a resume of the last one
             run(s["command"])
             print("$ python bench/ceiling.py " + " ".join(s["then"]), flush=True)
             ceiling_pairs.append(ceiling.main(s["then"])["train_over_ceiling"])
