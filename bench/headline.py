@@ -78,7 +78,8 @@ def plan(a) -> list[dict]:
         run = str(ROOT / "runs" / f"headline-ceiling-{i}")
         train = [str(Path(PY).parent / "policyzoo"), "train", "--algo", "grpo", "--output-dir", run, *CEILING_TRAIN]
         steps.append({"what": f"train_over_ceiling pair {i + 1}", "minutes": CEILING_PAIR_MIN, "command": train,
-                      "then": ["--P", "2", "--G", "4", "--threads", "2", "--metrics", f"{run}/metrics.jsonl"], "run": run})
+                      "run": run, "then": ["--P", "2", "--G", "4", "--threads", "2", "--metrics",
+                                           f"{run}/metrics.jsonl"]})
     for i in range(a.pairs):
         steps.append({"what": f"start-up pair {i + 1} (cold, then warm)", "minutes": STARTUP_PAIR_MIN,
                       "command": "in-process: evict page cache, start a policyzoo worker twice"})
