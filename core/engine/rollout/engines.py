@@ -158,9 +158,9 @@ class VLLMRollout(_Base):
     def load_weights(self, named_tensors) -> None:
         """Push ``(hf_name, tensor)`` pairs into vLLM (``reload_weights``: HF names, vLLM fuses
         q/k/v and gate/up itself), then rebuild the CPU GEMM kernels of layers that keep their
-        weight tensor, only where it changed (the tied lm_head: its pre-packed copy is not refreshed
-        by the reload, so without this a model with tied embeddings samples from stale output
-        weights; :func:`stale_gemm_modules`), and drop
+        weight tensor (the tied lm_head: its pre-packed copy is not refreshed by the reload, so
+        without this a model with tied embeddings samples from stale output weights; not the
+        input embedding's unused handler: :func:`stale_gemm_modules`), and drop
         the prefix cache (its keys and values were computed with the old weights; the sync
         check's :meth:`score_next` reads through it, so a cache left stale fails the check)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
@@ -189,14 +189,14 @@ class VLLMRollout(_Base):
 
 
 def stale_gemm_modules(model) -> list:
-    """The modules of a vLLM-CPU model whose pre-packed GEMM handler is stale: those that keep
-    their weight tensor after loading (vLLM 0.32 empties the weight of every linear layer, whose
-    handler its ``reload_weights`` rebuilds itself; the LM head, tied to the embedding, keeps it and
-    is not rebuilt) and whose weight changed since the handler was last built here. A change is
-    seen exactly by the weight's storage pointer and autograd version counter (``_version``,
-    bumped by every in-place write such as the reload's ``copy_``), so nothing is read or
-    compared. The input embedding is left out unless it is the model's ``lm_head`` itself: it
-    looks tokens up, its GEMM handler is never called."""
+    """The modules of a vLLM-CPU model whose pre-packed GEMM handler a weight push leaves stale:
+    those that keep their weight tensor after loading (vLLM 0.32 empties the weight of every
+    linear layer, whose handler its ``reload_weights`` rebuilds itself; the LM head tied to the
+    embedding keeps it and is not rebuilt). The input embedding is left out unless it is the
+    model's ``lm_head`` itself: it looks tokens up and its GEMM handler is never called, so
+    rebuilding it (a prepack of the whole vocabulary matrix) was wasted work. Whether a weight
+    changed is not tested: vLLM's loader writes through ``param.data``, which bumps no version
+    counter, and comparing values would read the matrix anyway."""
     head = getattr(model, "lm_head", None)
     out = []
     for module in model.modules():
@@ -205,8 +205,7 @@ def stale_gemm_modules(model) -> list:
             continue
         if type(module).__name__ == "VocabParallelEmbedding" and module is not head:
             continue
-        if getattr(module, "_policyzoo_gemm_key", None) != (w.data_ptr(), w._version):
-            out.append(module)
+        out.append(module)
     return out
 
 
@@ -221,7 +220,6 @@ def _refresh_cpu_kernels(worker) -> int:
     stale = stale_gemm_modules(worker.model_runner.model)
     for module in stale:
         dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-        module._policyzoo_gemm_key = (module.weight.data_ptr(), module.weight._version)
     return len(stale)
 
 
