@@ -114,7 +114,7 @@ def evict_page_cache(roots) -> int:
     return n
 
 
-def start_once(scratch: str) -> float:
+def start_once(scratch: str, name: str) -> float:
     """Seconds from launching a policyzoo worker (bench/workers.py, step_vs_trl's settings) to
     ready for its first step; the worker is stopped again."""
     import step_vs_trl
@@ -125,7 +125,7 @@ def start_once(scratch: str) -> float:
     a = ap.parse_args(["--P", "2", "--G", "4", "--max-tokens", "32", "--threads", "2"])
     with open(os.path.join(scratch, "workers.log"), "a") as log:
         t0 = time.perf_counter()
-        w = step_vs_trl.Worker("policyzoo", a, scratch, log)
+        w = step_vs_trl.Worker("policyzoo", a, os.path.join(scratch, name), log)  # a new run folder
         w.read()
         took = time.perf_counter() - t0
         w.ask("stop")
@@ -159,8 +159,8 @@ def execute(a, steps: list[dict]) -> None:
             roots = [p for p in (sys.prefix, os.environ.get("POLICYZOO_CACHE", str(ROOT / ".build"))) if p]
             evict_page_cache(roots)
             with tempfile.TemporaryDirectory(prefix="policyzoo-start-") as scratch:
-                cold.append(start_once(scratch))
-                warm.append(start_once(scratch))
+                for name, out in (("cold", cold), ("warm", warm)):  # a fresh run folder each: no resume
+                    out.append(start_once(scratch, name))
     pairs = {"pairs": a.pairs}
     train = " ".join(next(s for s in steps if "then" in s)["command"])
     bench_summary.record("train_over_ceiling", round(statistics.median(ceiling_pairs), 2),
