@@ -263,7 +263,8 @@ def unsupported_run(metrics_path: str) -> str | None:
         return "not a metrics.jsonl (one JSON object per line)"
     cfg_path = p.parent / "config.yaml"
     cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
-    algo = (cfg.get("algorithm") or {}).get("base", "grpo")
+    algo = cfg.get("algorithm") or "grpo"  # `algorithm: grpo` or `{base: grpo, ...}`
+    algo = algo if isinstance(algo, str) else algo.get("base", "grpo")
     options = [k for k, on in (("train.autocast", (cfg.get("train") or {}).get("autocast")),
                                ("train.gradient_checkpointing", (cfg.get("train") or {}).get("gradient_checkpointing")),
                                ("model.lora", (cfg.get("model") or {}).get("lora")),

@@ -63,3 +63,20 @@ def test_evict_page_cache_advises_every_file(tmp_path):
     (tmp_path / "d" / "b").write_bytes(b"\0" * 8192)
     assert headline.evict_page_cache([tmp_path]) == 2
     assert (tmp_path / "d" / "b").read_bytes() == b"\0" * 8192  # contents untouched
+
+
+def test_ceiling_gives_the_runs_training_over_its_ceiling_for_the_pairs(tmp_path, monkeypatch):
+    import ceiling
+
+    # fixed machine rates instead of timings: 100 GFLOP/s for every matmul, 10 GB/s copy
+    monkeypatch.setattr(ceiling, "measure", lambda threads, repeats, size, device="cpu": {
+        f"{p} square {size}": 1e11 for p in ("fp32", "bf16")} | {
+        f"{p} {ceiling.MODEL_SHAPE}": 1e11 for p in ("fp32", "bf16")} | {"copy bandwidth": 1e10})
+    (tmp_path / "config.yaml").write_text("algorithm: grpo\n")
+    recs = [{"rows": 8, "sampled_rows": 8, "prompt_tokens": 800, "response_length_mean": 100.0, "time_train": t}
+            for t in (3.0, 5.0, 4.0)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = ceiling.main(["--P", "2", "--G", "4", "--threads", "2", "--metrics", str(tmp_path / "metrics.jsonl")])
+    # the median training time (4.0 s) over the fp32 ceiling of training (forward+backward, reference, optimizer)
+    assert res["train_over_ceiling"] == pytest.approx(4.0 / ceiling.train_ceiling(res))
+    assert ceiling.train_ceiling(res) > 0
