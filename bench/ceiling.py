@@ -263,7 +263,8 @@ def unsupported_run(metrics_path: str) -> str | None:
         return "not a metrics.jsonl (one JSON object per line)"
     cfg_path = p.parent / "config.yaml"
     cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
-    algo = (cfg.get("algorithm") or {}).get("base", "grpo")
+    algo = cfg.get("algorithm") or "grpo"  # `algorithm: grpo` or `{base: grpo, ...}`
+    algo = algo if isinstance(algo, str) else algo.get("base", "grpo")
     options = [k for k, on in (("train.autocast", (cfg.get("train") or {}).get("autocast")),
                                ("train.gradient_checkpointing", (cfg.get("train") or {}).get("gradient_checkpointing")),
                                ("model.lora", (cfg.get("model") or {}).get("lora")),
@@ -287,6 +288,13 @@ def measured_split(path: str) -> dict[str, float]:
     rows = [json.loads(line) for line in open(path) if line.strip()]
     keys = sorted({k for r in rows for k in r if k.startswith("time_")})
     return {k: statistics.median(float(r[k]) for r in rows if k in r) for k in keys}
+
+
+def train_ceiling(res: dict, kind: str = "fp32") -> float:
+    """Seconds of one step's training at the ``kind`` ceiling: forward+backward, the reference
+    forward (when counted) and the optimizer."""
+    c = res[f"ceiling_{kind}"]
+    return c["train: forward+backward"] + c.get("reference forward", 0.0) + c["optimizer"]
 
 
 def main(argv=None) -> dict:
@@ -351,11 +359,12 @@ def main(argv=None) -> dict:
         print("\n| measured (median over the run) | s | x the fp32 ceiling |")
         print("|---|---|---|")
         ceil = {"time_rollout": res["ceiling_fp32"]["rollout: prefill"] + res["ceiling_fp32"]["rollout: decode"],
-                "time_train": res["ceiling_fp32"]["train: forward+backward"]
-                + res["ceiling_fp32"].get("reference forward", 0.0) + res["ceiling_fp32"]["optimizer"]}
+                "time_train": train_ceiling(res)}
         for k, v in split.items():
             print(f"| {k} | {v:.2f} | {v / ceil[k]:.1f} |" if k in ceil else f"| {k} | {v:.2f} | |")
         res["measured"] = split
+        if "time_train" in split:
+            res["train_over_ceiling"] = split["time_train"] / ceil["time_train"]
         if a.summary_key and "time_train" in split:
             bf16 = (res["ceiling_bf16"]["train: forward+backward"] + res["ceiling_bf16"].get("reference forward", 0.0)
                     + res["ceiling_bf16"]["optimizer"])

@@ -128,6 +128,14 @@ class EngineSettings(Section):
     deepspeed: str | dict[str, Any] | None = Field(None, description="your own DeepSpeed config (a JSON file or a "
                                                    "mapping) merged over policyzoo's, e.g. {zero_optimization: "
                                                    "{stage: 1, offload_optimizer: {device: cpu}}}")
+    rollout_dtype: Literal["float32", "bfloat16"] | None = Field(None, description="the rollout engine's weights "
+                                                                 "(null: model.dtype); bfloat16 with fp32 training "
+                                                                 "samples faster, and then turns the rollout "
+                                                                 "correction on")
+    rollout_correction: str | None = Field("tis", description="with engine.rollout_dtype other than model.dtype: "
+                                           "the ratio component that corrects for the sampler/trainer mismatch "
+                                           "(plugins/mismatch.py), unless the algorithm sets its own ratio; null: "
+                                           "none")
     share_prompt: bool = Field(True, description="score each distinct prompt once and only the responses per "
                                "row (same numbers, fewer FLOPs; checked against the per-row forward at start-up)")
 
@@ -179,6 +187,24 @@ class Config(Section):
         if self.train.autocast and self.model.dtype != "float32":
             raise ValueError("train.autocast computes in bf16 over fp32 weights, but model.dtype is already "
                              f"{self.model.dtype}: set model.dtype=float32, or train.autocast=false")
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _rollout_dtype(self):
+        """A rollout in another dtype than training: the sync check needs a tolerance chosen for
+        it, and the algorithm gets ``engine.rollout_correction`` as its ratio unless it sets one."""
+        e = self.engine
+        if e.rollout_dtype is None or e.rollout_dtype == self.model.dtype:
+            return self
+        if e.sync_check and "sync_tolerance" not in e.model_fields_set:
+            raise ValueError("engine.sync_check compares sampler and trainer log-probs within "
+                             "engine.sync_tolerance (by default the trainer dtype's), but engine.rollout_dtype="
+                             f"{e.rollout_dtype} samples with other weights than the {self.model.dtype} trainer: set "
+                             "engine.sync_tolerance for that difference (e.g. 0.1), or engine.sync_check=false")
+        algo = self.algorithm
+        if e.rollout_correction and not (isinstance(algo, dict) and "ratio" in algo):
+            base = {"base": algo} if isinstance(algo, str) else dict(algo)
+            self.algorithm = {**base, "ratio": {"use": e.rollout_correction}}
         return self
 
     @pydantic.model_validator(mode="after")

@@ -46,7 +46,14 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
 
     * vLLM runs inside this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights can be
       pushed into it directly after each optimizer step; on CPU its KV cache gets
-      ``kv_cache_gb`` GiB (``VLLM_CPU_KVCACHE_SPACE``).
+      ``kv_cache_gb`` GiB (``VLLM_CPU_KVCACHE_SPACE``, whole GiB in vLLM 0.32: rounded, at least 1).
+    * vLLM-CPU's thread binding, made explicit: ``VLLM_CPU_OMP_THREADS_BIND=nobind``. vLLM 0.32
+      binds OpenMP threads to cores (``OMP_PLACES``/``OMP_PROC_BIND``, ``auto`` by default) only
+      in its multiprocess executor, for the worker processes it starts; in this in-process ("uni")
+      executor it never reads the variable, so the rollout shares the trainer's OpenMP pool
+      (``OMP_NUM_THREADS`` threads, placed by the OS). ``nobind`` states that, and keeps the
+      rollout off cores other processes of a shared machine hold. A user's own
+      ``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_PLACES`` or ``OMP_PROC_BIND`` is kept.
     * DeepSpeed: ``DS_ACCELERATOR=cpu`` without a GPU; a single rank on a free local port when no
       launcher set ``RANK``/``WORLD_SIZE``. The one op DeepSpeed compiles on first use (~90 s) is
       cached in ``TORCH_EXTENSIONS_DIR``, by default :func:`extensions_dir` under the policyzoo
@@ -58,6 +65,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gb)))))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # unless quiet_libraries(verbose=True) set INFO
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))

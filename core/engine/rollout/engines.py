@@ -169,7 +169,8 @@ class VLLMRollout(_Base):
         """Push ``(hf_name, tensor)`` pairs into vLLM (``reload_weights``: HF names, vLLM fuses
         q/k/v and gate/up itself), then rebuild the CPU GEMM kernels of layers that keep their
         weight tensor (the tied lm_head: its pre-packed copy is not refreshed by the reload, so
-        without this a model with tied embeddings samples from stale output weights), and drop
+        without this a model with tied embeddings samples from stale output weights; not the
+        input embedding's unused handler: :func:`stale_gemm_modules`), and drop
         the prefix cache (its keys and values were computed with the old weights; the sync
         check's :meth:`score_next` reads through it, so a cache left stale fails the check)."""
         self.sleeper.for_push()
@@ -205,20 +206,39 @@ def _kv_cache_bytes(worker) -> int:
     return int(getattr(worker, "available_kv_cache_memory_bytes", 0) or 0)
 
 
+def stale_gemm_modules(model) -> list:
+    """The modules of a vLLM-CPU model whose pre-packed GEMM handler a weight push leaves stale:
+    those that keep their weight tensor after loading (vLLM 0.32 empties the weight of every
+    linear layer, whose handler its ``reload_weights`` rebuilds itself; the LM head tied to the
+    embedding keeps it and is not rebuilt). The input embedding is left out unless it is the
+    model's ``lm_head`` itself: it looks tokens up and its GEMM handler is never called, so
+    rebuilding it (a prepack of the whole vocabulary matrix) was wasted work. Whether a weight
+    changed is not tested: vLLM's loader writes through ``param.data``, which bumps no version
+    counter, and comparing values would read the matrix anyway."""
+    head = getattr(model, "lm_head", None)
+    out = []
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if not (hasattr(module, "cpu_linear") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.numel() > 0):
+            continue
+        if type(module).__name__ == "VocabParallelEmbedding" and module is not head:
+            continue
+        out.append(module)
+    return out
+
+
 def _refresh_cpu_kernels(worker) -> int:
+    """Rebuild the stale CPU GEMM handlers (:func:`stale_gemm_modules`); returns how many."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return 0
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-    n = 0
-    for module in worker.model_runner.model.modules():
-        w = getattr(module, "weight", None)
-        if hasattr(module, "cpu_linear") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.numel() > 0:
-            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-            n += 1
-    return n
+    stale = stale_gemm_modules(worker.model_runner.model)
+    for module in stale:
+        dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+    return len(stale)
 
 
 class HFRollout(_Base):

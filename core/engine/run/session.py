@@ -134,10 +134,11 @@ class Session(RunLoop):
         log = self.rundir.path / "startup.log"
         self.phase(f"loading the model (DeepSpeed; library output goes to {log})")
         early = None
+        rollout_dtype = c.engine.rollout_dtype or c.model.dtype  # bf16 sampling with fp32 training when set
         with captured_output(log, enabled=not self.verbose):
             if c.engine.rollout == "vllm" and c.engine.parallel_start:  # vLLM starts while DeepSpeed initialises
-                early = Background(lambda: VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
-                                                        c.engine.gpu_memory_utilization))
+                early = Background(lambda: VLLMRollout(self.model, rollout_dtype, self.max_model_len, c.train.seed,
+                                                        c.engine.gpu_memory_utilization, c.engine.vllm_sleep))
             self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
                                    weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
                                    need_ref=self.run.kl is not None,
@@ -159,10 +160,10 @@ class Session(RunLoop):
             if early is not None:
                 self.rollout = early.result()
             elif c.engine.rollout == "vllm":
-                self.rollout = VLLMRollout(self.model, c.model.dtype, self.max_model_len, c.train.seed,
+                self.rollout = VLLMRollout(self.model, rollout_dtype, self.max_model_len, c.train.seed,
                                            c.engine.gpu_memory_utilization, c.engine.vllm_sleep)
             else:
-                self.rollout = HFRollout(self.model, c.model.dtype, c.model.trust_remote_code)
+                self.rollout = HFRollout(self.model, rollout_dtype, c.model.trust_remote_code)
         cached = (self.check_ids * (self.max_model_len // len(self.check_ids) + 1))[:self.max_model_len - 1]
         self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check,
                                tolerance=sync_tolerance(c.model.dtype, c.engine.sync_tolerance),

@@ -37,6 +37,7 @@ from .checkpoint_io import TrainerIO
 from .compute import autocast, enable_gradient_checkpointing
 from .dsconfig import BETAS, check_stage, ds_config, initialize, merge, read_user_config
 from .dsconfig import zero_stage as stage_of
+from .logprob import sum_pi_squared
 from .modeling import ValueModel, lr_schedule, pack
 from .prefix import shared_prompt_logprobs, token_logprobs
 
@@ -134,8 +135,12 @@ class Trainer(TrainerIO):
             lp, ent = shared_prompt_logprobs(model, rollout, self.pad_id, self.device, entropy)
         else:
             ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
-            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits[:, :-1]
-            lp, ent = token_logprobs(logits, rollout.response_ids.to(self.device), rollout.temperature, entropy)
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
+            # the last position predicts nothing used: scored against a dummy target and dropped
+            # from the [B, T + 1] results, so the logits are never sliced into a [B, T, V] copy
+            targets = torch.nn.functional.pad(rollout.response_ids.to(self.device), (0, 1))
+            lp, ent = token_logprobs(logits, targets, rollout.temperature, entropy)
+            lp, ent = lp[:, :-1], (ent[:, :-1] if entropy else None)
             mask = rollout.response_mask.to(self.device)
             lp, ent = torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
         return lp.cpu(), (ent.cpu() if ent is not None else None)
@@ -222,8 +227,8 @@ class Trainer(TrainerIO):
         def run(r):
             ids, attn, pos, t = pack(r, self.pad_id, self.device)
             logits = self.engine(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
-            p = torch.softmax(logits[:, :-1].float() / r.temperature, -1)
-            return torch.where(r.response_mask.to(self.device), (p * p).sum(-1), 0.0).cpu()
+            s2 = sum_pi_squared(logits, r.temperature)[:, :-1]  # chunked: no [B, T, V] softmax
+            return torch.where(r.response_mask.to(self.device), s2, 0.0).cpu()
         return self._chunked(run, rollout)
 
     def values(self, rollout: Rollout, grad: bool) -> torch.Tensor:
@@ -243,8 +248,8 @@ class Trainer(TrainerIO):
     def score_sequence(self, ids: list[int]) -> torch.Tensor:
         """Log-probs ``[len(ids) - 1]`` of tokens 1.. at temperature 1 (for the sync check)."""
         x = torch.tensor([ids], device=self.device)
-        logits = self.engine(input_ids=x).logits[0, :-1]
-        return token_logprobs(logits[None], x[:, 1:], 1.0, False)[0][0].cpu()
+        logits = self.engine(input_ids=x).logits[0, :-1]  # [L - 1, V], a contiguous view
+        return token_logprobs(logits, x[0, 1:], 1.0, False)[0].cpu()
 
     @torch.no_grad()
     def next_logprobs(self, ids: list[int]) -> torch.Tensor:

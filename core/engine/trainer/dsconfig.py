@@ -20,6 +20,7 @@ defines ZeRO-Offload) and gives the stage the run trains at, which checkpoints r
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 from policyzoo.errors import ConfigError
@@ -181,4 +182,28 @@ def initialize(model, parameters, config: dict, scheduler):
         raise ConfigError("engine.deepspeed", "DeepSpeed refused the merged config: "
                           + " ".join(str(e).split("\n")[:3]), "fix or remove that key of engine.deepspeed "
                           "(DeepSpeed's config reference: https://www.deepspeed.ai/docs/config-json/)") from None
+    skip_single_process_allreduce(engine)
     return engine
+
+
+def _fill_missing_grads(engine, *args, **kwargs) -> None:
+    """What DeepSpeed's ZeRO-0 all-reduce does besides communicating, kept at world size 1: a
+    trained parameter without a gradient gets a zero one (so AdamW decays and counts it as before)."""
+    for p in engine.module.parameters():
+        if p.requires_grad and p.numel() and p.grad is None:
+            p.grad = p.detach().new_zeros(p.shape)
+
+
+def skip_single_process_allreduce(engine) -> bool:
+    """At ZeRO stage 0 with one data-parallel process, replace DeepSpeed's gradient all-reduce by
+    :func:`_fill_missing_grads`. DeepSpeed 0.19 (``DeepSpeedEngine.allreduce_gradients`` ->
+    ``buffered_allreduce_fallback``) otherwise flattens every gradient into one buffer, all-reduces
+    it over a group of one, multiplies by 1/1 and copies it back: a concatenation of all gradients
+    per step that changes no value. Stages 1-3 keep theirs: there the "reduction" also moves the
+    gradients into the optimizer's partitions (DeepSpeed shortcuts the communication itself at
+    world size 1). Returns whether it was replaced; the engine trains identically
+    (``tests/test_single_process_allreduce.py``)."""
+    if engine.dp_world_size != 1 or engine.zero_optimization_stage() != 0 or engine.bfloat16_enabled():
+        return False
+    engine.allreduce_gradients = types.MethodType(_fill_missing_grads, engine)
+    return True

@@ -31,6 +31,8 @@ import torch
 
 from policyzoo.contract.batch import Rollout
 
+from .logprob import fused_token_logprobs
+
 
 def distinct_prompts(prompt_ids: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:
     """The distinct prompts in first-seen order, and ``index [B]`` (long): row i's prompt is
@@ -55,16 +57,10 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                    entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logits [B, T, V]`` at the positions before ``targets [B, T]`` -> log-probs ``[B, T]`` of
-    the targets under softmax(logits / temperature), and the entropy ``[B, T]`` (nats, no grad)."""
-    z = logits.float() / temperature
-    logz = torch.logsumexp(z, -1)
-    lp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
-    ent = None
-    if entropy:
-        with torch.no_grad():
-            zd = z.detach()
-            ent = logz.detach() - (torch.softmax(zd, -1) * zd).sum(-1)
-    return lp, ent
+    the targets under softmax(logits / temperature), and the entropy ``[B, T]`` (nats, no grad)
+    when ``entropy`` else None. Computed in chunks of rows with a fused backward, never building
+    another [B, T, V] tensor (:func:`policyzoo.engine.trainer.logprob.fused_token_logprobs`)."""
+    return fused_token_logprobs(logits, targets, temperature, entropy)
 
 
 def length_buckets(lengths: list[int], overhead: int = 16) -> list[list[int]]:
@@ -136,7 +132,11 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
     for rows in length_buckets(lengths):
         width = max(lengths[r] for r in rows)
         sel = index[rows]
-        logits = last[sel.to(device)].unsqueeze(1)
+        targets = rollout.response_ids[rows, :width].to(device)
+        # token 0 from the prompts' last logits, tokens 1.. from the response forward: scored
+        # apart and their [rows, .] results joined, never their logits
+        g_lp, g_ent = token_logprobs(last[sel.to(device)], targets[:, 0], rollout.temperature, entropy)
+        g_lp, g_ent = [g_lp[:, None]], [g_ent[:, None]] if entropy else None
         if width > 1:
             cache.layers = [copy.copy(layer) for layer in base]  # the prompt-only cache again
             cache.batch_select_indices(sel.to(device))  # [U, ...] -> [rows, ...], differentiable
@@ -145,12 +145,14 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
             pos = p_attn.sum(-1)[sel].unsqueeze(1) + torch.arange(width - 1)
             rest = model(input_ids=resp.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
                          past_key_values=cache, use_cache=True, logits_to_keep=width - 1).logits
-            logits = torch.cat([logits, rest], dim=1)
-        g_lp, g_ent = token_logprobs(logits, rollout.response_ids[rows, :width].to(device), rollout.temperature,
-                                     entropy)
+            r_lp, r_ent = token_logprobs(rest, targets[:, 1:], rollout.temperature, entropy)
+            del rest  # [rows, width - 1, V]: freed before the next group's forward
+            g_lp.append(r_lp)
+            if entropy:
+                g_ent.append(r_ent)
         idx = torch.tensor(rows, device=device)
-        lp = lp.index_copy(0, idx, torch.nn.functional.pad(g_lp, (0, t - width)))
+        lp = lp.index_copy(0, idx, torch.nn.functional.pad(torch.cat(g_lp, 1), (0, t - width)))
         if entropy:
-            ent = ent.index_copy(0, idx, torch.nn.functional.pad(g_ent, (0, t - width)))
+            ent = ent.index_copy(0, idx, torch.nn.functional.pad(torch.cat(g_ent, 1), (0, t - width)))
     mask = rollout.response_mask.to(device)
     return torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)

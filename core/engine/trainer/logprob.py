@@ -1,0 +1,120 @@
+"""Token log-probs and entropy from logits in chunks of rows, with a fused backward.
+
+The textbook ``(logits / T).log_softmax(-1).gather(-1, targets)`` builds several tensors as large
+as the logits ``[B, T, V]`` (V the vocabulary: ``[8, 128, 49152]`` fp32 is 201 MB): the divided
+copy (a pure copy at T = 1), ``logsumexp``'s shifted input, a softmax and a product for the
+entropy, and in backward a zero-filled gather gradient, the softmax gradient and their sum. Fresh
+allocations that large pay first-touch page faults on every step. Here the rows go through in
+chunks of at most :data:`CHUNK_BYTES` of fp32 logits: each chunk is scaled, reduced and (for the
+entropy) exponentiated while it is hot in cache, and only ``[B, T]`` results leave the loop.
+
+Backward (:class:`_TokenLogProb`): with ``z = logits / T``, ``lp = z[target] - logsumexp(z)``,
+so ``d lp / d logits = (onehot(target) - softmax(z)) / T``. It is written chunk by chunk into the
+one gradient tensor autograd needs anyway, from the logits (kept alive by the graph anyway) and
+the saved ``logsumexp [N]``: one vocabulary-wide tensor instead of three.
+
+Values equal the textbook formula's up to float summation order (<= 1e-5 nats and 1e-5 in every
+gradient on the test models and random logits, ``tests/test_logprob_fused.py``). The entropy
+``H = -sum_v p_v log p_v`` (nats, ``p = softmax(z)``) is computed only when asked, carries no
+gradient, and costs one chunk-sized exponential more.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+#: fp32 bytes of logits per chunk. 16 MB stays under glibc's largest mmap threshold (32 MB), so a
+#: freed chunk's memory is reused from the heap by the next chunk instead of being mapped afresh
+#: (and page-faulted in) each time; 85 rows of a 49152-token vocabulary.
+CHUNK_BYTES = 1 << 24
+
+
+def _chunks(n: int, vocab: int):
+    rows = max(1, CHUNK_BYTES // (4 * max(vocab, 1)))
+    return ((lo, min(lo + rows, n)) for lo in range(0, n, rows))
+
+
+def _scaled(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """A chunk of logits as fp32 divided by ``temperature`` (no copy for fp32 at 1.0)."""
+    x = x.float()
+    return x if temperature == 1.0 else x / temperature
+
+
+class _TokenLogProb(torch.autograd.Function):
+    """``flat [N, V]``, ``targets [N]`` -> log-probs ``[N]`` and logsumexp ``[N]`` (no grad);
+    the backward of the log-probs only (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, flat, targets, temperature):
+        n, v = flat.shape
+        lp = torch.empty(n, dtype=torch.float32, device=flat.device)
+        logz = torch.empty(n, dtype=torch.float32, device=flat.device)
+        for lo, hi in _chunks(n, v):
+            z = _scaled(flat[lo:hi], temperature)
+            logz[lo:hi] = torch.logsumexp(z, -1)
+            lp[lo:hi] = z.gather(-1, targets[lo:hi, None]).squeeze(-1) - logz[lo:hi]
+        ctx.save_for_backward(flat, targets, logz)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(logz)
+        return lp, logz
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_lp, _grad_logz):
+        flat, targets, logz = ctx.saved_tensors
+        t = ctx.temperature
+        n, v = flat.shape
+        grad = torch.empty_like(flat)
+        for lo, hi in _chunks(n, v):
+            g = grad_lp[lo:hi, None].float()
+            # (onehot - softmax(z)) * g / T, softmax from the saved logsumexp
+            d = torch.exp(_scaled(flat[lo:hi], t) - logz[lo:hi, None]).mul_(-g)
+            d.scatter_add_(-1, targets[lo:hi, None], g)
+            grad[lo:hi] = d if t == 1.0 else d.div_(t)
+        return grad, None, None
+
+
+def _entropy(flat: torch.Tensor, logz: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``[N]`` nats, no grad: ``-sum_v p_v log p_v`` with ``log p = z - logz``, chunk by chunk (the
+    same value as ``logz - sum_v p_v z_v`` without its cancellation: near-certain rows keep their
+    small entropies to float precision)."""
+    out = torch.empty_like(logz)
+    with torch.no_grad():
+        for lo, hi in _chunks(*flat.shape):
+            z = _scaled(flat[lo:hi].detach(), temperature)
+            logp = z - logz[lo:hi, None]
+            out[lo:hi] = -(logp.exp() * logp).sum(-1)
+    return out
+
+
+def fused_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                         entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logits [..., V]`` (any float dtype) at the positions before ``targets [...]`` (long, each
+    in ``[0, V)``) -> log-probs ``[...]`` (fp32, differentiable w.r.t. ``logits``) of the targets
+    under softmax(logits / temperature), and the entropy ``[...]`` (fp32 nats, no grad) when
+    ``entropy`` else None. Logits that cannot be viewed as ``[N, V]`` are copied once (pass
+    contiguous ones). Raises ValueError when the leading shapes differ or ``temperature <= 0``."""
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"token_logprobs: logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}"
+                         " (expected logits [..., V] with targets [...])")
+    if not temperature > 0:
+        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
+    shape, v = targets.shape, logits.shape[-1]
+    flat = logits.reshape(-1, v)
+    lp, logz = _TokenLogProb.apply(flat, targets.reshape(-1), float(temperature))
+    ent = _entropy(flat, logz, float(temperature)).view(shape) if entropy else None
+    return lp.view(shape), ent
+
+
+@torch.no_grad()
+def sum_pi_squared(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits [..., V]`` -> ``sum_v softmax(logits / temperature)_v^2 [...]`` (fp32, no grad),
+    chunk by chunk like :func:`fused_token_logprobs`."""
+    v = logits.shape[-1]
+    flat = logits.reshape(-1, v)
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    for lo, hi in _chunks(*flat.shape):
+        p = torch.softmax(_scaled(flat[lo:hi], temperature), -1)
+        out[lo:hi] = (p * p).sum(-1)
+    return out.view(logits.shape[:-1])

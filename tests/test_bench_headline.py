@@ -1,0 +1,82 @@
+"""bench/headline.py (``make bench``): the plan it prints without running anything heavy, and
+README's speed table kept equal to bench/results/summary.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import headline  # noqa: E402
+import summary  # noqa: E402
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing_heavy(monkeypatch, capsys):
+    def heavy(*a, **k):
+        raise AssertionError("--dry-run ran a heavy part")
+
+    for name in ("execute", "machine_rates", "run", "start_once", "evict_page_cache"):
+        monkeypatch.setattr(headline, name, heavy)
+    headline.main(["--dry-run", "--pairs", "2"])
+    out = capsys.readouterr().out
+    for tokens, key in ((32, "step_ratio_default"), (128, "step_ratio_gsm8k_128"), (256, "step_ratio_gsm8k_256")):
+        line = next(x for x in out.splitlines() if x.startswith(f"- {key} "))
+        assert f"--max-tokens {tokens} " in line and "--pair-median" in line and f"--summary-key {key}" in line
+    assert out.count("bench/ceiling.py --P 2 --G 4 --threads 2 --metrics") == 2  # one ceiling per pair
+    assert out.count("start-up pair") == 2 and out.count("machine rates") == 2
+    # minutes: rates 0.5 + step ratios 3 + 7 + 14 + 2 ceiling pairs x 5 + 2 start-up pairs x 1.5 + rates 0.5 = 38
+    assert "expected: ~38.0 min" in out
+
+
+def test_bad_pairs_is_refused():
+    with pytest.raises(SystemExit):
+        headline.main(["--dry-run", "--pairs", "0"])
+
+
+def test_readme_table_equals_summary_json():
+    data = json.loads(summary.SUMMARY.read_text())
+    text = (ROOT / "README.md").read_text()
+    i, j = text.index(headline.BEGIN) + len(headline.BEGIN), text.index(headline.END)
+    assert text[i:j].strip() == headline.readme_table(data), "run: python bench/headline.py --readme"
+    # and the table really shows the file's numbers: 0.337 -> 0.34 (rounded half up at 2 digits)
+    if "step_ratio_default" in data:
+        shown = headline._fmt(data["step_ratio_default"]["value"], "{:.2f}")
+        assert f"| step time / TRL's, default task, 32-token answers | {shown} |" in text
+
+
+def test_rounding_half_up_and_missing_entries():
+    assert headline._fmt(0.475, "{:.2f}") == "0.48" and headline._fmt(0.468, "{:.2f}") == "0.47"
+    assert headline._fmt(10.65, "{:.1f}") == "10.7"
+    table = headline.readme_table({"train_over_ceiling": {"value": 1.866, "commit": "abc1234",
+                                                          "date": "2026-12-01T11:02:03Z"}})
+    assert "| training time / its fp32 FLOP ceiling (GSM8K, 128 tokens) | 1.87 | abc1234, 2026-12-01 |" in table
+    assert table.count("not measured yet") == len(headline.README_ROWS) - 1
+
+
+def test_evict_page_cache_advises_every_file(tmp_path):
+    (tmp_path / "a").write_text("x")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b").write_bytes(b"\0" * 8192)
+    assert headline.evict_page_cache([tmp_path]) == 2
+    assert (tmp_path / "d" / "b").read_bytes() == b"\0" * 8192  # contents untouched
+
+
+def test_ceiling_gives_the_runs_training_over_its_ceiling_for_the_pairs(tmp_path, monkeypatch):
+    import ceiling
+
+    # fixed machine rates instead of timings: 100 GFLOP/s for every matmul, 10 GB/s copy
+    monkeypatch.setattr(ceiling, "measure", lambda threads, repeats, size, device="cpu": {
+        f"{p} square {size}": 1e11 for p in ("fp32", "bf16")} | {
+        f"{p} {ceiling.MODEL_SHAPE}": 1e11 for p in ("fp32", "bf16")} | {"copy bandwidth": 1e10})
+    (tmp_path / "config.yaml").write_text("algorithm: grpo\n")
+    recs = [{"rows": 8, "sampled_rows": 8, "prompt_tokens": 800, "response_length_mean": 100.0, "time_train": t}
+            for t in (3.0, 5.0, 4.0)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = ceiling.main(["--P", "2", "--G", "4", "--threads", "2", "--metrics", str(tmp_path / "metrics.jsonl")])
+    # the median training time (4.0 s) over the fp32 ceiling of training (forward+backward, reference, optimizer)
+    assert res["train_over_ceiling"] == pytest.approx(4.0 / ceiling.train_ceiling(res))
+    assert ceiling.train_ceiling(res) > 0
