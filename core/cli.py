@@ -97,7 +97,6 @@ def cmd_explain(args, out: Console) -> None:
 
 
 def cmd_train(args, out: Console) -> None:
-    from .assembly import Run, resolve_algorithm, resolved_view, reward_uses
     from .config import load_config
 
     overrides = list(args.overrides)
@@ -111,21 +110,21 @@ def cmd_train(args, out: Console) -> None:
         config = config_from_run_dir(args.resume, overrides)
     else:
         config = load_config(args.config, args.algo, overrides)
-    if args.dry_run:  # a real run does these checks itself, before any model loads
+    if args.dry_run:  # the checks a real run makes before its weights load, and nothing else
         import yaml
 
-        from policyzoo.engine.report.tracking import check_trackers
-        from policyzoo.engine.trainer.dsconfig import check_engine
+        from policyzoo.engine.run.checks import preload
 
-        from .data import load_task
-
-        bundle = resolve_algorithm(config.algorithm)
-        rewards = reward_uses(config, load_task(config.data).default_rewards if config.rewards is None else [],
-                              bundle.env is not None)
-        run = Run(bundle, rewards=rewards)
-        check_trackers(config.train.report_to)
-        check_engine(config)
-        out.print(yaml.safe_dump(resolved_view(config, run), sort_keys=False))
+        pre = preload(config, args.resume, args.force_resume, dry_run=True)
+        out.print(yaml.safe_dump(pre.resolved, sort_keys=False))
+        err = Console(stderr=True, soft_wrap=True)
+        for line in pre.resume_lines:
+            err.print(line, markup=False, highlight=False)
+        for w in pre.warnings:
+            err.print(f"warning: {w}", markup=False, highlight=False, style="yellow")
+        err.print(f"dry run: every check before loading weights passed (model {pre.model.path}, "
+                  f"{len(pre.task.train_rows)} training and {len(pre.task.eval_rows)} held-out rows, "
+                  f"run directory {pre.rundir.path})", markup=False, highlight=False)
         return
     from policyzoo.engine.run.train import main as train_main
 
@@ -255,7 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--force-resume", action="store_true",
                    help="with --resume: load the checkpoint even if its algorithm, reward, model or data "
                    "config differs")
-    t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--dry-run", action="store_true", help="run every check the real run makes before loading "
+                   "weights (config, plugins, data and the columns the rewards need, model folder and tokenizer, "
+                   "prompt lengths, trackers, DeepSpeed config, run directory, checkpoint), print the resolved "
+                   "config and exit; nothing is written")
     t.add_argument("--verbose", action="store_true", help="show library logs and warnings that are silenced by "
                    "default (Triton, deprecated reduce_op, NUMA binding, info logs)")
     t.add_argument("overrides", nargs="*", metavar="key=value")

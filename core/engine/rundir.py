@@ -60,10 +60,11 @@ class RunDir:
         self.path = Path(path)
         self.ckpt = self.path / "checkpoints"
 
-    def check_new(self) -> None:
+    def check_new(self, create: bool = True) -> None:
         """Before any model loads: the folder can hold a new run (not a file, not another run's
         files without a checkpoint, writable). Every rank checks, so every rank stops with the
-        same message instead of waiting for rank 0."""
+        same message instead of waiting for rank 0. ``create`` False (a dry run) creates nothing
+        and checks that the nearest existing folder on the path is writable."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"output_dir {self.path}", "exists and is a file, not a directory",
                             "choose another --output-dir")
@@ -71,6 +72,12 @@ class RunDir:
             raise UserError(f"output_dir {self.path}", "already holds another run's files (without a complete "
                             "checkpoint to resume from); a new run would mix its metrics into them",
                             "choose another --output-dir, or delete the folder")
+        if not create:
+            parent = next(p for p in (self.path.absolute(), *self.path.absolute().parents) if p.exists())
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise UserError(f"output_dir {self.path}", f"cannot be created: {parent} is not writable",
+                                "choose a writable --output-dir")
+            return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:

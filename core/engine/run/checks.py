@@ -12,15 +12,32 @@ sampling settings, made before any model loads (errors) or at start-up and durin
   responses: every group has reward std 0, every advantage is 0, nothing is learned.
 * :class:`ZeroSignalWatch`: the same seen during the run (``zero_std_frac`` 1.0 for several
   steps in a row), whatever its cause.
+* :func:`preload`: every check above and the others a run makes before any weights load (config
+  against the ranks, plugin catalog, data, rewards, trackers, DeepSpeed config, model folder and
+  tokenizer, prompt lengths, run directory, checkpoint to resume). ``Session.prepare`` and
+  ``policyzoo train --dry-run`` both call it, so a dry run refuses exactly what the run refuses
+  before its models load.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Callable
 
-from policyzoo.data import fit_prompt_lengths
-from policyzoo.engine.models import ModelError
-from policyzoo.errors import DataError
+from policyzoo.assembly import Run, resolve_algorithm, resolved_view, reward_uses, step_settings
+from policyzoo.catalog import get_catalog
+from policyzoo.data import fit_prompt_lengths, load_task
+from policyzoo.engine import dist
+from policyzoo.engine.models import ModelError, resolve_model
+from policyzoo.engine.process import check_vllm_threads
+from policyzoo.engine.report.tracking import check_trackers
+from policyzoo.engine.rundir import ResumeError, RunDir
+from policyzoo.engine.trainer.dsconfig import check_engine
+from policyzoo.errors import ConfigError, DataError
+from policyzoo.step.episodes import encode_prompt
+
+from .resume import FINGERPRINT_KEYS, check_resume, old_train_settings, optimizer_notes, rows_drawn
 
 #: below this temperature, samples of one prompt are expected to coincide (warned with G > 1)
 LOW_TEMPERATURE = 0.1
@@ -128,3 +145,111 @@ def fit_prompts(task, count: Callable[[list[dict]], int], budget: int, on_long: 
         raise DataError("data", f"every training prompt is longer than the {budget} tokens the context leaves for "
                         "it", "shorten the prompts, lower data.few_shot or algorithm.sample.max_tokens")
     return lengths + more
+
+
+@dataclass
+class PreLoad:
+    """What the checks made before any weights load (the attributes ``Session`` keeps)."""
+
+    task: object
+    run: Run
+    settings: object
+    model: object
+    task_rewards_n: int
+    turn_tokens: int
+    n: int
+    max_tokens: int
+    max_model_len: int
+    check_ids: list[int]
+    resolved: dict
+    fingerprint: dict
+    rundir: RunDir
+    resume_from: object = None
+    state: dict = field(default_factory=lambda: {"step": 0, "batches": 0})
+    rows_drawn: int = 0
+    resume_notes: list[str] = field(default_factory=list)
+    resume_lines: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def preload(config, resume: str | None = None, force_resume: bool = False, dry_run: bool = False) -> PreLoad:
+    """Every check of a run before weights load, in the run's order; raises the first
+    :class:`~policyzoo.errors.UserError` found. ``dry_run`` creates no run directory (its
+    writability is checked on the nearest existing parent). The number of ranks is the launcher's
+    (``WORLD_SIZE``, 1 without one), so a dry run under ``WORLD_SIZE=N`` checks the shares of N ranks."""
+    ws = dist.world_size()
+    if config.train.prompts_per_step % ws:
+        raise ConfigError("train.prompts_per_step", f"{config.train.prompts_per_step} prompts cannot be shared "
+                          f"out in whole groups among {ws} data-parallel ranks",
+                          f"use a multiple of {ws}, or launch another number of ranks")
+    if config.engine.rollout == "vllm":
+        check_vllm_threads(config.engine.threads)
+    dist.check_same_catalog(get_catalog())  # get_catalog raises for a broken plugin distribution
+    task = load_task(config.data)
+    bundle = resolve_algorithm(config.algorithm)
+    rewards = reward_uses(config, task.default_rewards, bundle.env is not None)
+    run = Run(bundle, rewards=rewards)
+    check_answers(task, run)
+    if config.engine.overlap != "none" and run.env is not None:
+        raise ConfigError("engine.overlap", "one_step sampling ahead prefetches single-turn batches; the "
+                          f"multi-turn episodes of the env '{run.env.name}' are not sampled ahead",
+                          "set engine.overlap=none for runs with an env")
+    check_trackers(config.train.report_to)
+    check_engine(config)  # the DeepSpeed settings
+    settings = step_settings(config, run)
+    sp = run.sample.params
+    model = resolve_model(config.model.path, config.model.trust_remote_code)  # folder, config, tokenizer
+    pre = _fit_model(config, task, run, model)
+    pre.settings, pre.task_rewards_n, pre.turn_tokens, pre.n = settings, len(rewards), sp.max_tokens, sp.n
+    pre.warnings = [w for w in (system_turn_warning(model.tokenizer, task.train_rows),
+                                sampling_warning(getattr(sp, "temperature", 1.0), sp.n)) if w] + pre.warnings
+    _check_run_dir(pre, config, bundle.name, resume, force_resume, dry_run)
+    return pre
+
+
+def _fit_model(config, task, run, model) -> PreLoad:
+    """The context budget, the chat template and every prompt's length against the model."""
+    max_tokens = run.max_response_tokens  # the whole trajectory with an env
+    budget = model.max_context - max_tokens
+    if budget < 1:
+        key = "algorithm.env.max_total_tokens" if run.env is not None else "algorithm.sample.max_tokens"
+        raise ConfigError(key, f"{max_tokens} response tokens leave no room for a "
+                          f"prompt in the model's {model.max_context}-token context", f"lower {key}")
+    tok = model.tokenizer
+    check_chat_template(tok, task.train_rows + task.eval_rows, f"model.path ({model.path})")
+    count = lambda msgs: len(encode_prompt(tok, msgs))  # noqa: E731
+    env = run.env  # an env may start its episodes from another prompt than the row's
+    lengths = fit_prompts(task, (lambda msgs: count(env.env({"prompt": msgs}).prompt)) if env else count,
+                          budget, config.data.on_long_prompt)
+    max_model_len = min(model.max_context, max(lengths) + max_tokens + 8)
+    row = (task.eval_rows or task.train_rows)[0]
+    answer = tok(str(row.get("answer", "")), add_special_tokens=False).input_ids[:max_tokens]
+    check_ids = (encode_prompt(tok, row["prompt"]) + list(answer) + [model.eos_token_ids[0]])[:max_model_len]
+    resolved = resolved_view(config, run)
+    fingerprint = {k: resolved[k] for k in FINGERPRINT_KEYS}
+    fingerprint["algorithm"] = fingerprint["algorithm"]["slots"]
+    return PreLoad(task, run, None, model, 0, 0, 0, max_tokens, max_model_len, check_ids, resolved, fingerprint,
+                   None, warnings=list(task.warnings))
+
+
+def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, dry_run: bool) -> None:
+    """The checkpoint to resume (and whether the config may continue it), or a new run folder."""
+    if resume:
+        pre.rundir = RunDir(resume)
+        found = pre.rundir.latest()
+        if found is None:
+            raise ResumeError(str(resume), "no complete checkpoint in this run directory",
+                              "start a new run (drop --resume), or set train.save_every to save checkpoints")
+        pre.resume_from, pre.state = found
+        pre.resume_lines = check_resume(str(pre.resume_from), pre.state, config, pre.fingerprint,
+                                        dist.world_size(), force_resume, str(resume))
+        old_train = old_train_settings(pre.state, pre.rundir.path)
+        pre.rows_drawn = rows_drawn(pre.state, old_train, config.train.prompts_per_step)
+        pre.resume_notes = optimizer_notes(old_train, config)
+        return
+    out = dist.broadcast(config.output_dir or f"runs/{algo}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
+    pre.rundir = RunDir(out)
+    if pre.rundir.latest() is not None:
+        raise ResumeError(out, "this run directory already holds a run",
+                          "pass --resume to continue it, or choose another --output-dir")
+    pre.rundir.check_new(create=not dry_run)

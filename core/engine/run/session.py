@@ -4,35 +4,19 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timezone
 
 from rich.console import Console
 
-from policyzoo.assembly import Run, resolve_algorithm, resolved_view, reward_uses, step_settings
 from policyzoo.catalog import get_catalog
-from policyzoo.data import load_task
 from policyzoo.engine import dist
-from policyzoo.engine.models import resolve_model
 from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import captured_output
-from policyzoo.engine.report.tracking import Tracker, check_trackers
+from policyzoo.engine.report.tracking import Tracker
 from policyzoo.engine.rollout.engines import HFRollout, VLLMRollout
-from policyzoo.engine.rundir import ResumeError, RunDir
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
-from policyzoo.engine.trainer.dsconfig import check_engine
-from policyzoo.errors import ConfigError
-from policyzoo.step.episodes import encode_prompt
 
-from .checks import (
-    ZeroSignalWatch,
-    check_answers,
-    check_chat_template,
-    fit_prompts,
-    sampling_warning,
-    system_turn_warning,
-)
+from .checks import ZeroSignalWatch, preload
 from .loop import RunLoop
-from .resume import FINGERPRINT_KEYS, check_resume, old_train_settings, optimizer_notes, rows_drawn
 from .startup import Background, process_age_s
 
 
@@ -49,72 +33,10 @@ class Session(RunLoop):
         self.console = Console(stderr=True, quiet=dist.rank() != 0, soft_wrap=True)
         self.config = config
         dist.init()  # join the launcher's process group (no-op for one rank)
-        if config.train.prompts_per_step % dist.world_size():
-            raise ConfigError("train.prompts_per_step", f"{config.train.prompts_per_step} prompts cannot be shared "
-                              f"out in whole groups among {dist.world_size()} data-parallel ranks",
-                              f"use a multiple of {dist.world_size()}, or launch another number of ranks")
-        dist.check_same_catalog(get_catalog())
-        self.task = load_task(config.data)
-        bundle = resolve_algorithm(config.algorithm)
-        rewards = reward_uses(config, self.task.default_rewards, bundle.env is not None)
-        self.task_rewards_n = len(rewards)
-        self.run = Run(bundle, rewards=rewards)
-        check_answers(self.task, self.run)
-        if config.engine.overlap != "none" and self.run.env is not None:
-            raise ConfigError("engine.overlap", "one_step sampling ahead prefetches single-turn batches; the "
-                              f"multi-turn episodes of the env '{self.run.env.name}' are not sampled ahead",
-                              "set engine.overlap=none for runs with an env")
-        check_trackers(config.train.report_to)
-        check_engine(config)  # the DeepSpeed settings, before any model loads
-        self.settings = step_settings(config, self.run)
-        sp = self.run.sample.params
-        self.turn_tokens, self.n = sp.max_tokens, sp.n
-        self.max_tokens = self.run.max_response_tokens  # the whole trajectory with an env
-        self.model = resolve_model(config.model.path, config.model.trust_remote_code)
-        budget = self.model.max_context - self.max_tokens
-        if budget < 1:
-            key = "algorithm.env.max_total_tokens" if self.run.env is not None else "algorithm.sample.max_tokens"
-            raise ConfigError(key, f"{self.max_tokens} response tokens leave no room for a "
-                              f"prompt in the model's {self.model.max_context}-token context", f"lower {key}")
-        tok = self.model.tokenizer
-        check_chat_template(tok, self.task.train_rows + self.task.eval_rows, f"model.path ({self.model.path})")
-        self.warnings = [w for w in (system_turn_warning(tok, self.task.train_rows),
-                                     sampling_warning(getattr(sp, "temperature", 1.0), self.n)) if w]
-        count = lambda msgs: len(encode_prompt(self.model.tokenizer, msgs))  # noqa: E731
-        env = self.run.env  # an env may start its episodes from another prompt than the row's
-        start = (lambda rows: [dict(r, prompt=env.env(r).prompt) for r in rows]) if env else (lambda rows: rows)
-        lengths = fit_prompts(self.task, lambda msgs: count(start([{"prompt": msgs}])[0]["prompt"]) if env
-                              else count(msgs), budget, config.data.on_long_prompt)
-        self.warnings += self.task.warnings
-        self.max_model_len = min(self.model.max_context, max(lengths) + self.max_tokens + 8)
-        row = (self.task.eval_rows or self.task.train_rows)[0]
-        answer = self.model.tokenizer(str(row.get("answer", "")), add_special_tokens=False).input_ids[:self.max_tokens]
-        self.check_ids = (encode_prompt(self.model.tokenizer, row["prompt"]) + list(answer)
-                          + [self.model.eos_token_ids[0]])[:self.max_model_len]
-        self.resolved = resolved_view(config, self.run)
-        self.fingerprint = {k: self.resolved[k] for k in FINGERPRINT_KEYS}
-        self.fingerprint["algorithm"] = self.fingerprint["algorithm"]["slots"]
-        if resume:
-            self.rundir = RunDir(resume)
-            found = self.rundir.latest()
-            if found is None:
-                raise ResumeError(str(resume), "no complete checkpoint in this run directory",
-                                  "start a new run (drop --resume), or set train.save_every to save checkpoints")
-            self.resume_from, self.state = found
-            for line in check_resume(str(self.resume_from), self.state, config, self.fingerprint,
-                                     dist.world_size(), force_resume, str(resume)):
-                self.console.print(line, markup=False, highlight=False)
-            old_train = old_train_settings(self.state, self.rundir.path)
-            self.rows_drawn = rows_drawn(self.state, old_train, config.train.prompts_per_step)
-            self.resume_notes = optimizer_notes(old_train, config)
-        else:
-            out = dist.broadcast(config.output_dir or f"runs/{bundle.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
-            self.rundir = RunDir(out)
-            if self.rundir.latest() is not None:
-                raise ResumeError(out, "this run directory already holds a run",
-                                  "pass --resume to continue it, or choose another --output-dir")
-            self.rundir.check_new()
-            self.resume_from, self.state, self.rows_drawn, self.resume_notes = None, {"step": 0, "batches": 0}, 0, []
+        pre = preload(config, resume, force_resume)  # every check before weights load (also --dry-run's)
+        for line in pre.resume_lines:
+            self.console.print(line, markup=False, highlight=False)
+        vars(self).update({k: v for k, v in vars(pre).items() if k != "resume_lines"})
         self.state.setdefault("tokens_seen", 0)
         return self
 
