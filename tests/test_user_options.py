@@ -18,7 +18,7 @@ from policyzoo.data import fit_prompt_lengths, load_task
 from policyzoo.errors import DataError, UserError
 
 
-def test_lr_schedules_follow_transformers_get_scheduler():
+def test_lr_schedules_warm_up_without_a_zero_step_then_follow_transformers_shapes():
     from policyzoo.engine.trainer.deepspeed_trainer import lr_schedule
 
     def factors(name, warmup, total, k):
@@ -31,13 +31,15 @@ def test_lr_schedules_follow_transformers_get_scheduler():
             sched.step()
         return out
 
-    # warm-up 2 of 10: 0/2, 1/2, then the schedule over the 8 steps after warm-up
-    assert factors("constant", 2, 10, 4) == [0.0, 0.5, 1.0, 1.0]
-    lin = factors("linear", 2, 10, 7)
-    assert lin[:3] == [0.0, 0.5, 1.0] and math.isclose(lin[6], (10 - 6) / (10 - 2))  # 0.5
+    # warm-up 2 of 10: (k + 1) / 3 = 1/3, 2/3 (never 0: the first update trains), then 1 at step 2
+    const = factors("constant", 2, 10, 4)
+    assert all(math.isclose(a, b) for a, b in zip(const, [1 / 3, 2 / 3, 1.0, 1.0]))
+    lin = factors("linear", 2, 10, 10)  # after warm-up: 1 - (k - 2) / 8; step 6: 0.5; last step 9: 1/8
+    assert math.isclose(lin[2], 1.0) and math.isclose(lin[6], 0.5) and math.isclose(lin[9], 1 / 8)
     cos = factors("cosine", 2, 10, 7)  # step 6: progress (6 - 2) / 8 = 0.5 -> 0.5 * (1 + cos(pi / 2)) = 0.5
     assert math.isclose(cos[6], 0.5) and math.isclose(cos[4], 0.5 * (1 + math.cos(math.pi * 2 / 8)))
     assert factors("constant", 0, 5, 3) == [1.0, 1.0, 1.0]  # the default: no change to the lr
+    assert min(factors("linear", 3, 4, 4)) > 0  # warm-up 1/4, 2/4, 3/4, then the last step 1 - 0/1 = 1
 
 
 def test_optimizer_settings_reach_deepspeed():

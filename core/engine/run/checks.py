@@ -37,7 +37,15 @@ from policyzoo.engine.trainer.dsconfig import check_engine
 from policyzoo.errors import ConfigError, DataError
 from policyzoo.step.episodes import encode_prompt
 
-from .resume import FINGERPRINT_KEYS, check_resume, old_train_settings, optimizer_notes, rows_drawn
+from .resume import (
+    FINGERPRINT_KEYS,
+    check_resume,
+    lr_plan,
+    old_train_settings,
+    optimizer_notes,
+    resume_schedule,
+    rows_drawn,
+)
 
 #: below this temperature, samples of one prompt are expected to coincide (warned with G > 1)
 LOW_TEMPERATURE = 0.1
@@ -169,6 +177,7 @@ class PreLoad:
     rows_drawn: int = 0
     resume_notes: list[str] = field(default_factory=list)
     resume_lines: list[str] = field(default_factory=list)
+    lr_plan: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -246,7 +255,10 @@ def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, 
         old_train = old_train_settings(pre.state, pre.rundir.path)
         pre.rows_drawn = rows_drawn(pre.state, old_train, config.train.prompts_per_step)
         pre.resume_notes = optimizer_notes(old_train, config)
+        pre.lr_plan, lines = resume_schedule(pre.state, config)
+        pre.resume_lines += lines
         return
+    pre.lr_plan = lr_plan(config)
     out = dist.broadcast(config.output_dir or f"runs/{algo}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
     pre.rundir = RunDir(out)
     if pre.rundir.latest() is not None:

@@ -216,6 +216,7 @@ class RunLoop:
             raise TrainingError(f"step {step}", "the trained weights hold NaN or inf values; no checkpoint was "
                                 f"written (last complete checkpoint: {latest[0] if latest else 'none'})",
                                 "lower train.lr or train.grad_clip, then resume from the last checkpoint")
-        state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size())
+        state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size(),
+                                 self.trainer.schedule_state())
         state["tokens_seen"] = getattr(self, "state", {}).get("tokens_seen", 0)
         return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 from rich.console import Console
@@ -46,8 +45,6 @@ class Session(RunLoop):
         for w in self.warnings:
             self.console.print(f"warning: {w}", markup=False, highlight=False, style="yellow")
         t0 = time.perf_counter()
-        total = c.train.steps * c.train.updates_per_batch  # optimizer steps of the whole run
-        warmup = c.train.warmup_steps or math.ceil(c.train.warmup_ratio * total)
         log = self.rundir.path / "startup.log"
         self.phase(f"loading the model (DeepSpeed; library output goes to {log})")
         early = None
@@ -65,7 +62,8 @@ class Session(RunLoop):
                                    autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed, seed=c.train.seed,
                                    score_tokens=c.train.max_tokens_per_micro_batch,
                                    betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon,
-                                   schedule=c.train.lr_scheduler_type, warmup_steps=warmup, total_steps=total)
+                                   schedule=self.lr_plan["name"], warmup_steps=self.lr_plan["warmup_steps"],
+                                   total_steps=self.lr_plan["total_steps"])
             parts = self.startup_parts = {"trainer_s": time.perf_counter() - t0}
             why = self.trainer.check_share_prompt(self.check_ids)  # the first forward: DeepSpeed loads its op
         if why:
@@ -89,6 +87,7 @@ class Session(RunLoop):
         if self.resume_from is not None:
             self.rundir.remove_partial()
             self.trainer.load(str(self.resume_from))
+            self.trainer.set_schedule(self.lr_plan)  # the checkpoint's schedule, kept or re-planned
             # the restored optimizer holds the checkpoint's lr / weight decay: use the configured ones
             self.trainer.set_optimizer(lr=c.train.lr, weight_decay=c.train.weight_decay,
                                        critic_lr=c.engine.critic_lr or 10 * c.train.lr,
