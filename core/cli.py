@@ -61,7 +61,11 @@ def cmd_components(args, out: Console) -> None:
 
 
 def cmd_plugins(args, out: Console) -> None:
-    cat = get_catalog()
+    """Every plugin distribution; broken ones (import or registration failed) are listed with their
+    error instead of stopping the command (a run refuses them; ``POLICYZOO_PLUGINS`` leaves them out)."""
+    from .catalog import load_catalog
+
+    cat = load_catalog(keep_broken=True)
     table = Table(title="plugin distributions")
     for col in ("distribution", "version", "module", "hooks", "components", "bundles"):
         table.add_column(col)
@@ -69,6 +73,14 @@ def cmd_plugins(args, out: Console) -> None:
         table.add_row(p.dist, p.version, p.module, ", ".join(p.hooks), ", ".join(p.components) or "-",
                       ", ".join(p.bundles) or "-")
     out.print(table)
+    if cat.broken:
+        bad = Table(title="broken plugin distributions (a run refuses them: fix or uninstall them, or set "
+                    "POLICYZOO_PLUGINS to the distributions you need)")
+        for col in ("distribution", "version", "entry point", "error"):
+            bad.add_column(col, overflow="fold")
+        for b in cat.broken:
+            bad.add_row(b.dist, b.version, b.entry_point, b.error)
+        out.print(bad)
 
 
 def cmd_explain(args, out: Console) -> None:
