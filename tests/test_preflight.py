@@ -23,13 +23,16 @@ from policyzoo.engine.run import checks
 from policyzoo.engine.run.session import Session
 from policyzoo.errors import UserError
 
-PARTS = (checks.preload, checks._fit_model, checks._check_run_dir)
+PARTS = (checks.preload, checks._preload, checks._fit_model, checks._check_run_dir)
 #: calls in PARTS that cannot refuse a run (they build values or warnings from checked input)
 CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", "encode_prompt", "tok", "list",
                  "len", "min", "max", "getattr", "resolved_view", "system_turn_warning", "sampling_warning",
                  "old_train_settings", "rows_drawn", "optimizer_notes", "PreLoad", "env.env", "count",
                  "pre.rundir.latest", "row.get", "_fit_model", "_check_run_dir", "str", "ConfigError", "ResumeError",
-                 "get_catalog"}  # get_catalog's refusals are dist.check_same_catalog's case
+                 "get_catalog", "warnings.catch_warnings", "warnings.simplefilter", "Path", "w.message",
+                 "Path(w.filename).resolve", "str(Path(w.filename).resolve()).startswith", "issubclass",
+                 "pre.warnings.append", "warnings.warn_explicit", "_preload", "Path(__file__).resolve",
+                 "lr_plan", "resume_schedule"}  # get_catalog's refusals are dist.check_same_catalog's case
 
 
 def _name(node) -> str:
@@ -169,3 +172,57 @@ def test_a_good_dry_run_passes_and_writes_nothing(tmp_path, monkeypatch, capsys)
     assert main(["train", "--algo", "grpo", "--dry-run", "--output-dir", str(tmp_path / "run"), *args]) == 0
     assert "every check before loading weights passed" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def _base(tmp_path, rows=GOOD):
+    return [f"model.path={tiny_model()}", "algorithm.sample.max_tokens=12", "train.prompts_per_step=2",
+            f"data.path={_rows(tmp_path, rows)}", "rewards=[{use: answer_match}]", f"output_dir={tmp_path / 'run'}"]
+
+
+def test_a_component_warning_comes_as_the_products_warning_not_a_python_one(tmp_path, monkeypatch, recwarn, capsys):
+    monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "cache"))
+    extra = ["algorithm.ratio.use=sequence", "algorithm.reduce.use=token_sum"]  # length-weighted sequence ratio
+    pre = checks.preload(load_config(None, "grpo", [*_base(tmp_path), *extra]), dry_run=True)
+    assert [w for w in pre.warnings if w.startswith("algorithm.reduce (token_sum): the sequence-level ratio")]
+    assert not [w for w in recwarn if "sums the loss" in str(w.message)]  # no raw UserWarning line
+    assert main(["train", "--algo", "grpo", "--dry-run", *_base(tmp_path), *extra]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: algorithm.reduce (token_sum): the sequence-level ratio" in err and "assembly.py" not in err
+
+
+def test_dropped_long_prompts_are_named_by_their_file_row(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "cache"))
+    rows = GOOD[:3] + [LONG[-1]] + GOOD[3:] + [LONG[-1]]  # file rows 3 and 9 (0-based) are too long
+    pre = checks.preload(load_config(None, "grpo", [*_base(tmp_path, rows), "data.on_long_prompt=drop"]),
+                         dry_run=True)
+    (w,) = [w for w in pre.warnings if w.startswith("dropped")]
+    where = f"data.path ({tmp_path / 'data.jsonl'})"
+    assert f"{where}, row 3; {where}, row 9 (data.on_long_prompt: drop" in w, w
+    assert len(pre.task.train_rows) + len(pre.task.eval_rows) == 8
+
+
+def test_every_run_warning_reaches_the_console_startup_log_and_summary(tmp_path):
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from policyzoo.engine.rundir import RunDir
+
+    s = Session.__new__(Session)
+    s.console, s.rundir = Console(file=open(tmp_path / "console.txt", "w"), width=300), RunDir(tmp_path / "run")
+    s.rundir.path.mkdir()
+    s.warn("first")
+    s.warn("step 3: second")
+    s.console.file.flush()
+    assert (tmp_path / "console.txt").read_text().splitlines() == ["warning: first", "warning: step 3: second"]
+    assert (s.rundir.path / "startup.log").read_text().splitlines() == ["warning: first", "warning: step 3: second"]
+    # finish() writes them into summary.json
+    s.state, s.last_saved, s.last_eval, s.eval_before = {"step": 2, "tokens_seen": 0}, 2, {"step": 2}, {}
+    s.trainer = SimpleNamespace(export=lambda path: None, models_loaded=lambda: 1, trainable_params=1, stage=0)
+    s.tracker = SimpleNamespace(close=lambda: None)
+    s.run, s.model = SimpleNamespace(bundle=SimpleNamespace(name="grpo")), SimpleNamespace(path=tmp_path)
+    s.startup_s, s.startup_parts, s.process_to_ready_s = 0.0, {}, 0.0
+    s.config = load_config(None, "grpo", [])
+    s._first_eval = lambda: None
+    s.finish()
+    assert json.loads((s.rundir.path / "summary.json").read_text())["warnings"] == ["first", "step 3: second"]

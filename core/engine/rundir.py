@@ -9,7 +9,7 @@ Layout::
     RUN_DIR/checkpoints/step-000010/hf/   save_pretrained export (train.export_every, Ctrl-C)
     RUN_DIR/checkpoints/latest.json    {"step": 10, "path": "step-000010"}: the last complete one
     RUN_DIR/final/               save_pretrained export (safetensors + tokenizer)
-    RUN_DIR/summary.json         held-out accuracy before/after, steps, timings
+    RUN_DIR/summary.json         held-out accuracy before/after, steps, timings, the run's warnings
 
 Checkpoints are written under a temporary name (``.tmp-step-000010``), renamed when complete,
 and only then recorded in ``latest.json`` (itself replaced atomically). A run killed while

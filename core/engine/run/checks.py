@@ -21,8 +21,10 @@ sampling settings, made before any model loads (errors) or at start-up and durin
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 from policyzoo.assembly import Run, resolve_algorithm, resolved_view, reward_uses, step_settings
@@ -52,6 +54,8 @@ LOW_TEMPERATURE = 0.1
 #: steps in a row with every group at reward std 0 before the run warns
 ZERO_SIGNAL_STEPS = 3
 _PROBE = "policyzoo-probe-7f3a"
+#: dropped rows named in a warning (the rest counted)
+MAX_NAMED = 10
 
 
 def check_chat_template(tokenizer, rows: list[dict], where: str) -> None:
@@ -141,14 +145,19 @@ def fit_prompts(task, count: Callable[[list[dict]], int], budget: int, on_long: 
     warning with the counts to ``task.warnings``; ``error`` raises naming the first long row by its
     origin); returns the kept rows' prompt lengths. Raises :class:`DataError` when no training row
     is left."""
+    before = list(task.train_origins or []) + list(task.eval_origins or [])
     task.train_rows, lengths, task.train_origins, dropped = fit_prompt_lengths(
         task.train_rows, count, budget, "data (training rows)", on_long, task.train_origins)
     task.eval_rows, more, task.eval_origins, dropped_eval = fit_prompt_lengths(
         task.eval_rows, count, budget, "data (held-out rows)", on_long, task.eval_origins)
     if dropped or dropped_eval:
+        kept = set(task.train_origins or []) | set(task.eval_origins or [])
+        gone = [o for o in before if o not in kept]
+        named = (f": {'; '.join(gone[:MAX_NAMED])}" + (f" and {len(gone) - MAX_NAMED} more" if len(gone) > MAX_NAMED
+                                                      else "")) if gone else ""
         task.warnings.append(f"dropped {dropped} training and {dropped_eval} held-out rows whose prompt is longer "
-                             f"than the {budget} tokens the context leaves for it (data.on_long_prompt: drop; set "
-                             "it to error to stop instead)")
+                             f"than the {budget} tokens the context leaves for it{named} (data.on_long_prompt: drop; "
+                             "set it to error to stop instead)")
     if not task.train_rows:
         raise DataError("data", f"every training prompt is longer than the {budget} tokens the context leaves for "
                         "it", "shorten the prompts, lower data.few_shot or algorithm.sample.max_tokens")
@@ -182,6 +191,24 @@ class PreLoad:
 
 
 def preload(config, resume: str | None = None, force_resume: bool = False, dry_run: bool = False) -> PreLoad:
+    """Every check of a run before weights load (:func:`_preload`); Python warnings that policyzoo
+    code issues meanwhile (a component's ``check``, e.g. a sequence-level ratio with a token-sum
+    reduce) become the product's warnings (``PreLoad.warnings``: the ``warning:`` block, startup.log
+    and summary.json), other libraries' warnings go on as before."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pre = _preload(config, resume, force_resume, dry_run)
+    root = str(Path(__file__).resolve().parents[2])  # the policyzoo package
+    for w in caught:
+        if str(Path(w.filename).resolve()).startswith(root) and not issubclass(w.category, DeprecationWarning):
+            if str(w.message) not in pre.warnings:
+                pre.warnings.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return pre
+
+
+def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> PreLoad:
     """Every check of a run before weights load, in the run's order; raises the first
     :class:`~policyzoo.errors.UserError` found. ``dry_run`` creates no run directory (its
     writability is checked on the nearest existing parent). The number of ranks is the launcher's

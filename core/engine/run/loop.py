@@ -117,7 +117,7 @@ class RunLoop:
             self.tracker.log_completions(step, completion_rows(seen[0], self.run.reward_labels))
         self.skips = self.skips + 1 if m.get("skipped") else 0
         if (w := self.watch.update(m)) is not None:
-            self.console.print(f"warning: step {step}: {w}", markup=False, highlight=False, style="yellow")
+            self.warn(f"step {step}: {w}")
         if self.skips >= c.train.max_consecutive_skips:
             raise TrainingError(f"step {step}", f"{self.skips} optimizer steps in a row were skipped (last reason: "
                                 f"{m.get('skip_reason', 'non-finite loss or gradient')}); no weights were "
@@ -167,7 +167,8 @@ class RunLoop:
                    "tokens_seen": self.state["tokens_seen"],
                    "models_loaded": self.trainer.models_loaded(), "trainable_params": self.trainer.trainable_params,
                    "peak_rss_gib": peak_rss_gib(), "zero_stage": self.trainer.stage,
-                   "rollout": self.config.engine.rollout, "run_dir": str(self.rundir.path)}
+                   "rollout": self.config.engine.rollout, "run_dir": str(self.rundir.path),
+                   "warnings": list(getattr(self, "warned", []))}
         self.rundir.write_summary(summary)
         self.tracker.close()
         acc = [summary["eval_accuracy_before"], summary["eval_accuracy_after"]]

@@ -43,7 +43,7 @@ class Session(RunLoop):
         """Load the models: DeepSpeed first, then the rollout engine in the same process."""
         c = self.config
         for w in self.warnings:
-            self.console.print(f"warning: {w}", markup=False, highlight=False, style="yellow")
+            self.warn(w)
         t0 = time.perf_counter()
         log = self.rundir.path / "startup.log"
         self.phase(f"loading the model (DeepSpeed; library output goes to {log})")
@@ -67,7 +67,7 @@ class Session(RunLoop):
             parts = self.startup_parts = {"trainer_s": time.perf_counter() - t0}
             why = self.trainer.check_share_prompt(self.check_ids)  # the first forward: DeepSpeed loads its op
         if why:
-            self.console.print(f"[yellow]warning:[/] {why} (engine.share_prompt)")
+            self.warn(f"{why} (engine.share_prompt)")
         parts["share_prompt_check_s"] = time.perf_counter() - t0 - sum(parts.values())
         self.phase(f"starting the rollout engine ({c.engine.rollout})")
         with captured_output(log, enabled=not self.verbose):
@@ -108,6 +108,15 @@ class Session(RunLoop):
         self.skips, self.last_saved, self.stop_requested = 0, self.state["step"], False
         self.eval_before: dict = {}
         self.watch = ZeroSignalWatch()
+
+    def warn(self, text: str) -> None:
+        """The one channel of a run's warnings: the ``warning:`` block on the console (rank 0), a
+        line in ``RUN_DIR/startup.log`` and an entry of ``summary.json``'s ``warnings`` list."""
+        self.warned = [*getattr(self, "warned", []), text]
+        self.console.print(f"warning: {text}", markup=False, highlight=False, style="yellow")
+        if dist.rank() == 0 and self.rundir.path.is_dir():
+            with open(self.rundir.path / "startup.log", "a", encoding="utf-8") as f:
+                f.write(f"warning: {text}\n")
 
     def phase(self, what: str) -> None:
         """Print a start-up phase (rank 0), so a slow start says what it is waiting for."""
