@@ -30,6 +30,12 @@ def _at_step(error: UserError, step: str) -> None:
     error.args = (error.render(),)
 
 
+def logs_completions(step: int, steps: int, every: int) -> bool:
+    """Whether step ``step`` (1-based) of ``steps`` writes its completions: every ``every`` steps,
+    and the first and the last step (a short run has some); never with ``every`` 0."""
+    return bool(every) and (step % every == 0 or step in (1, steps))
+
+
 class RunLoop:
     """The loop half of :class:`~policyzoo.engine.run.session.Session` (which sets the attributes it reads:
     ``config``, ``task``, ``run``, ``policy``, ``trainer``, ``rollout``, ``rundir``, ``tracker``, ``state``)."""
@@ -83,7 +89,7 @@ class RunLoop:
         # sampling counters: with overlap, booked to the step that trains on the batch
         counters = self.overlap.stats if c.engine.overlap == "one_step" else self.policy.stats
         t0, lr, stats0 = time.perf_counter(), self.trainer.lr(), dict(counters)
-        on_batch = seen.append if every and step % every == 0 else None
+        on_batch = seen.append if logs_completions(step, c.train.steps, every) else None
         try:
             if c.engine.overlap == "one_step":
                 # nothing sampled ahead crosses a checkpoint, an evaluation or the end
@@ -143,7 +149,7 @@ class RunLoop:
                     folder = self.save(export=True)
                     raise Interrupted(f"step {step}", f"stopped by Ctrl-C; checkpoint of step {step} saved in "
                                       f"{folder}, with a save_pretrained export of its weights in {folder / 'hf'}",
-                                      f"continue with `policyzoo train --resume {self.rundir.path}`")
+                                      f"policyzoo train --resume {self.rundir.path}")
                 export = bool(c.train.export_every) and step % c.train.export_every == 0
                 if (export or c.train.save_every and step % c.train.save_every == 0) and step < steps:
                     self.save(export=export)
