@@ -256,7 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.set_defaults(fn=lambda args, out: print(config_help()))
     t = sub.add_parser("train", help="post-train a model (vLLM rollout, DeepSpeed training)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="config keys (set with key=value; algorithm slot parameters: policyzoo explain NAME):\n"
+                       epilog="held-out value (eval_accuracy): the mean over the held-out rows of the task's "
+                       "summed reward of one greedy completion per row; shown as 'accuracy' when the task's reward "
+                       "is one 0/1 correctness check (answer_match, math_verify), else as 'held-out reward'.\n\n"
+                       "config keys (set with key=value; algorithm slot parameters: policyzoo explain NAME):\n"
                        + config_help())
     t.add_argument("--algo", help="a zoo name, e.g. grpo")
     t.add_argument("--config", help="a YAML config file")

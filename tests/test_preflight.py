@@ -220,7 +220,7 @@ def test_every_run_warning_reaches_the_console_startup_log_and_summary(tmp_path)
     s.state, s.last_saved, s.last_eval, s.eval_before = {"step": 2, "tokens_seen": 0}, 2, {"step": 2}, {}
     s.trainer = SimpleNamespace(export=lambda path: None, models_loaded=lambda: 1, trainable_params=1, stage=0)
     s.tracker = SimpleNamespace(close=lambda: None)
-    s.run, s.model = SimpleNamespace(bundle=SimpleNamespace(name="grpo")), SimpleNamespace(path=tmp_path)
+    s.run, s.model = SimpleNamespace(bundle=SimpleNamespace(name="grpo"), reward=()), SimpleNamespace(path=tmp_path)
     s.startup_s, s.startup_parts, s.process_to_ready_s = 0.0, {}, 0.0
     s.config = load_config(None, "grpo", [])
     s._first_eval = lambda: None

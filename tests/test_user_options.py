@@ -148,6 +148,21 @@ def test_progress_prints_one_line_per_step_without_a_terminal():
     assert line.startswith("step 5/10  reward 0.123  accuracy 0.25  len 12  950 tok/s  2.0 s/step  ETA ")
     assert "\n" not in line
     assert eta(2.5, 5) == "0:00:12" and eta(100.0, 37) == "1:01:40"  # 12.5 s -> 12 (half to even), 3700 s
+    buf.truncate(0)
+    buf.seek(0)
+    with progress_bar(console, 10, 5) as bar:  # the latest evaluation, named for what it is, with its step
+        bar.advance({"reward_mean": 0.5}, -0.24, "held-out reward", 5)
+    assert buf.getvalue().startswith("step 6/10  reward 0.5  held-out reward -0.24 @5  len 0")
+
+
+def test_the_held_out_value_is_called_accuracy_only_for_one_correctness_reward():
+    from policyzoo.engine.report.progress import eval_metric_name
+    from policyzoo.plugins.reward import AnswerMatch, Function
+
+    assert eval_metric_name([AnswerMatch()]) == "accuracy"
+    assert eval_metric_name([AnswerMatch(weight=2.0)]) == "held-out reward"  # 0 or 2: not a fraction right
+    assert eval_metric_name([AnswerMatch(), AnswerMatch()]) == "held-out reward"
+    assert eval_metric_name([Function(function="policyzoo.testing.tiny:spread_reward")]) == "held-out reward"
 
 
 def test_library_noise_is_silenced_unless_verbose(monkeypatch):

@@ -13,7 +13,7 @@ from pathlib import Path
 from policyzoo.contract import runstate
 from policyzoo.data import rows_at
 from policyzoo.engine import dist
-from policyzoo.engine.report.progress import progress_bar
+from policyzoo.engine.report.progress import EVAL_DEFINITION, eval_metric_name, progress_bar
 from policyzoo.engine.report.tracking import completion_rows
 from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
 from policyzoo.engine.rollout.overlap import OverlapPolicy, overlapped_step
@@ -44,6 +44,10 @@ class RunLoop:
     def epoch(self) -> float:
         """Passes over the training rows drawn so far (rows drawn / training rows)."""
         return self.rows_drawn / max(len(self.task.train_rows), 1)
+
+    def eval_name(self) -> str:
+        """``accuracy`` or ``held-out reward``: what ``eval_accuracy`` is for this task's rewards."""
+        return eval_metric_name(self.run.reward[:getattr(self, "task_rewards_n", len(self.run.reward))])
 
     def evaluate(self) -> dict:
         """Held-out greedy accuracy at the current step (rank 0; ``{}`` without held-out rows),
@@ -144,7 +148,8 @@ class RunLoop:
             while self.state["step"] < steps:
                 m = self.step()
                 step = self.state["step"]
-                bar.advance(m, getattr(self, "last_accuracy", None))
+                bar.advance(m, getattr(self, "last_accuracy", None), self.eval_name(),
+                            getattr(self, "last_eval", {}).get("step"))
                 if self.stop_requested:
                     folder = self.save(export=True)
                     raise Interrupted(f"step {step}", f"stopped by Ctrl-C; checkpoint of step {step} saved in "
@@ -174,12 +179,14 @@ class RunLoop:
                    "models_loaded": self.trainer.models_loaded(), "trainable_params": self.trainer.trainable_params,
                    "peak_rss_gib": peak_rss_gib(), "zero_stage": self.trainer.stage,
                    "rollout": self.config.engine.rollout, "run_dir": str(self.rundir.path),
-                   "warnings": list(getattr(self, "warned", []))}
+                   "warnings": list(getattr(self, "warned", [])),
+                   "eval_metric": self.eval_name(), "eval_metric_definition": EVAL_DEFINITION}
         self.rundir.write_summary(summary)
         self.tracker.close()
         acc = [summary["eval_accuracy_before"], summary["eval_accuracy_after"]]
         acc = [f"{a:.2f}" if isinstance(a, float) and math.isfinite(a) else "n/a" for a in acc]
-        self.console.print(f"done: held-out accuracy {acc[0]} -> {acc[1]}; export in {self.rundir.path / 'final'}")
+        self.console.print(f"done: held-out {self.eval_name().removeprefix('held-out ')} {acc[0]} -> {acc[1]}; "
+                           f"export in {self.rundir.path / 'final'}")
         return summary
 
     def save(self, export: bool = False) -> Path:
