@@ -32,7 +32,7 @@ CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", 
                  "get_catalog", "warnings.catch_warnings", "warnings.simplefilter", "Path", "w.message",
                  "Path(w.filename).resolve", "str(Path(w.filename).resolve()).startswith", "issubclass",
                  "pre.warnings.append", "warnings.warn_explicit", "_preload", "Path(__file__).resolve",
-                 "lr_plan", "resume_schedule"}  # get_catalog's refusals are dist.check_same_catalog's case
+                 "lr_plan", "resume_schedule", "pre.rundir.claim"}  # get_catalog: see check_same_catalog
 
 
 def _name(node) -> str:
@@ -110,9 +110,20 @@ CASES = {
                                                                             t / "empty-run"))[0:2], "empty-run")],
     "check_resume": [("resume past train.steps", lambda t, m: (["train.steps=2"], str(_checkpoint(t))), "step-2")],
     "raise:out": [("output dir holds a run", lambda t, m: [f"output_dir={_checkpoint(t)}"], "old-run")],
+    "pre.rundir.check_live": [("output dir of a live run", lambda t, m: [f"output_dir={_live(t)}"], "live-run"),
+                               ("resume of a live run", lambda t, m: ([], str(_live(t))), "live-run")],
     "pre.rundir.check_new": [("output dir is a file", lambda t, m: [f"output_dir={_rows(t, [], 'a-file')}"],
                               "output_dir")],
 }
+
+
+def _live(tmp_path):
+    """A run folder whose run.pid names a live process of this host (pytest's parent)."""
+    import os
+
+    run = _checkpoint(tmp_path).rename(tmp_path / "live-run")
+    (run / "run.pid").write_text(json.dumps({"pid": os.getppid(), "host": os.uname().nodename, "started": "now"}))
+    return run
 
 
 def _no_template(tmp_path):
@@ -226,3 +237,21 @@ def test_every_run_warning_reaches_the_console_startup_log_and_summary(tmp_path)
     s._first_eval = lambda: None
     s.finish()
     assert json.loads((s.rundir.path / "summary.json").read_text())["warnings"] == ["first", "step 3: second"]
+
+
+def test_run_pid_of_a_dead_or_this_process_does_not_hold_the_folder(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from policyzoo.engine.rundir import RunDir
+
+    rd = RunDir(tmp_path / "run")
+    rd.claim()  # this process: not "another live run"
+    assert json.loads((rd.path / "run.pid").read_text())["pid"] == os.getpid() and rd.live_owner() is None
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (rd.path / "run.pid").write_text(json.dumps({"pid": int(dead.stdout), "host": os.uname().nodename}))
+    rd.check_live()  # a killed run's pid file is ignored
+    (rd.path / "run.pid").write_text(json.dumps({"pid": os.getppid(), "host": os.uname().nodename}))
+    with pytest.raises(UserError, match="a live run"):
+        rd.check_live()

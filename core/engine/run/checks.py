@@ -272,6 +272,7 @@ def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, 
     """The checkpoint to resume (and whether the config may continue it), or a new run folder."""
     if resume:
         pre.rundir = RunDir(resume)
+        pre.rundir.check_live()
         found = pre.rundir.latest()
         if found is None:
             raise ResumeError(str(resume), "no complete checkpoint in this run directory",
@@ -284,11 +285,16 @@ def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, 
         pre.resume_notes = optimizer_notes(old_train, config)
         pre.lr_plan, lines = resume_schedule(pre.state, config)
         pre.resume_lines += lines
+        if not dry_run:
+            pre.rundir.claim()
         return
     pre.lr_plan = lr_plan(config)
     out = dist.broadcast(config.output_dir or f"runs/{algo}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
     pre.rundir = RunDir(out)
+    pre.rundir.check_live()
     if pre.rundir.latest() is not None:
         raise ResumeError(out, "this run directory already holds a run",
                           "pass --resume to continue it, or choose another --output-dir")
     pre.rundir.check_new(create=not dry_run)
+    if not dry_run:
+        pre.rundir.claim()
