@@ -149,13 +149,18 @@ def cmd_plan(args, out: Console) -> None:
     from .assembly import Run, resolve_algorithm
     from .plan import GiB, PlanError, Sizes, flops, load_shape, measured_split, memory, options_for
 
-    sizes, model, prompt, overrides = [], None, None, []
+    sizes, model, prompt, overrides, budget = [], None, None, [], None
     for item in args.items:
         key, eq, value = item.partition("=")
         if not eq and item.lstrip("-").isdigit():
             sizes.append(int(item))
         elif key == "model":
             model = value or None
+        elif key == "memory":
+            try:
+                budget = float(value) * GiB
+            except ValueError:
+                raise PlanError(item, "memory= takes one rank's memory in GiB", "e.g. memory=80") from None
         elif key == "prompt":
             if not value.isdigit() or int(value) < 1:
                 raise PlanError(item, "prompt= takes the prompt's tokens per row, an integer >= 1", "e.g. prompt=150")
@@ -163,7 +168,8 @@ def cmd_plan(args, out: Console) -> None:
         elif eq:
             overrides.append(item)
         else:
-            raise PlanError(item, "not understood", "give P G L as three integers, model=PATH, prompt=N or key=value")
+            raise PlanError(item, "not understood", "give P G L as three integers, model=PATH, prompt=N, memory=GiB "
+                            "or key=value")
     if len(sizes) not in (0, 3) or any(x < 1 for x in sizes):
         raise PlanError(" ".join(map(str, sizes)), "give P G L together, each >= 1", "e.g. policyzoo plan 2 4 128")
     split = None
@@ -210,6 +216,7 @@ def cmd_plan(args, out: Console) -> None:
         m.add_row(name, *[f"{v / GiB:.3f}" for v in parts.values()], f"{sum(parts.values()) / GiB:.3f}")
     out.print(m)
     out.print(f"vLLM reserves engine.kv_cache_gb = {opts.kv_cache_gb:g} GiB for its KV cache.")
+    _print_fit(out, shape, s, opts, mem, budget)
     if split:
         roll = f["rollout prefill"] + f["rollout decode"]
         train = total - roll
@@ -231,6 +238,29 @@ def cmd_plan(args, out: Console) -> None:
             out.print("engine.overlap: the rollout ran in the background while the previous step trained; its "
                       "time is not on the step's clock, so it gets no rate here (plan a run without overlap to "
                       "measure it).")
+
+
+def _print_fit(out: Console, shape, s, opts, mem: dict, budget: float | None) -> None:
+    """Whether one rank's total fits ``budget`` bytes (``memory=GiB``; default this machine's RAM)
+    and, when not, the settings that make it fit (``policyzoo.plan.fitting_settings``)."""
+    import os
+
+    from .plan import GiB, fitting_settings
+
+    where = f"memory={budget / GiB:g} GiB" if budget else "this machine's memory (memory=GiB for another)"
+    budget = budget or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = sum(sum(parts.values()) for parts in mem.values())
+    if total <= budget:
+        out.print(f"total {total / GiB:.3f} GiB fits in {where} ({budget / GiB:.1f} GiB).")
+        return
+    fits = fitting_settings(shape, s, opts, int(budget))
+    out.print(f"total {total / GiB:.3f} GiB does not fit in {where} ({budget / GiB:.1f} GiB); "
+              + ("settings that fit (add to the train command):" if fits else "no activation setting fits: the "
+                 "weights and optimizer state alone are too large; train a LoRA adapter (model.lora={r: 16}), "
+                 "offload or shard the optimizer state (engine.deepspeed, engine.zero_stage with more ranks), "
+                 "or plan a smaller model"))
+    for settings, size in fits:
+        out.print(f"  {settings}   ({size / GiB:.3f} GiB)")
 
 
 def cmd_plot(args, out: Console) -> None:
@@ -281,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--algo", help="a zoo name (default grpo)")
     pn.add_argument("--config", help="a YAML config file")
     pn.add_argument("--from-run", metavar="RUN_DIR", help="plan a finished run and show its measured time split")
-    pn.add_argument("items", nargs="*", metavar="P G L | model=PATH | prompt=N | key=value")
+    pn.add_argument("items", nargs="*", metavar="P G L | model=PATH | prompt=N | memory=GiB | key=value")
     pn.set_defaults(fn=cmd_plan)
     pl = sub.add_parser("plot", help="draw a run's curves to a PNG")
     pl.add_argument("run_dir")
