@@ -89,3 +89,18 @@ def test_the_dry_run_accepts_a_cached_hub_id_and_refuses_an_uncached_one(tmp_pat
     assert main([*base, "model.path=TinyOrg/tiny-llama"]) == 0
     assert main([*base, "model.path=TinyOrg/not-cached"]) == 2
     assert "not in the local Hub cache" in " ".join(capsys.readouterr().err.split())
+
+
+def test_multi_turn_episodes_count_their_prompt_tokens(monkeypatch):
+    from types import SimpleNamespace
+
+    import policyzoo.engine.policy as policy_mod
+
+    # 2 episodes of prompts of 5 and 3 tokens: 8 prompt tokens (was 0: tokens_seen undercounted)
+    monkeypatch.setattr(policy_mod, "run_episodes",
+                        lambda *a, **k: SimpleNamespace(prompt_ids=[[1] * 5, [2] * 3]))
+    p = policy_mod.LMPolicy.__new__(policy_mod.LMPolicy)
+    p.stats = {"tokens": 0, "seconds": 0.0}
+    p.run_episodes(None, [{}], 2, 8, 1.0, 0)
+    p.run_episodes(None, [{}], 2, 8, 1.0, 0)
+    assert p.stats["prompt_tokens"] == 16

@@ -110,8 +110,12 @@ class LMPolicy:
 
     def run_episodes(self, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                      top_p: float = 1.0) -> Rollout:
-        """The step's token-exact episode loop on this engine (:func:`policyzoo.step.episodes.run_episodes`)."""
-        return run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=top_p)
+        """The step's token-exact episode loop on this engine (:func:`policyzoo.step.episodes.run_episodes`);
+        its rows' prompt tokens are counted in ``stats["prompt_tokens"]`` as single-turn rows' are
+        (``tokens_seen``, ``plan --from-run``; the turns' generated tokens count in ``tokens``)."""
+        out = run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=top_p)
+        self.stats["prompt_tokens"] = self.stats.get("prompt_tokens", 0) + sum(len(x) for x in out.prompt_ids)
+        return out
 
     def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False):
         return self.trainer.logprobs(rollout, grad=grad, entropy=entropy)
