@@ -53,12 +53,24 @@ class PluginInfo:
 
 
 @dataclass
+class BrokenPlugin:
+    """A distribution whose entry point could not be imported or registered (``policyzoo plugins``)."""
+
+    dist: str
+    version: str
+    entry_point: str
+    error: str
+
+
+@dataclass
 class Catalog:
-    """``components[slot][name] = (cls, source)``; ``bundles[name] = (bundle, source)``."""
+    """``components[slot][name] = (cls, source)``; ``bundles[name] = (bundle, source)``;
+    ``broken``: distributions left out (only with ``load_catalog(keep_broken=True)``)."""
 
     components: dict[str, dict[str, tuple[type[Component], Source]]]
     bundles: dict[str, tuple[Bundle, Source]]
     plugins: list[PluginInfo]
+    broken: list[BrokenPlugin] = field(default_factory=list)
 
     def component(self, slot: str, name: str, where: str = "") -> type[Component]:
         names = self.components.get(slot, {})
@@ -104,9 +116,11 @@ def _entry_points():
 
 
 def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
-                 extra: list = ()) -> Catalog:
+                 extra: list = (), keep_broken: bool = False) -> Catalog:
     """Build a fresh catalog. ``autoload``/``allow`` default to the environment switches;
-    ``extra`` adds plugin objects (modules or instances) as if they were installed."""
+    ``extra`` adds plugin objects (modules or instances) as if they were installed. A distribution
+    that fails to import or to register raises :class:`PluginError`, or with ``keep_broken`` is
+    left out and listed in ``Catalog.broken`` with its error (what ``policyzoo plugins`` shows)."""
     import policyzoo.plugins
     import policyzoo.zoo
 
@@ -119,6 +133,7 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
     pm.add_hookspecs(Spec)
     own = _version("policyzoo")
     loaded: list[tuple[object, PluginInfo]] = []
+    broken: list[BrokenPlugin] = []
     for module in (policyzoo.plugins, policyzoo.zoo):
         loaded.append((module, PluginInfo("policyzoo", own, module.__name__)))
     if autoload:
@@ -131,6 +146,9 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
             try:
                 obj = ep.load()
             except Exception as e:  # a broken plugin is reported by name, not by traceback
+                if keep_broken:
+                    broken.append(BrokenPlugin(dist, _version(dist), ep.value, f"{type(e).__name__}: {e}"))
+                    continue
                 raise PluginError(f"plugin distribution {dist!r} (entry point {ep.value})",
                                   f"importing it raised {type(e).__name__}: {e}",
                                   f"fix or uninstall {dist!r}, or run with POLICYZOO_PLUGINS set "
@@ -148,22 +166,37 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
 
     components: dict[str, dict] = {slot: {} for slot in SLOTS}
     bundles: dict[str, tuple[Bundle, Source]] = {}
+    kept = []
     for obj, info in loaded:
         try:
-            pm.register(obj, name=f"{info.dist}:{info.module}")
-        except ValueError:  # the same module object listed twice (e.g. an entry point to the zoo)
-            continue
-        except pluggy.PluginValidationError as e:
-            raise PluginError(f"plugin distribution {info.dist!r} ({info.module})", str(e),
-                              "hook implementations must match policyzoo.contract") from None
-        src = Source(info.dist, info.version, info.module)
-        info.hooks = sorted(impl.function.__name__ for name in ("register_components", "register_bundles")
-                            for impl in getattr(pm.hook, name).get_hookimpls() if impl.plugin is obj)
-        if hasattr(obj, "register_components"):
-            obj.register_components(register=functools.partial(_add_component, components, src, info))
-        if hasattr(obj, "register_bundles"):
-            obj.register_bundles(register=functools.partial(_add_bundle, bundles, src, info))
-    return Catalog(components, resolve_bundles(bundles), [info for _, info in loaded])
+            _register(pm, obj, info, components, bundles)
+            kept.append(info)
+        except PluginError as e:
+            if not keep_broken or info.dist == "policyzoo":
+                raise
+            if pm.get_plugin(f"{info.dist}:{info.module}") is not None:
+                pm.unregister(name=f"{info.dist}:{info.module}")
+            broken.append(BrokenPlugin(info.dist, info.version, info.module, f"{e.why} ({e.where})"))
+    return Catalog(components, resolve_bundles(bundles), kept, broken)
+
+
+def _register(pm, obj, info: PluginInfo, components: dict, bundles: dict) -> bool:
+    """Register one plugin object's hooks, components and bundles; False for a repeat."""
+    try:
+        pm.register(obj, name=f"{info.dist}:{info.module}")
+    except ValueError:  # the same module object listed twice (e.g. an entry point to the zoo)
+        return False
+    except pluggy.PluginValidationError as e:
+        raise PluginError(f"plugin distribution {info.dist!r} ({info.module})", str(e),
+                          "hook implementations must match policyzoo.contract") from None
+    src = Source(info.dist, info.version, info.module)
+    info.hooks = sorted(impl.function.__name__ for name in ("register_components", "register_bundles")
+                        for impl in getattr(pm.hook, name).get_hookimpls() if impl.plugin is obj)
+    if hasattr(obj, "register_components"):
+        obj.register_components(register=functools.partial(_add_component, components, src, info))
+    if hasattr(obj, "register_bundles"):
+        obj.register_bundles(register=functools.partial(_add_bundle, bundles, src, info))
+    return True
 
 
 def _add_component(table, src: Source, info: PluginInfo, cls) -> None:

@@ -61,7 +61,11 @@ def cmd_components(args, out: Console) -> None:
 
 
 def cmd_plugins(args, out: Console) -> None:
-    cat = get_catalog()
+    """Every plugin distribution; broken ones (import or registration failed) are listed with their
+    error instead of stopping the command (a run refuses them; ``POLICYZOO_PLUGINS`` leaves them out)."""
+    from .catalog import load_catalog
+
+    cat = load_catalog(keep_broken=True)
     table = Table(title="plugin distributions")
     for col in ("distribution", "version", "module", "hooks", "components", "bundles"):
         table.add_column(col)
@@ -69,6 +73,14 @@ def cmd_plugins(args, out: Console) -> None:
         table.add_row(p.dist, p.version, p.module, ", ".join(p.hooks), ", ".join(p.components) or "-",
                       ", ".join(p.bundles) or "-")
     out.print(table)
+    if cat.broken:
+        bad = Table(title="broken plugin distributions (a run refuses them: fix or uninstall them, or set "
+                    "POLICYZOO_PLUGINS to the distributions you need)")
+        for col in ("distribution", "version", "entry point", "error"):
+            bad.add_column(col, overflow="fold")
+        for b in cat.broken:
+            bad.add_row(b.dist, b.version, b.entry_point, b.error)
+        out.print(bad)
 
 
 def cmd_explain(args, out: Console) -> None:
@@ -97,7 +109,6 @@ def cmd_explain(args, out: Console) -> None:
 
 
 def cmd_train(args, out: Console) -> None:
-    from .assembly import Run, resolve_algorithm, resolved_view, reward_uses
     from .config import load_config
 
     overrides = list(args.overrides)
@@ -111,21 +122,21 @@ def cmd_train(args, out: Console) -> None:
         config = config_from_run_dir(args.resume, overrides)
     else:
         config = load_config(args.config, args.algo, overrides)
-    if args.dry_run:  # a real run does these checks itself, before any model loads
+    if args.dry_run:  # the checks a real run makes before its weights load, and nothing else
         import yaml
 
-        from policyzoo.engine.report.tracking import check_trackers
-        from policyzoo.engine.trainer.dsconfig import check_engine
+        from policyzoo.engine.run.checks import preload
 
-        from .data import load_task
-
-        bundle = resolve_algorithm(config.algorithm)
-        rewards = reward_uses(config, load_task(config.data).default_rewards if config.rewards is None else [],
-                              bundle.env is not None)
-        run = Run(bundle, rewards=rewards)
-        check_trackers(config.train.report_to)
-        check_engine(config)
-        out.print(yaml.safe_dump(resolved_view(config, run), sort_keys=False))
+        pre = preload(config, args.resume, args.force_resume, dry_run=True)
+        out.print(yaml.safe_dump(pre.resolved, sort_keys=False))
+        err = Console(stderr=True, soft_wrap=True)
+        for line in pre.resume_lines:
+            err.print(line, markup=False, highlight=False)
+        for w in pre.warnings:
+            err.print(f"warning: {w}", markup=False, highlight=False, style="yellow")
+        err.print(f"dry run: every check before loading weights passed (model {pre.model.path}, "
+                  f"{len(pre.task.train_rows)} training and {len(pre.task.eval_rows)} held-out rows, "
+                  f"run directory {pre.rundir.path})", markup=False, highlight=False)
         return
     from policyzoo.engine.run.train import main as train_main
 
@@ -138,13 +149,18 @@ def cmd_plan(args, out: Console) -> None:
     from .assembly import Run, resolve_algorithm
     from .plan import GiB, PlanError, Sizes, flops, load_shape, measured_split, memory, options_for
 
-    sizes, model, prompt, overrides = [], None, None, []
+    sizes, model, prompt, overrides, budget = [], None, None, [], None
     for item in args.items:
         key, eq, value = item.partition("=")
         if not eq and item.lstrip("-").isdigit():
             sizes.append(int(item))
         elif key == "model":
             model = value or None
+        elif key == "memory":
+            try:
+                budget = float(value) * GiB
+            except ValueError:
+                raise PlanError(item, "memory= takes one rank's memory in GiB", "e.g. memory=80") from None
         elif key == "prompt":
             if not value.isdigit() or int(value) < 1:
                 raise PlanError(item, "prompt= takes the prompt's tokens per row, an integer >= 1", "e.g. prompt=150")
@@ -152,7 +168,8 @@ def cmd_plan(args, out: Console) -> None:
         elif eq:
             overrides.append(item)
         else:
-            raise PlanError(item, "not understood", "give P G L as three integers, model=PATH, prompt=N or key=value")
+            raise PlanError(item, "not understood", "give P G L as three integers, model=PATH, prompt=N, memory=GiB "
+                            "or key=value")
     if len(sizes) not in (0, 3) or any(x < 1 for x in sizes):
         raise PlanError(" ".join(map(str, sizes)), "give P G L together, each >= 1", "e.g. policyzoo plan 2 4 128")
     split = None
@@ -199,6 +216,7 @@ def cmd_plan(args, out: Console) -> None:
         m.add_row(name, *[f"{v / GiB:.3f}" for v in parts.values()], f"{sum(parts.values()) / GiB:.3f}")
     out.print(m)
     out.print(f"vLLM reserves engine.kv_cache_gb = {opts.kv_cache_gb:g} GiB for its KV cache.")
+    _print_fit(out, shape, s, opts, mem, budget)
     if split:
         roll = f["rollout prefill"] + f["rollout decode"]
         train = total - roll
@@ -220,6 +238,29 @@ def cmd_plan(args, out: Console) -> None:
             out.print("engine.overlap: the rollout ran in the background while the previous step trained; its "
                       "time is not on the step's clock, so it gets no rate here (plan a run without overlap to "
                       "measure it).")
+
+
+def _print_fit(out: Console, shape, s, opts, mem: dict, budget: float | None) -> None:
+    """Whether one rank's total fits ``budget`` bytes (``memory=GiB``; default this machine's RAM)
+    and, when not, the settings that make it fit (``policyzoo.plan.fitting_settings``)."""
+    import os
+
+    from .plan import GiB, fitting_settings
+
+    where = f"memory={budget / GiB:g} GiB" if budget else "this machine's memory (memory=GiB for another)"
+    budget = budget or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = sum(sum(parts.values()) for parts in mem.values())
+    if total <= budget:
+        out.print(f"total {total / GiB:.3f} GiB fits in {where} ({budget / GiB:.1f} GiB).")
+        return
+    fits = fitting_settings(shape, s, opts, int(budget))
+    out.print(f"total {total / GiB:.3f} GiB does not fit in {where} ({budget / GiB:.1f} GiB); "
+              + ("settings that fit (add to the train command):" if fits else "no activation setting fits: the "
+                 "weights and optimizer state alone are too large; train a LoRA adapter (model.lora={r: 16}), "
+                 "offload or shard the optimizer state (engine.deepspeed, engine.zero_stage with more ranks), "
+                 "or plan a smaller model"))
+    for settings, size in fits:
+        out.print(f"  {settings}   ({size / GiB:.3f} GiB)")
 
 
 def cmd_plot(args, out: Console) -> None:
@@ -245,7 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.set_defaults(fn=lambda args, out: print(config_help()))
     t = sub.add_parser("train", help="post-train a model (vLLM rollout, DeepSpeed training)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="config keys (set with key=value; algorithm slot parameters: policyzoo explain NAME):\n"
+                       epilog="held-out value (eval_accuracy): the mean over the held-out rows of the task's "
+                       "summed reward of one greedy completion per row; shown as 'accuracy' when the task's reward "
+                       "is one 0/1 correctness check (answer_match, math_verify), else as 'held-out reward'.\n\n"
+                       "config keys (set with key=value; algorithm slot parameters: policyzoo explain NAME):\n"
                        + config_help())
     t.add_argument("--algo", help="a zoo name, e.g. grpo")
     t.add_argument("--config", help="a YAML config file")
@@ -255,7 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--force-resume", action="store_true",
                    help="with --resume: load the checkpoint even if its algorithm, reward, model or data "
                    "config differs")
-    t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--dry-run", action="store_true", help="run every check the real run makes before loading "
+                   "weights (config, plugins, data and the columns the rewards need, model folder and tokenizer, "
+                   "prompt lengths, trackers, DeepSpeed config, run directory, checkpoint), print the resolved "
+                   "config and exit; nothing is written")
     t.add_argument("--verbose", action="store_true", help="show library logs and warnings that are silenced by "
                    "default (Triton, deprecated reduce_op, NUMA binding, info logs)")
     t.add_argument("overrides", nargs="*", metavar="key=value")
@@ -264,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--algo", help="a zoo name (default grpo)")
     pn.add_argument("--config", help="a YAML config file")
     pn.add_argument("--from-run", metavar="RUN_DIR", help="plan a finished run and show its measured time split")
-    pn.add_argument("items", nargs="*", metavar="P G L | model=PATH | prompt=N | key=value")
+    pn.add_argument("items", nargs="*", metavar="P G L | model=PATH | prompt=N | memory=GiB | key=value")
     pn.set_defaults(fn=cmd_plan)
     pl = sub.add_parser("plot", help="draw a run's curves to a PNG")
     pl.add_argument("run_dir")

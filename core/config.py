@@ -92,9 +92,9 @@ class TrainSettings(Section):
     report_to: list[Literal["tensorboard", "wandb"]] = Field(
         ["tensorboard"], description="experiment trackers that receive every metric: tensorboard (RUN_DIR/"
         "tensorboard), wandb (WANDB_MODE=offline works without a network); [] for none")
-    log_completions_every: int = Field(10, ge=0, description="every N steps, write the sampled completions "
-                                       "(prompt, completion, rewards, advantage) to completions.jsonl and the "
-                                       "trackers; 0: never")
+    log_completions_every: int = Field(10, ge=0, description="every N steps (and at the first and last step), "
+                                       "write the sampled completions (prompt, completion, rewards, advantage) "
+                                       "to completions.jsonl and the trackers; 0: never")
 
 
 class EngineSettings(Section):

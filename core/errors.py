@@ -44,7 +44,15 @@ class TrainingError(UserError):
 
 
 class Interrupted(UserError):
-    """The run was stopped by Ctrl-C (SIGINT) after saving a checkpoint (the CLI exits with 130)."""
+    """The run was stopped by Ctrl-C (SIGINT) after saving a checkpoint (the CLI exits with 130,
+    the shell's code for SIGINT, not 2). Printed as ``stopped at WHERE:``, ``WHY`` and
+    ``to continue: FIX`` (the resume command): it is no error."""
+
+    def render(self) -> str:
+        lines = [f"stopped at {self.where}:", f"  {self.why}"]
+        if self.fix:
+            lines.append(f"  to continue: {self.fix}")
+        return "\n".join(lines)
 
 
 def did_you_mean(name: str, choices) -> str:

@@ -237,6 +237,37 @@ def memory(m: Shape, s: Sizes, o: Options) -> dict[str, dict[str, int]]:
     return out
 
 
+def fitting_settings(m: Shape, s: Sizes, o: Options, budget: int) -> list[tuple[str, int]]:
+    """Settings that bring one rank's total (every model of :func:`memory`) within ``budget``
+    bytes, with the total each gives: ``train.gradient_checkpointing=true`` alone, the largest
+    ``train.max_tokens_per_micro_batch`` (a power of two, at least one row's tokens) alone, and
+    both only when neither fits alone. Empty when nothing activation-side fits (the weights and
+    optimizer state alone are too large)."""
+    def total(opts: Options) -> int:
+        return sum(sum(parts.values()) for parts in memory(m, s, opts).values())
+
+    def largest_budget(opts: Options) -> int | None:
+        k = 1 << (s.prompts * s.samples * (s.prompt + s.response)).bit_length()
+        while k >= s.prompt + s.response:  # a micro-batch holds at least one row
+            if total(dataclasses.replace(opts, max_tokens_per_micro_batch=k)) <= budget:
+                return k
+            k //= 2
+        return None
+
+    out = []
+    ckpt = dataclasses.replace(o, gradient_checkpointing=True)
+    if not o.gradient_checkpointing and total(ckpt) <= budget:
+        out.append(("train.gradient_checkpointing=true", total(ckpt)))
+    k = largest_budget(o)
+    if k is not None:
+        out.append((f"train.max_tokens_per_micro_batch={k}",
+                    total(dataclasses.replace(o, max_tokens_per_micro_batch=k))))
+    if not out and not o.gradient_checkpointing and (k := largest_budget(ckpt)) is not None:  # only both fit
+        out.append((f"train.gradient_checkpointing=true train.max_tokens_per_micro_batch={k}",
+                    total(dataclasses.replace(ckpt, max_tokens_per_micro_batch=k))))
+    return out
+
+
 def options_for(config, run, shape: Shape) -> Options:
     """The planner's options for a resolved run configuration (which models the algorithm needs)."""
     kl, lo = run.kl, config.model.lora

@@ -120,14 +120,30 @@ def test_with_everything_installed_both_contrib_distributions_load(site):
     assert catalog.components["clip"]["sapo"][1].dist == "policyzoo-sapo"
 
 
-def test_cli_reports_a_broken_plugin_without_a_traceback(site):
+def test_plugins_lists_broken_distributions_with_their_error_and_a_run_still_refuses_them(site):
     make_dist(site, "policyzoo-broken", "pz_broken", "raise ImportError('needs the flash-attn package')\n")
-    env = {"PYTHONPATH": str(site), "POLICYZOO_PLUGINS": "policyzoo-broken", "PATH": "/usr/bin:/bin"}
+    make_dist(site, "policyzoo-dupe", "pz_dupe", DUPLICATE_CLIP.format(name="ppo_clip"))  # fails to register
+    make_dist(site, "policyzoo-good", "pz_good", DUPLICATE_CLIP.format(name="good_clip"))
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "COLUMNS": "300"}
     proc = subprocess.run([sys.executable, "-m", "policyzoo.cli", "plugins"], capture_output=True, text=True,
                           env=env, timeout=300)
-    assert proc.returncode == 2
-    assert "policyzoo-broken" in proc.stderr and "needs the flash-attn package" in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    good, _, bad = proc.stdout.partition("broken plugin distributions")
+    assert "policyzoo-good" in good and "clip:good_clip" in good and "policyzoo-broken" not in good
+    assert "policyzoo-broken" in bad and "ImportError: needs the flash-attn package" in bad
+    assert "policyzoo-dupe" in bad and "registered twice" in bad
     assert "Traceback" not in proc.stderr
+    run = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--dry-run"], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 2 and "policyzoo-broken" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_keep_broken_leaves_out_only_the_broken_distribution(site):
+    make_dist(site, "policyzoo-dupe", "pz_dupe2", DUPLICATE_CLIP.format(name="ppo_clip"))
+    cat = load_catalog(keep_broken=True)
+    assert [b.dist for b in cat.broken] == ["policyzoo-dupe"]
+    assert "policyzoo-dupe" not in [p.dist for p in cat.plugins]
+    assert cat.components["clip"]["ppo_clip"][1].dist == "policyzoo"  # the built-in one stays
 
 
 def test_allowlist_names_compare_as_pip_does(site, monkeypatch):

@@ -3,7 +3,9 @@ names the code uses, one bundle page per bundle with its real slot table and met
 plugin of "writing a plugin" runs."""
 
 import inspect
+import os
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -158,6 +160,33 @@ def test_the_first_plugin_is_complete_short_and_works():
     assert run.sources["clip"].startswith("capped_pg from (in-process)")
     assert "[project.entry-points.policyzoo]" in text
     sys.modules.pop("capped_pg", None)
+
+
+def test_the_guides_distribution_builds_installs_and_registers_from_the_pages_text(tmp_path):
+    text = (DOCS / "writing-a-plugin.md").read_text()
+    blocks = re.findall(r"```(python|toml)\n(.*?)```", text, flags=re.S)
+    module = [c for lang, c in blocks if lang == "python"][0]
+    bundle = [c for lang, c in blocks if lang == "python" and "def register_bundles" in c][0]
+    (toml,) = [c for lang, c in blocks if lang == "toml"]
+    assert "[build-system]" in toml and "[project.entry-points.policyzoo]" in toml
+    src, site = tmp_path / "src", tmp_path / "site"
+    src.mkdir()
+    (src / "capped_pg.py").write_text(module + "\n" + bundle)
+    (src / "pyproject.toml").write_text(toml)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
+                          "--no-index", "--target", str(site), str(src)], capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(site), "COLUMNS": "300"}
+    env.pop("POLICYZOO_DISABLE_PLUGIN_AUTOLOAD", None)
+    env.pop("POLICYZOO_PLUGINS", None)
+    comps = subprocess.run([sys.executable, "-m", "policyzoo.cli", "components", "--slot", "clip"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert comps.returncode == 0, comps.stderr
+    (line,) = [ln for ln in comps.stdout.splitlines() if "capped_pg" in ln]
+    assert "policyzoo-capped-pg 0.1.0" in line
+    explain = subprocess.run([sys.executable, "-m", "policyzoo.cli", "explain", "capped_grpo"],
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert explain.returncode == 0 and "clip      capped_pg" in explain.stdout, explain.stderr
 
 
 def test_hooks_page_lists_every_slot_base_and_what_it_declares():

@@ -92,6 +92,9 @@ def test_non_finite_weights_are_never_written_over_the_last_checkpoint(tmp_path)
         def save(self, folder, client_state):
             self.saved.append(client_state["policyzoo"]["step"])
 
+        def schedule_state(self):
+            return {}
+
     from policyzoo.config import load_config
 
     session = Session.__new__(Session)

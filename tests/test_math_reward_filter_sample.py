@@ -65,6 +65,16 @@ def test_overlong_penalty_resolves_max_tokens_from_the_run():
     ("answer: $18", "18", 1.0),
     ("the pair is 3,4", "4", 1.0),                 # "3,4" is two numbers, not 34
     ("total 12,500 apples", "12500", 1.0),
+    # an answer span (marker to the end of its sentence or line) must hold exactly one number
+    ("Answer: 42 or 43", "42", 0.0),               # a hedge is not paid
+    ("Answer: 42 or 43", "43", 0.0),
+    ("The answer is 42, maybe 43.", "42", 0.0),
+    ("#### 42\n43 was my first guess", "42", 1.0),  # the span ends at the line break
+    ("Answer: 42. Check: 6 x 7 = 42", "42", 1.0),  # ... and at the full stop
+    ("Answer: 3.5.", "3.5", 1.0),                  # a decimal point does not end it
+    ("Answer: I am not sure, 7?", "7", 1.0),
+    ("12 apples. Answer: none", "12", 0.0),        # a marker without a number: no answer
+    ("The answer is \\boxed{72}.", "72", 1.0),
 ])
 def test_answer_match(text, gold, expect):
     r = AnswerMatch().reward(rollout=make_rollout([1], completions=[text], rows=[{"answer": gold}]))

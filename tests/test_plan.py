@@ -163,3 +163,27 @@ def test_from_run(tmp_path, capsys):
     assert main(["plan", "--from-run", str(run)]) == 0
     out = capsys.readouterr().out
     assert "(wait)" in out and "background" in out
+
+
+def test_the_settings_that_fit_a_memory_budget_by_hand(tmp_path, capsys):
+    from policyzoo.plan import fitting_settings
+
+    m = Shape.from_config(TINY)
+    # totals, bytes: policy 1392 + 4176 + 3392 activations, rollout 1392 + 288 kv, reference 1392 = 12032
+    # the budget 11000 needs activations <= 2360: checkpointing gives 2160 (total 10800); a budget of
+    # 8 tokens gives ceil(12 / 8) = 2 micro-batches, 1696 (total 10336; 16 tokens: 1 micro-batch, no);
+    assert fitting_settings(m, SIZES, Options(), 11000) == [
+        ("train.gradient_checkpointing=true", 10800), ("train.max_tokens_per_micro_batch=8", 10336)]
+    # 9800 fits only with both: 2160 / 2 = 1080 (total 9720); a 4-token budget is below one 6-token row
+    assert fitting_settings(m, SIZES, Options(), 9800) == [
+        ("train.gradient_checkpointing=true train.max_tokens_per_micro_batch=8", 9720)]
+    # below the 8640 bytes of weights and optimizer state nothing activation-side fits
+    assert fitting_settings(m, SIZES, Options(), 8000) == []
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    gib = 11000 / 2 ** 30
+    assert main(["plan", "--algo", "grpo", "1", "2", "3", f"model={tmp_path}", "prompt=3", f"memory={gib!r}"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "does not fit in memory=" in out and "train.max_tokens_per_micro_batch=8" in out
+    assert main(["plan", "--algo", "grpo", "1", "2", "3", f"model={tmp_path}", "prompt=3", "memory=1"]) == 0
+    assert "fits in memory=1 GiB" in capsys.readouterr().out
+    assert main(["plan", "1", "2", "3", "memory=lots"]) == 2

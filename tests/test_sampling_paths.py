@@ -17,6 +17,7 @@ from policyzoo.engine.run.checks import check_sampling_options
 from policyzoo.errors import ConfigError
 from policyzoo.plugins.env import Calculator
 from policyzoo.plugins.sample import Group
+from policyzoo.step.episodes import DrivesEpisodes
 from policyzoo.testing.tiny import build_tokenizer
 
 SETTINGS = {"top_p": 0.9, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "stop": ["\n"]}
@@ -27,7 +28,7 @@ def tok(tmp_path_factory):
     return build_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-class TokenRecorder:
+class TokenRecorder(DrivesEpisodes):
     """A TokenPolicy that answers every context with EOS and records the options it was given."""
 
     collective = LOCAL
@@ -38,9 +39,6 @@ class TokenRecorder:
     def generate_tokens(self, contexts, max_tokens, temperature, seeds, **options):
         self.seen.append({k: v for k, v in options.items() if (k, v) != ("top_p", 1.0)})  # top_p 1.0: off
         return [Generated([2], [-0.1], "", True) for _ in contexts]
-
-    def run_episodes(self, env, rows, n, max_tokens, temperature, seed, **options):
-        return LMPolicy.run_episodes(self, env, rows, n, max_tokens, temperature, seed, **options)
 
     def unused(self, *args, **kwargs):
         raise AssertionError("only sampling here")

@@ -18,7 +18,7 @@ from policyzoo.data import fit_prompt_lengths, load_task
 from policyzoo.errors import DataError, UserError
 
 
-def test_lr_schedules_follow_transformers_get_scheduler():
+def test_lr_schedules_warm_up_without_a_zero_step_then_follow_transformers_shapes():
     from policyzoo.engine.trainer.deepspeed_trainer import lr_schedule
 
     def factors(name, warmup, total, k):
@@ -31,13 +31,15 @@ def test_lr_schedules_follow_transformers_get_scheduler():
             sched.step()
         return out
 
-    # warm-up 2 of 10: 0/2, 1/2, then the schedule over the 8 steps after warm-up
-    assert factors("constant", 2, 10, 4) == [0.0, 0.5, 1.0, 1.0]
-    lin = factors("linear", 2, 10, 7)
-    assert lin[:3] == [0.0, 0.5, 1.0] and math.isclose(lin[6], (10 - 6) / (10 - 2))  # 0.5
+    # warm-up 2 of 10: (k + 1) / 3 = 1/3, 2/3 (never 0: the first update trains), then 1 at step 2
+    const = factors("constant", 2, 10, 4)
+    assert all(math.isclose(a, b) for a, b in zip(const, [1 / 3, 2 / 3, 1.0, 1.0]))
+    lin = factors("linear", 2, 10, 10)  # after warm-up: 1 - (k - 2) / 8; step 6: 0.5; last step 9: 1/8
+    assert math.isclose(lin[2], 1.0) and math.isclose(lin[6], 0.5) and math.isclose(lin[9], 1 / 8)
     cos = factors("cosine", 2, 10, 7)  # step 6: progress (6 - 2) / 8 = 0.5 -> 0.5 * (1 + cos(pi / 2)) = 0.5
     assert math.isclose(cos[6], 0.5) and math.isclose(cos[4], 0.5 * (1 + math.cos(math.pi * 2 / 8)))
     assert factors("constant", 0, 5, 3) == [1.0, 1.0, 1.0]  # the default: no change to the lr
+    assert min(factors("linear", 3, 4, 4)) > 0  # warm-up 1/4, 2/4, 3/4, then the last step 1 - 0/1 = 1
 
 
 def test_optimizer_settings_reach_deepspeed():
@@ -146,6 +148,21 @@ def test_progress_prints_one_line_per_step_without_a_terminal():
     assert line.startswith("step 5/10  reward 0.123  accuracy 0.25  len 12  950 tok/s  2.0 s/step  ETA ")
     assert "\n" not in line
     assert eta(2.5, 5) == "0:00:12" and eta(100.0, 37) == "1:01:40"  # 12.5 s -> 12 (half to even), 3700 s
+    buf.truncate(0)
+    buf.seek(0)
+    with progress_bar(console, 10, 5) as bar:  # the latest evaluation, named for what it is, with its step
+        bar.advance({"reward_mean": 0.5}, -0.24, "held-out reward", 5)
+    assert buf.getvalue().startswith("step 6/10  reward 0.5  held-out reward -0.24 @5  len 0")
+
+
+def test_the_held_out_value_is_called_accuracy_only_for_one_correctness_reward():
+    from policyzoo.engine.report.progress import eval_metric_name
+    from policyzoo.plugins.reward import AnswerMatch, Function
+
+    assert eval_metric_name([AnswerMatch()]) == "accuracy"
+    assert eval_metric_name([AnswerMatch(weight=2.0)]) == "held-out reward"  # 0 or 2: not a fraction right
+    assert eval_metric_name([AnswerMatch(), AnswerMatch()]) == "held-out reward"
+    assert eval_metric_name([Function(function="policyzoo.testing.tiny:spread_reward")]) == "held-out reward"
 
 
 def test_library_noise_is_silenced_unless_verbose(monkeypatch):

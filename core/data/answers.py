@@ -55,19 +55,32 @@ def gsm8k_worked_solution(solution: str, answer: str) -> str:
 
 # The number a completion gives as its answer (used by the answer_match reward).
 _IN_TEXT = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
-_MARKED = re.compile(r"(?:Answer:|####)\s*\**\s*\$?\s*(" + _IN_TEXT + ")", re.IGNORECASE)
+_MARKER = re.compile(r"answer\s*:|answer\s+is\b|####", re.IGNORECASE)
+_SPAN_END = re.compile(r"\n|\.(?=\s|$)")  # a line break, or a full stop (not a decimal point)
 _ANY = re.compile(_IN_TEXT)
 
 
+def answer_span(text: str) -> str | None:
+    """The text after the last "Answer:" / "answer is" / "####" marker up to the end of its line
+    or sentence (a "." followed by a space or the end), or None when there is no marker."""
+    marks = list(_MARKER.finditer(text))
+    if not marks:
+        return None
+    rest = text[marks[-1].end():]
+    return _SPAN_END.split(rest, maxsplit=1)[0]
+
+
 def extract_number(text: str) -> Decimal | None:
-    """The number after the last "Answer:"/"####" marker if there is one, else the last number in
+    """The completion's answer as a number, or None. With a marker (:func:`answer_span`) the span
+    must hold exactly one number: "Answer: 42 or 43" and "Answer: 42, maybe 43" are no answer (a
+    hedge earns nothing), "Answer: I don't know" neither. Without a marker, the last number of
     ``text``. Commas only as thousands separators ("1,234" = 1234; "3,4" is two numbers); a
     trailing "." is a full stop."""
-    marked = _MARKED.findall(text)
-    candidates = marked if marked else _ANY.findall(text)
-    if not candidates:
+    span = answer_span(text)
+    numbers = _ANY.findall(text if span is None else span)
+    if not numbers or (span is not None and len(numbers) > 1):
         return None
     try:
-        return Decimal(candidates[-1].replace(",", "").rstrip("."))
+        return Decimal(numbers[-1].replace(",", "").rstrip("."))
     except InvalidOperation:
         return None

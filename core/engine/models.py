@@ -6,6 +6,13 @@ safetensors folder under the cache (``$POLICYZOO_CACHE``, else ``$XDG_CACHE_HOME
 else ``~/.cache/policyzoo``); later runs load that folder. Nothing is downloaded at run time and
 the converted folder is never part of the repository.
 
+A ``model.path`` that is not a folder but reads as a Hub id (``HuggingFaceTB/SmolLM2-135M-Instruct``,
+as TRL users write it) is looked up in the local Hugging Face Hub cache (``$HF_HUB_CACHE``, else
+``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``) with ``huggingface_hub.snapshot_download(...,
+local_files_only=True)``: the cached snapshot is used as the folder. Nothing is downloaded (so
+``HF_HUB_OFFLINE`` is always honoured): an id that is not cached is a :class:`ModelError` before
+any model loads, saying how to fetch it.
+
 Every problem with a user's model folder is a :class:`ModelError` (where, why, fix), raised
 before any training starts.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -101,6 +109,37 @@ class ModelInfo:
     architecture: str
 
 
+#: ``org/name`` as the Hub spells repository ids (a relative path of two parts reads the same:
+#: an existing folder wins)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+
+
+def hub_cache() -> Path:
+    """The Hub cache folder, by huggingface_hub's rule, read now (not at its import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_snapshot(repo_id: str, where: str = "model.path") -> Path:
+    """The cached snapshot folder of the Hub model ``repo_id`` (its ``main`` revision); raises
+    :class:`ModelError` when the cache does not hold it."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = hub_cache()
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=str(cache), local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError) as e:
+        offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else ""
+        raise ModelError(where, f"{repo_id!r} is not a folder, and as a Hugging Face Hub id it is not in the local "
+                         f"Hub cache {cache}{offline}: policyzoo does not download models ({type(e).__name__})",
+                         f"fetch it once where there is a network: `hf download {repo_id}` (or "
+                         f"`huggingface-cli download {repo_id}`) with the same HF_HOME / HF_HUB_CACHE, or set "
+                         "model.path to a model folder") from None
+
+
 def resolve_model(path: str | None, trust_remote_code: bool = False, where: str = "model.path") -> ModelInfo:
     """Check a model folder (or convert the default) and load its tokenizer.
 
@@ -108,6 +147,8 @@ def resolve_model(path: str | None, trust_remote_code: bool = False, where: str 
     ``config.json``, no weights (``*.safetensors`` / ``*.bin``), an architecture that is not a
     causal LM, custom code without ``trust_remote_code``, or a tokenizer that cannot load."""
     folder = default_model_path() if path is None else Path(path).expanduser()
+    if path is not None and not folder.exists() and HUB_ID.fullmatch(str(path)):
+        folder = hub_snapshot(str(path), where)
     if path is None:
         where = f"{where} (null: the embedded default {DEFAULT_MODEL})"
     if not folder.exists():

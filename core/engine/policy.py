@@ -135,6 +135,15 @@ class LMPolicy(DrivesEpisodes):
         self.stats["tokens"] += sum(len(g.ids) for g in out)
         return out
 
+    def run_episodes(self, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
+                     top_p: float = 1.0, **options) -> Rollout:
+        """The step's token-exact episode loop on this engine (:func:`policyzoo.step.episodes.run_episodes`);
+        its rows' prompt tokens are counted in ``stats["prompt_tokens"]`` as single-turn rows' are
+        (``tokens_seen``, ``plan --from-run``; the turns' generated tokens count in ``tokens``)."""
+        out = super().run_episodes(env, rows, n, max_tokens, temperature, seed, top_p=top_p, **options)
+        self.stats["prompt_tokens"] = self.stats.get("prompt_tokens", 0) + sum(len(x) for x in out.prompt_ids)
+        return out
+
     def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False):
         self._training()
         return self.trainer.logprobs(rollout, grad=grad, entropy=entropy)

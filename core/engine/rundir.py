@@ -9,7 +9,8 @@ Layout::
     RUN_DIR/checkpoints/step-000010/hf/   save_pretrained export (train.export_every, Ctrl-C)
     RUN_DIR/checkpoints/latest.json    {"step": 10, "path": "step-000010"}: the last complete one
     RUN_DIR/final/               save_pretrained export (safetensors + tokenizer)
-    RUN_DIR/summary.json         held-out accuracy before/after, steps, timings
+    RUN_DIR/run.pid              the process that runs here (host, pid, start): a second run is refused
+    RUN_DIR/summary.json         held-out accuracy before/after, steps, timings, the run's warnings
 
 Checkpoints are written under a temporary name (``.tmp-step-000010``), renamed when complete,
 and only then recorded in ``latest.json`` (itself replaced atomically). A run killed while
@@ -60,10 +61,11 @@ class RunDir:
         self.path = Path(path)
         self.ckpt = self.path / "checkpoints"
 
-    def check_new(self) -> None:
+    def check_new(self, create: bool = True) -> None:
         """Before any model loads: the folder can hold a new run (not a file, not another run's
         files without a checkpoint, writable). Every rank checks, so every rank stops with the
-        same message instead of waiting for rank 0."""
+        same message instead of waiting for rank 0. ``create`` False (a dry run) creates nothing
+        and checks that the nearest existing folder on the path is writable."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"output_dir {self.path}", "exists and is a file, not a directory",
                             "choose another --output-dir")
@@ -71,11 +73,55 @@ class RunDir:
             raise UserError(f"output_dir {self.path}", "already holds another run's files (without a complete "
                             "checkpoint to resume from); a new run would mix its metrics into them",
                             "choose another --output-dir, or delete the folder")
+        if not create:
+            parent = next(p for p in (self.path.absolute(), *self.path.absolute().parents) if p.exists())
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise UserError(f"output_dir {self.path}", f"cannot be created: {parent} is not writable",
+                                "choose a writable --output-dir")
+            return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UserError(f"output_dir {self.path}", f"cannot be created: {e.strerror}",
                             "choose a writable --output-dir") from None
+
+    def check_live(self) -> None:
+        """Raise :class:`UserError` when ``RUN_DIR/run.pid`` names a process of this host that is
+        still alive (another run writes here: deleting or resuming the folder would corrupt it). A
+        pid file left by a killed run names a dead process and is ignored."""
+        owner = self.live_owner()
+        if owner is not None:
+            raise UserError(f"output_dir {self.path}", f"a live run (pid {owner['pid']} on {owner['host']}, started "
+                            f"{owner.get('started', '?')}) is using this folder",
+                            f"wait for it to end or stop it (Ctrl-C saves a checkpoint; then `policyzoo train "
+                            f"--resume {self.path}`), or choose another --output-dir")
+
+    def live_owner(self) -> dict | None:
+        """The ``run.pid`` record if its process is alive on this host and is not this process."""
+        try:
+            rec = json.loads((self.path / "run.pid").read_text())
+            pid = int(rec["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if rec.get("host") != os.uname().nodename or pid == os.getpid():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:  # alive, owned by another user
+            pass
+        return rec
+
+    def claim(self) -> None:
+        """Write ``run.pid`` (rank 0): this process, host and start time, read by :meth:`check_live`."""
+        if dist.rank() == 0:
+            from datetime import datetime, timezone
+
+            self.path.mkdir(parents=True, exist_ok=True)
+            started = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+            _atomic_write(self.path / "run.pid", json.dumps({"pid": os.getpid(), "host": os.uname().nodename,
+                                                             "started": started}))
 
     def create(self, config: dict, resolved: dict) -> None:
         """Write ``config.yaml`` (the config as given, reloadable) and ``resolved.yaml`` (every

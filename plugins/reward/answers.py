@@ -13,11 +13,13 @@ from policyzoo.errors import DataError, UserError
 class AnswerMatch(Reward):
     """Strict numeric answer check, ``[B]`` float in {0.0, 1.0}.
 
-    The completion's answer is the number right after its last "Answer:" or "####" marker if one
-    is present, else its last number; ``row["answer"]`` is parsed the same way (so a GSM8K
-    solution "... #### 72" works). 1.0 when both are equal as decimals ("72" = "72.0" = "72.00",
-    "1,234" = "1234"), else 0.0 (also when the completion has no number). No tolerance, no
-    fractions, no LaTeX: use the ``math_verify`` reward for those.
+    The completion's answer: with an "Answer:", "answer is" or "####" marker, the one number in the
+    span after the last marker up to the end of its sentence or line; a span holding more than one
+    number is no answer ("Answer: 42 or 43" scores 0.0 for gold 42: a hedge is not paid), nor one
+    holding none. Without a marker, the completion's last number. ``row["answer"]`` is parsed the
+    same way (so a GSM8K solution "... #### 72" works). 1.0 when both are equal as decimals ("72" =
+    "72.0" = "72.00", "1,234" = "1234"), else 0.0 (also when the completion has no number). No
+    tolerance, no fractions, no LaTeX: use the ``math_verify`` reward for those.
     Errors: ``DataError`` naming the row when it has no parsable ``answer``.
     Source: GSM8K's "#### answer" format (Cobbe et al. 2021, arXiv:2110.14168)."""
 

@@ -1,11 +1,12 @@
 """Training progress: a live bar on a terminal, one line per step otherwise.
 
 On a terminal (rich decides: ``console.is_terminal``) a bar shows steps done, time elapsed and
-left, and the last step's ``reward`` (``reward_mean``), held-out ``accuracy`` (the last
-``eval_accuracy``), mean response length and rollout speed. Without one (a log file, a job
-scheduler) each step prints one line with the same numbers, its time and the ETA: the mean step
-time of this session so far x the steps left. Numbers are rounded (3 significant digits for the
-reward, 2 decimals for the accuracy).
+left, and the last step's ``reward`` (``reward_mean``), the latest held-out evaluation with the
+step it was taken at (``accuracy 0.25 @10``; named ``held-out reward`` when the task's reward is
+not one 0/1 correctness check: see ``eval_metric_name``), mean response length and rollout speed.
+Without one (a log file, a job scheduler) each step prints one line with the same numbers, its
+time and the ETA: the mean step time of this session so far x the steps left. Numbers are
+rounded (3 significant digits for the reward, 2 decimals for the held-out value).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from datetime import timedelta
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
-def summary_text(m: dict, accuracy: float | None) -> str:
-    """``reward 0.423  accuracy 0.25  len 12  1540 tok/s`` (accuracy left out before any evaluation)."""
+def summary_text(m: dict, accuracy: float | None, label: str = "accuracy", at: int | None = None) -> str:
+    """``reward 0.423  accuracy 0.25 @10  len 12  1540 tok/s``: the held-out value of the latest
+    evaluation (``label``) and its step ``at`` (left out before any evaluation)."""
     parts = [f"reward {m.get('reward_mean', math.nan):.3g}"]
     if accuracy is not None and math.isfinite(accuracy):
-        parts.append(f"accuracy {accuracy:.2f}")
+        parts.append(f"{label} {accuracy:.2f}" + (f" @{at}" if at is not None else ""))
     parts += [f"len {m.get('response_length_mean', 0):.0f}", f"{m.get('rollout_tokens_per_s', 0):.0f} tok/s"]
     if m.get("skipped"):
         parts.append("skipped")
@@ -38,8 +40,8 @@ class _Bar:
     def __init__(self, progress: Progress, task):
         self.progress, self.task = progress, task
 
-    def advance(self, m: dict, accuracy: float | None = None) -> None:
-        self.progress.update(self.task, advance=1, info=summary_text(m, accuracy))
+    def advance(self, m: dict, accuracy: float | None = None, label: str = "accuracy", at: int | None = None) -> None:
+        self.progress.update(self.task, advance=1, info=summary_text(m, accuracy, label, at))
 
 
 class _Lines:
@@ -47,10 +49,10 @@ class _Lines:
         self.console, self.total, self.done = console, total, done
         self.first, self.t0 = done, time.perf_counter()
 
-    def advance(self, m: dict, accuracy: float | None = None) -> None:
+    def advance(self, m: dict, accuracy: float | None = None, label: str = "accuracy", at: int | None = None) -> None:
         self.done += 1
         per_step = (time.perf_counter() - self.t0) / (self.done - self.first)
-        self.console.print(f"step {self.done}/{self.total}  {summary_text(m, accuracy)}  "
+        self.console.print(f"step {self.done}/{self.total}  {summary_text(m, accuracy, label, at)}  "
                            f"{m.get('time_step', per_step):.1f} s/step  ETA {eta(per_step, self.total - self.done)}",
                            highlight=False, markup=False, soft_wrap=True)
 
@@ -66,3 +68,17 @@ def progress_bar(console, total: int, done: int):
     with progress:
         task = progress.add_task("train", total=total, completed=done, info="")
         yield _Bar(progress, task)
+
+
+#: what the held-out value is (summary.json's ``eval_metric_definition``, README, ``--help``)
+EVAL_DEFINITION = ("the mean over the held-out rows of the task's summed reward (sum of weight x reward over the "
+                   "task's reward functions) of one greedy completion per row")
+
+
+def eval_metric_name(rewards) -> str:
+    """``accuracy`` when the task's reward is one correctness check (``needs_answer``, 0/1, weight
+    1), else ``held-out reward`` (e.g. a reward function or a sum of several rewards)."""
+    if len(rewards) == 1 and getattr(rewards[0], "needs_answer", False) \
+            and float(getattr(getattr(rewards[0], "params", None), "weight", 1.0)) == 1.0:
+        return "accuracy"
+    return "held-out reward"

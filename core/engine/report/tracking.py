@@ -12,11 +12,12 @@ non-numeric values (``eval_example``, ``skip_reason``) stay in the file only.
   dir=RUN_DIR, config=the run's config)``; ``WANDB_MODE=offline`` logs without a network (sync later
   with ``wandb sync``). wandb is not installed by ``make``: ``pip install 'policyzoo[wandb]'``.
 
-Completions: every ``train.log_completions_every`` steps, one JSON line per sampled row goes to
+Completions: at the first and last step and every ``train.log_completions_every`` steps, one JSON line
+per sampled row goes to
 ``RUN_DIR/completions.jsonl`` (``step``, ``prompt``, ``completion``, ``reward``, one ``reward/<label>`` key per
 reward component, as in the metrics, ``advantage``, ``group``), and the same rows as a table to each
 tracker (TensorBoard: a markdown table under the text tag ``completions``; W&B: a ``wandb.Table``).
-Only rank 0 writes.
+Only rank 0 writes, its own share of the rows under data parallel.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from policyzoo.contract import runstate
 from policyzoo.data import rows_at
 from policyzoo.engine import dist
 from policyzoo.engine.device import gpu_memory_metrics
-from policyzoo.engine.report.progress import progress_bar
+from policyzoo.engine.report.progress import EVAL_DEFINITION, eval_metric_name, progress_bar
 from policyzoo.engine.report.tracking import completion_rows
 from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
 from policyzoo.engine.rollout.overlap import OverlapPolicy, overlapped_step
@@ -31,6 +31,12 @@ def _at_step(error: UserError, step: str) -> None:
     error.args = (error.render(),)
 
 
+def logs_completions(step: int, steps: int, every: int) -> bool:
+    """Whether step ``step`` (1-based) of ``steps`` writes its completions: every ``every`` steps,
+    and the first and the last step (a short run has some); never with ``every`` 0."""
+    return bool(every) and (step % every == 0 or step in (1, steps))
+
+
 class RunLoop:
     """The loop half of :class:`~policyzoo.engine.run.session.Session` (which sets the attributes it reads:
     ``config``, ``task``, ``run``, ``policy``, ``trainer``, ``rollout``, ``rundir``, ``tracker``, ``state``)."""
@@ -39,6 +45,10 @@ class RunLoop:
     def epoch(self) -> float:
         """Passes over the training rows drawn so far (rows drawn / training rows)."""
         return self.rows_drawn / max(len(self.task.train_rows), 1)
+
+    def eval_name(self) -> str:
+        """``accuracy`` or ``held-out reward``: what ``eval_accuracy`` is for this task's rewards."""
+        return eval_metric_name(self.run.reward[:getattr(self, "task_rewards_n", len(self.run.reward))])
 
     def evaluate(self) -> dict:
         """Held-out accuracy (``eval.n`` responses per prompt at ``eval.temperature``; pass@k, maj@k,
@@ -88,7 +98,7 @@ class RunLoop:
         # sampling counters: with overlap, booked to the step that trains on the batch
         counters = self.overlap.stats if c.engine.overlap == "one_step" else self.policy.stats
         t0, lr, stats0 = time.perf_counter(), self.trainer.lr(), dict(counters)
-        on_batch = seen.append if every and step % every == 0 else None
+        on_batch = seen.append if logs_completions(step, c.train.steps, every) else None
         try:
             if c.engine.overlap == "one_step":
                 # nothing sampled ahead crosses a checkpoint, an evaluation or the end
@@ -124,7 +134,7 @@ class RunLoop:
             self.tracker.log_completions(step, completion_rows(seen[0], self.run.reward_labels))
         self.skips = self.skips + 1 if m.get("skipped") else 0
         if (w := self.watch.update(m)) is not None:
-            self.console.print(f"warning: step {step}: {w}", markup=False, highlight=False, style="yellow")
+            self.warn(f"step {step}: {w}")
         if self.skips >= c.train.max_consecutive_skips:
             raise TrainingError(f"step {step}", f"{self.skips} optimizer steps in a row were skipped (last reason: "
                                 f"{m.get('skip_reason', 'non-finite loss or gradient')}); no weights were "
@@ -145,12 +155,13 @@ class RunLoop:
             while self.state["step"] < steps:
                 m = self.step()
                 step = self.state["step"]
-                bar.advance(m, getattr(self, "last_accuracy", None))
+                bar.advance(m, getattr(self, "last_accuracy", None), self.eval_name(),
+                            getattr(self, "last_eval", {}).get("step"))
                 if self.stop_requested:
                     folder = self.save(export=True)
                     raise Interrupted(f"step {step}", f"stopped by Ctrl-C; checkpoint of step {step} saved in "
                                       f"{folder}, with a save_pretrained export of its weights in {folder / 'hf'}",
-                                      f"continue with `policyzoo train --resume {self.rundir.path}`")
+                                      f"policyzoo train --resume {self.rundir.path}")
                 export = bool(c.train.export_every) and step % c.train.export_every == 0
                 if (export or c.train.save_every and step % c.train.save_every == 0) and step < steps:
                     self.save(export=export)
@@ -178,12 +189,15 @@ class RunLoop:
                    "models_loaded": self.trainer.models_loaded(), "trainable_params": self.trainer.trainable_params,
                    "peak_rss_gib": peak_rss_gib(), "zero_stage": self.trainer.stage,
                    "rollout": self.config.engine.rollout, "share_prompt": self.trainer.share_prompt,
-                   "share_prompt_check": self.trainer.share_prompt_check, "run_dir": str(self.rundir.path)}
+                   "share_prompt_check": self.trainer.share_prompt_check, "run_dir": str(self.rundir.path),
+                   "warnings": list(getattr(self, "warned", [])),
+                   "eval_metric": self.eval_name(), "eval_metric_definition": EVAL_DEFINITION}
         self.rundir.write_summary(summary)
         self.tracker.close()
         acc = [summary["eval_accuracy_before"], summary["eval_accuracy_after"]]
         acc = [f"{a:.2f}" if isinstance(a, float) and math.isfinite(a) else "n/a" for a in acc]
-        self.console.print(f"done: held-out accuracy {acc[0]} -> {acc[1]}; export in {self.rundir.path / 'final'}")
+        self.console.print(f"done: held-out {self.eval_name().removeprefix('held-out ')} {acc[0]} -> {acc[1]}; "
+                           f"export in {self.rundir.path / 'final'}")
         return summary
 
     def save(self, export: bool = False) -> Path:
@@ -227,6 +241,7 @@ class RunLoop:
             raise TrainingError(f"step {step}", "the trained weights hold NaN or inf values; no checkpoint was "
                                 f"written (last complete checkpoint: {latest[0] if latest else 'none'})",
                                 "lower train.lr or train.grad_clip, then resume from the last checkpoint")
-        state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size())
+        state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size(),
+                                 self.trainer.schedule_state())
         state["tokens_seen"] = getattr(self, "state", {}).get("tokens_seen", 0)
         return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)

@@ -9,6 +9,9 @@
     zero_stage        the ZeRO stage it was written at (engine.deepspeed's stage when set, else engine.zero_stage)
     world_size        number of data-parallel ranks that wrote it
     train             {lr, weight_decay, prompts_per_step, critic_lr} it was trained with
+    schedule          the learning-rate schedule: name, warmup_steps, total_steps (the horizon, in
+                      optimizer steps), from_step, from_factor (a re-planned one) and done (the
+                      optimizer steps it counted)
 
 All checks run in ``Session.prepare``, before DeepSpeed or vLLM start, and raise
 :class:`~policyzoo.engine.rundir.ResumeError` naming the real reason:
@@ -24,17 +27,22 @@ All checks run in ``Session.prepare``, before DeepSpeed or vLLM start, and raise
 ``train.*`` may change on resume. A changed learning rate or weight decay is applied to the
 restored optimizer (DeepSpeed restores the saved values with the Adam moments otherwise), and
 a changed ``train.prompts_per_step`` continues the row stream where the checkpoint left it.
+The learning-rate schedule is the checkpoint's (:func:`resume_schedule`): kept when its horizon and
+type are the configured ones, else re-planned from the factor it has reached (never rebuilt on the
+new horizon from step 0, which made the lr jump); either way the lr of the next update is printed.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import yaml
 
 from policyzoo.engine.rundir import ResumeError
 from policyzoo.engine.trainer.dsconfig import effective_stage
+from policyzoo.engine.trainer.modeling import LRSchedule
 
 #: what a checkpoint must share with the config it is resumed with (train.* and engine.* may change)
 FINGERPRINT_KEYS = ("algorithm", "rewards", "model", "data")
@@ -45,10 +53,11 @@ LAYOUT = {0: "0", 1: "1-2", 2: "1-2", 3: "3"}
 MAX_LISTED = 12
 
 
-def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, config, world_size: int) -> dict:
+def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, config, world_size: int,
+                     schedule: dict | None = None) -> dict:
     """The ``state.json`` of a checkpoint (see the module docstring)."""
     t = config.train
-    return {"step": step, "rows": rows, "batches": batches, "fingerprint": fingerprint,
+    return {"step": step, "rows": rows, "batches": batches, "fingerprint": fingerprint, "schedule": schedule or {},
             "zero_stage": effective_stage(config.engine), "world_size": world_size,
             "train": {"lr": t.lr, "weight_decay": t.weight_decay, "prompts_per_step": t.prompts_per_step,
                       "critic_lr": config.engine.critic_lr or 10 * t.lr}}
@@ -147,3 +156,32 @@ def optimizer_notes(old_train: dict, config) -> list[str]:
         return []
     return [f"resume: {', '.join(changed)} since the checkpoint: the restored optimizer uses the new value "
             "(its Adam moments are kept)"]
+
+
+def lr_plan(config) -> dict:
+    """The schedule of a new run: ``train.steps x train.updates_per_batch`` optimizer steps, the
+    warm-up ``train.warmup_steps`` or ``ceil(train.warmup_ratio x total)``."""
+    t = config.train
+    total = t.steps * t.updates_per_batch
+    return vars(LRSchedule(t.lr_scheduler_type, t.warmup_steps or math.ceil(t.warmup_ratio * total), total))
+
+
+def resume_schedule(state: dict, config) -> tuple[dict, list[str]]:
+    """The schedule a resumed run goes on with, and lines for the console. The checkpoint's is kept
+    when its type and horizon are the configured ones; else (another ``train.steps``,
+    ``updates_per_batch`` or ``lr_scheduler_type``) it is re-planned from the optimizer step it
+    reached (:meth:`LRSchedule.replanned`). Checkpoints without a schedule get the new run's plan."""
+    new, old = lr_plan(config), dict(state.get("schedule") or {})
+    done = int(old.pop("done", state["step"] * config.train.updates_per_batch))
+    if not old:
+        plan, lines = new, [f"the checkpoint records no learning-rate schedule: planned on {new['total_steps']} "
+                            "optimizer steps from step 0, as a new run's"]
+    elif (old["name"], old["total_steps"]) == (new["name"], new["total_steps"]):
+        plan, lines = old, []
+    else:
+        plan = vars(LRSchedule(**old).replanned(done, new["name"], new["total_steps"]))
+        lines = [f"learning-rate schedule: the checkpoint's {old['name']} ends at optimizer step "
+                 f"{old['total_steps']}, the config's {new['name']} at {new['total_steps']}; re-planned from "
+                 f"step {done} (factor {LRSchedule(**old)(done):.4g}) to end at {new['total_steps']}"]
+    lr = config.train.lr * LRSchedule(**plan)(done)
+    return plan, lines + [f"learning rate of the next update (optimizer step {done + 1}): {lr:.4g}"]

@@ -2,40 +2,20 @@
 
 from __future__ import annotations
 
-import math
 import time
-from datetime import datetime, timezone
 
 from rich.console import Console
 
-from policyzoo.assembly import Run, resolve_algorithm, resolved_view, reward_uses, step_settings
 from policyzoo.catalog import get_catalog
-from policyzoo.contract.untrusted import encode_text
-from policyzoo.data import load_task
 from policyzoo.engine import dist
-from policyzoo.engine.device import check_device_options
-from policyzoo.engine.models import resolve_model
 from policyzoo.engine.policy import LMPolicy, sync_tolerance
 from policyzoo.engine.process import captured_output
-from policyzoo.engine.report.tracking import Tracker, check_trackers
+from policyzoo.engine.report.tracking import Tracker
 from policyzoo.engine.rollout.engines import HFRollout, VLLMRollout
-from policyzoo.engine.rundir import ResumeError, RunDir
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
-from policyzoo.engine.trainer.dsconfig import check_engine
-from policyzoo.errors import ConfigError
-from policyzoo.step.episodes import encode_prompt
 
-from .checks import (
-    ZeroSignalWatch,
-    check_answers,
-    check_chat_template,
-    check_sampling_options,
-    fit_prompts,
-    sampling_warning,
-    system_turn_warning,
-)
+from .checks import ZeroSignalWatch, preload
 from .loop import RunLoop
-from .resume import FINGERPRINT_KEYS, check_resume, old_train_settings, optimizer_notes, rows_drawn
 from .startup import Background, process_age_s
 
 
@@ -52,74 +32,10 @@ class Session(RunLoop):
         self.console = Console(stderr=True, quiet=dist.rank() != 0, soft_wrap=True)
         self.config = config
         dist.init()  # join the launcher's process group (no-op for one rank)
-        if config.train.prompts_per_step % dist.world_size():
-            raise ConfigError("train.prompts_per_step", f"{config.train.prompts_per_step} prompts cannot be shared "
-                              f"out in whole groups among {dist.world_size()} data-parallel ranks",
-                              f"use a multiple of {dist.world_size()}, or launch another number of ranks")
-        dist.check_same_catalog(get_catalog())
-        self.task = load_task(config.data)
-        bundle = resolve_algorithm(config.algorithm)
-        rewards = reward_uses(config, self.task.default_rewards, bundle.env is not None)
-        self.task_rewards_n = len(rewards)
-        self.run = Run(bundle, rewards=rewards)
-        check_answers(self.task, self.run)
-        if config.engine.overlap != "none" and self.run.env is not None:
-            raise ConfigError("engine.overlap", "one_step sampling ahead prefetches single-turn batches; the "
-                              f"multi-turn episodes of the env '{self.run.env.name}' are not sampled ahead",
-                              "set engine.overlap=none for runs with an env")
-        check_trackers(config.train.report_to)
-        check_sampling_options(self.run.sample, LMPolicy.sampling_options, config.engine.rollout)  # every path
-        check_engine(config)  # the DeepSpeed settings, before any model loads
-        check_device_options(config.engine)  # sleep mode on CPU, parallel_start on a GPU
-        self.settings = step_settings(config, self.run)
-        sp = self.run.sample.params
-        self.turn_tokens, self.n = sp.max_tokens, sp.n
-        self.max_tokens = self.run.max_response_tokens  # the whole trajectory with an env
-        self.model = resolve_model(config.model.path, config.model.trust_remote_code)
-        budget = self.model.max_context - self.max_tokens
-        if budget < 1:
-            key = "algorithm.env.max_total_tokens" if self.run.env is not None else "algorithm.sample.max_tokens"
-            raise ConfigError(key, f"{self.max_tokens} response tokens leave no room for a "
-                              f"prompt in the model's {self.model.max_context}-token context", f"lower {key}")
-        tok = self.model.tokenizer
-        check_chat_template(tok, self.task.train_rows + self.task.eval_rows, f"model.path ({self.model.path})")
-        self.warnings = [w for w in (system_turn_warning(tok, self.task.train_rows),
-                                     sampling_warning(getattr(sp, "temperature", 1.0), self.n)) if w]
-        count = lambda msgs: len(encode_prompt(self.model.tokenizer, msgs))  # noqa: E731
-        env = self.run.env  # an env may start its episodes from another prompt than the row's
-        start = (lambda rows: [dict(r, prompt=env.env(r).prompt) for r in rows]) if env else (lambda rows: rows)
-        lengths = fit_prompts(self.task, lambda msgs: count(start([{"prompt": msgs}])[0]["prompt"]) if env
-                              else count(msgs), budget, config.data.on_long_prompt)
-        self.warnings += self.task.warnings
-        self.max_model_len = min(self.model.max_context, max(lengths) + self.max_tokens + 8)
-        row = (self.task.eval_rows or self.task.train_rows)[0]
-        answer = encode_text(tok, str(row.get("answer", "")), False, "data (an answer)")[:self.max_tokens]
-        self.check_ids = (encode_prompt(self.model.tokenizer, row["prompt"]) + list(answer)
-                          + [self.model.eos_token_ids[0]])[:self.max_model_len]
-        self.resolved = resolved_view(config, self.run)
-        self.fingerprint = {k: self.resolved[k] for k in FINGERPRINT_KEYS}
-        self.fingerprint["algorithm"] = self.fingerprint["algorithm"]["slots"]
-        if resume:
-            self.rundir = RunDir(resume)
-            found = self.rundir.latest()
-            if found is None:
-                raise ResumeError(str(resume), "no complete checkpoint in this run directory",
-                                  "start a new run (drop --resume), or set train.save_every to save checkpoints")
-            self.resume_from, self.state = found
-            for line in check_resume(str(self.resume_from), self.state, config, self.fingerprint,
-                                     dist.world_size(), force_resume, str(resume)):
-                self.console.print(line, markup=False, highlight=False)
-            old_train = old_train_settings(self.state, self.rundir.path)
-            self.rows_drawn = rows_drawn(self.state, old_train, config.train.prompts_per_step)
-            self.resume_notes = optimizer_notes(old_train, config)
-        else:
-            out = dist.broadcast(config.output_dir or f"runs/{bundle.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
-            self.rundir = RunDir(out)
-            if self.rundir.latest() is not None:
-                raise ResumeError(out, "this run directory already holds a run",
-                                  "pass --resume to continue it, or choose another --output-dir")
-            self.rundir.check_new()
-            self.resume_from, self.state, self.rows_drawn, self.resume_notes = None, {"step": 0, "batches": 0}, 0, []
+        pre = preload(config, resume, force_resume)  # every check before weights load (also --dry-run's)
+        for line in pre.resume_lines:
+            self.console.print(line, markup=False, highlight=False)
+        vars(self).update({k: v for k, v in vars(pre).items() if k != "resume_lines"})
         self.state.setdefault("tokens_seen", 0)
         return self
 
@@ -127,10 +43,8 @@ class Session(RunLoop):
         """Load the models: DeepSpeed first, then the rollout engine in the same process."""
         c = self.config
         for w in self.warnings:
-            self.console.print(f"warning: {w}", markup=False, highlight=False, style="yellow")
+            self.warn(w)
         t0 = time.perf_counter()
-        total = c.train.steps * c.train.updates_per_batch  # optimizer steps of the whole run
-        warmup = c.train.warmup_steps or math.ceil(c.train.warmup_ratio * total)
         log = self.rundir.path / "startup.log"
         self.phase(f"loading the model (DeepSpeed; library output goes to {log})")
         early = None
@@ -149,11 +63,12 @@ class Session(RunLoop):
                                    autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed, seed=c.train.seed,
                                    score_tokens=c.train.max_tokens_per_micro_batch,
                                    betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon,
-                                   schedule=c.train.lr_scheduler_type, warmup_steps=warmup, total_steps=total)
+                                   schedule=self.lr_plan["name"], warmup_steps=self.lr_plan["warmup_steps"],
+                                   total_steps=self.lr_plan["total_steps"])
             parts = self.startup_parts = {"trainer_s": time.perf_counter() - t0}
             why = self.trainer.check_share_prompt(self.check_ids)  # the first forward: DeepSpeed loads its op
         if why:
-            self.console.print(f"[yellow]warning:[/] {why} (engine.share_prompt)")
+            self.warn(f"{why} (engine.share_prompt)")
         parts["share_prompt_check_s"] = time.perf_counter() - t0 - sum(parts.values())
         self.phase(f"starting the rollout engine ({c.engine.rollout})")
         with captured_output(log, enabled=not self.verbose):
@@ -174,6 +89,7 @@ class Session(RunLoop):
         if self.resume_from is not None:
             self.rundir.remove_partial()
             self.trainer.load(str(self.resume_from))
+            self.trainer.set_schedule(self.lr_plan)  # the checkpoint's schedule, kept or re-planned
             # the restored optimizer holds the checkpoint's lr / weight decay: use the configured ones
             self.trainer.set_optimizer(lr=c.train.lr, weight_decay=c.train.weight_decay,
                                        critic_lr=c.engine.critic_lr or 10 * c.train.lr,
@@ -194,6 +110,15 @@ class Session(RunLoop):
         self.skips, self.last_saved, self.stop_requested = 0, self.state["step"], False
         self.eval_before: dict = {}
         self.watch = ZeroSignalWatch()
+
+    def warn(self, text: str) -> None:
+        """The one channel of a run's warnings: the ``warning:`` block on the console (rank 0), a
+        line in ``RUN_DIR/startup.log`` and an entry of ``summary.json``'s ``warnings`` list."""
+        self.warned = [*getattr(self, "warned", []), text]
+        self.console.print(f"warning: {text}", markup=False, highlight=False, style="yellow")
+        if dist.rank() == 0 and self.rundir.path.is_dir():
+            with open(self.rundir.path / "startup.log", "a", encoding="utf-8") as f:
+                f.write(f"warning: {text}\n")
 
     def phase(self, what: str) -> None:
         """Print a start-up phase (rank 0), so a slow start says what it is waiting for."""

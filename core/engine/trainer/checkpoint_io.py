@@ -89,6 +89,24 @@ class TrainerIO:
             self.critic.load_checkpoint(folder, tag="critic", load_optimizer_states=True)
         return client or {}
 
+    def schedule_state(self) -> dict:
+        """The policy's learning-rate schedule (:class:`~.modeling.LRSchedule` fields) and ``done``,
+        the optimizer steps it has counted (skipped steps are not counted), for ``state.json``."""
+        sched = getattr(self.engine, "lr_scheduler", None)
+        if sched is None or not hasattr(sched, "lr_lambdas"):
+            return {}
+        return {**vars(sched.lr_lambdas[0]), "done": int(sched.last_epoch)}
+
+    def set_schedule(self, plan: dict) -> None:
+        """Replace the schedule's fields restored by :meth:`load` (the checkpoint's) with ``plan``
+        (kept or re-planned before load by ``policyzoo.engine.run.resume.resume_schedule``); call
+        :meth:`set_optimizer` after it, which applies the factor at the restored step."""
+        fields = {k: v for k, v in plan.items() if k != "done"}
+        for eng in (self.engine, self.critic):
+            sched = getattr(eng, "lr_scheduler", None) if eng is not None else None
+            for fn in getattr(sched, "lr_lambdas", ()):
+                vars(fn).update(fields)
+
     def set_optimizer(self, lr: float, weight_decay: float, critic_lr: float,
                       betas: tuple[float, float] = BETAS, eps: float = 1e-8) -> None:
         """Set every parameter group's ``lr``, ``weight_decay``, ``betas`` and ``eps`` to the

@@ -3,6 +3,9 @@ the learning-rate schedule (used by :mod:`policyzoo.engine.trainer.deepspeed_tra
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -25,17 +28,52 @@ def pack(rollout: Rollout, pad_id: int, device) -> tuple[torch.Tensor, torch.Ten
     return ids.to(device), attn.to(device), pos.to(device), t
 
 
-def lr_schedule(name: str, warmup_steps: int, total_steps: int):
-    """``optimizer -> LambdaLR`` for DeepSpeed: ``transformers.get_scheduler`` with ``name``
-    (``constant``: ``constant_with_warmup``; ``linear`` and ``cosine`` decay to 0 at
-    ``total_steps``), linear warm-up from 0 over ``warmup_steps`` optimizer steps. DeepSpeed steps
-    it after every applied optimizer step (not after a skipped one) and saves it in checkpoints.
-    The learning rate of optimizer step k (0-based) is ``lr x factor(k)``."""
-    from transformers import get_scheduler
+@dataclass
+class LRSchedule:
+    """The learning-rate factor of optimizer step ``k`` (0-based; the lr of the update is
+    ``train.lr x factor(k)``), a plain-data callable, so DeepSpeed saves its fields with the
+    scheduler and ``state.json`` records them (``policyzoo.engine.run.resume``).
 
-    kind = "constant_with_warmup" if name == "constant" else name
-    return lambda optimizer: get_scheduler(kind, optimizer, num_warmup_steps=warmup_steps,
-                                           num_training_steps=max(total_steps, 1))
+    * warm-up, ``k < warmup_steps``: ``(k + 1) / (warmup_steps + 1)``, so no update runs at lr 0
+      (``transformers``' warm-up gives ``k / warmup_steps``, 0 at the first update: verl #3674);
+    * then ``base x shape(p)`` with ``p = (k - k0) / (total_steps - k0)``, ``k0`` the end of the
+      warm-up, or ``from_step`` for a schedule re-planned on resume (``base = from_factor``, the
+      factor it had there; else 1): ``constant`` 1, ``linear`` ``1 - p``, ``cosine``
+      ``(1 + cos(pi p)) / 2``, as ``transformers.get_scheduler``'s; 0 from ``total_steps`` on.
+      The last step of the horizon, ``k = total_steps - 1``, still gets a factor above 0."""
+
+    name: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 1
+    from_step: int = 0
+    from_factor: float = 1.0
+
+    def __call__(self, k: int) -> float:
+        if k < self.warmup_steps:
+            return (k + 1) / (self.warmup_steps + 1)
+        replanned = self.from_step > self.warmup_steps
+        k0, base = (self.from_step, self.from_factor) if replanned else (self.warmup_steps, 1.0)
+        p = min(1.0, (k - k0) / max(1, self.total_steps - k0))
+        shape = {"constant": 1.0, "linear": 1.0 - p, "cosine": 0.5 * (1.0 + math.cos(math.pi * p))}[self.name]
+        return base * shape
+
+    def replanned(self, done: int, name: str, total_steps: int) -> "LRSchedule":
+        """The schedule after ``done`` optimizer steps, stretched (or shrunk) to end at
+        ``total_steps`` with ``name``'s shape, going on from the factor it has at ``done``; a
+        resume inside the warm-up keeps the warm-up and plans the decay on the new horizon."""
+        if done < self.warmup_steps:
+            return LRSchedule(name, self.warmup_steps, total_steps)
+        return LRSchedule(name, self.warmup_steps, total_steps, done, self(done))
+
+
+def lr_schedule(name: str, warmup_steps: int, total_steps: int):
+    """``optimizer -> LambdaLR`` for DeepSpeed with the factor :class:`LRSchedule` (``constant``,
+    ``linear`` and ``cosine``; linear warm-up over ``warmup_steps`` optimizer steps). DeepSpeed
+    steps it after every applied optimizer step (not after a skipped one) and saves it in
+    checkpoints."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    return lambda optimizer: LambdaLR(optimizer, LRSchedule(name, warmup_steps, max(total_steps, 1)))
 
 
 class ValueModel(nn.Module):
