@@ -190,6 +190,35 @@ class Run:
             out.extend(v if isinstance(v, list) else ([] if v is None else [v]))
         return out
 
+    def stateful(self) -> dict[str, Component]:
+        """``{key: component}`` of the components that keep state: ``slot:name`` for a single slot,
+        ``slot[i]:name`` for the i-th of a collect slot (the keys of a checkpoint's ``components``)."""
+        out: dict[str, Component] = {}
+        for slot in SLOTS:
+            v = getattr(self, slot)
+            items = list(enumerate(v)) if isinstance(v, list) else ([] if v is None else [(None, v)])
+            for i, comp in items:
+                if comp.stateful:
+                    out[f"{slot}:{comp.name}" if i is None else f"{slot}[{i}]:{comp.name}"] = comp
+        return out
+
+    def state_dict(self) -> dict[str, dict]:
+        """Every stateful component's ``state_dict()`` by :meth:`stateful` key (JSON values)."""
+        return {key: comp.state_dict() for key, comp in self.stateful().items()}
+
+    def load_state_dict(self, states: dict[str, dict], where: str = "checkpoint") -> None:
+        """Restore what :meth:`state_dict` saved. A stateful component with no saved state (a
+        checkpoint written before it kept any) or a saved state with no component raises
+        :class:`ConfigError`: the run would silently restart the controller otherwise."""
+        mine = self.stateful()
+        for key in sorted(set(mine) ^ set(states)):
+            why = (f"the component {key} keeps state but the checkpoint holds none for it" if key in mine
+                   else f"the checkpoint holds the state of {key}, which this run does not have")
+            raise ConfigError(f"{where}.components", why, "resume with the algorithm the checkpoint was "
+                              "written with (`--resume RUN_DIR` alone)")
+        for key, comp in mine.items():
+            comp.load_state_dict(states[key])
+
     def check(self) -> None:
         """Exactly one implementation per single slot, then every component's own ``check``."""
         for slot in SINGLE + OPTIONAL:

@@ -160,6 +160,23 @@ def test_the_first_plugin_is_complete_short_and_works():
     sys.modules.pop("capped_pg", None)
 
 
+def test_the_controller_example_passes_the_contract_and_adapts():
+    from policyzoo.contract import LOCAL
+    from policyzoo.testing import check_component, make_plugin
+
+    text = (DOCS / "writing-a-plugin.md").read_text()
+    code = re.search(r"```python controller\n(.*?)```", text, flags=re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "halving_kl.py", "exec"), scope)
+    cls = scope["HalvingKL"]
+    check_component(cls, load_catalog(autoload=False, extra=[make_plugin(cls)]))
+    kl = cls(beta=0.04, target=0.01)
+    kl.update({"kl_ref_row_mean": 0.02, "rows": 4}, LOCAL)  # 0.02 > 1.5 x 0.01: beta x 2 = 0.08
+    assert kl.beta == 0.08 and kl.state_dict() == {"beta": 0.08}
+    kl.update({"kl_ref_row_mean": 0.005, "rows": 4}, LOCAL)  # 0.005 < 0.01 / 1.5: beta / 2 = 0.04
+    assert kl.beta == 0.04
+
+
 def test_hooks_page_lists_every_slot_base_and_what_it_declares():
     from policyzoo.contract import BASES
 

@@ -14,7 +14,7 @@ sample      ``n`` (G), ``max_tokens``, ``greedy``       ``sample(policy, prompts
 env         ``max_turns``, ``max_total_tokens``         ``env(row)`` -> Episode
 reward      ``weight``; ``label`` (metric key)          ``reward(rollout)`` -> ``[B]`` float
 filter      ``resample``, ``max_sample_rounds``         ``filter(rollout, rewards)`` -> Keep
-kl          ``beta``, ``placement``                     ``kl(logprobs, ref_logprobs, response_mask, ratio)``
+kl          ``beta`` (accessor), ``placement``          ``kl(logprobs, ref_logprobs, response_mask, ratio)``
 baseline    ``whiten*`` parameters, ``chain()``,        ``baseline(rewards, group_ids, ...)``
             ``needs_values``, ``needs_pi_squared``,     -> Advantages
             ``value_loss()``,
@@ -27,6 +27,9 @@ reduce      ``averages_per_sequence``                   ``reduce(loss, response_
 
 A hook method may declare any subset of its spec's arguments (pluggy passes only those). Writing
 ``@hookimpl`` on it is optional: a subclass's hook method is marked when the class is created.
+Every component may keep state (:meth:`~policyzoo.contract.Component.update`, ``state_dict``,
+``load_state_dict``); an accessor such as ``KL.beta`` is what the step reads, so a controller
+overrides it to read its state.
 """
 
 from __future__ import annotations
@@ -139,9 +142,11 @@ class Filter(Component):
 class KL(Component):
     """Base of ``kl`` components: per-token KL estimate ``[B, T]`` (0 where masked).
 
-    Declared parameters: ``beta`` (coefficient, >= 0) and ``placement`` (``reward``: -beta x KL is
-    added to the per-token rewards at sampling time, no gradient; ``loss``: +beta x KL is added to
-    the per-token loss)."""
+    Declared parameters: ``beta`` (the initial coefficient, >= 0) and ``placement`` (``reward``:
+    -beta x KL is added to the per-token rewards at sampling time, no gradient; ``loss``: +beta x
+    KL is added to the per-token loss). The step reads the coefficient through the accessor
+    :attr:`beta` (the parameter; a controller such as ``adaptive`` returns its state), so the hook
+    returns the unscaled estimate and the ``kl_ref`` metric stays the KL itself."""
 
     slot = "kl"
 
@@ -150,6 +155,11 @@ class KL(Component):
         placement: Literal["reward", "loss"] = Field(
             "loss", description="'reward': -beta x KL added to per-token rewards (no grad); "
                                 "'loss': +beta x KL added to the per-token loss")
+
+    @property
+    def beta(self) -> float:
+        """The KL coefficient the step uses this step (default: ``params.beta``)."""
+        return float(self.params.beta)
 
     @abstractmethod
     def kl(self, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, ratio: Tensor) -> Tensor:

@@ -56,7 +56,17 @@ def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
         metrics.update(policy.sync())
     metrics["time_sync"] = time.perf_counter() - t0
     metrics.update(_batch_metrics(rollout, rewards))
+    if not metrics["skipped"]:
+        update_state(run, metrics, policy.collective)
     return metrics
+
+
+def update_state(run, metrics: dict, collective) -> None:
+    """The once-per-step update of every stateful component (``Component.update``), in slot order,
+    after the batch's optimizer step(s), with a copy of this rank's metrics and the collective."""
+    for comp in run.components():
+        if comp.stateful:
+            comp.update(metrics=dict(metrics), collective=collective)
 
 
 def _score(run, policy, rollout: Rollout, rewards, metrics: dict, settings: StepSettings, reward_components,

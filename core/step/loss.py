@@ -49,7 +49,7 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy
     if run.kl is not None and run.kl.params.placement == "loss":
         kl = run.call("kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask,
                       ratio=ratio)
-        per_token = per_token + run.kl.params.beta * kl
+        per_token = per_token + run.kl.beta * kl
         sums["kl_loss"] = (float((kl.detach() * mask).sum()), n)
     per_token = torch.where(mask, per_token, torch.zeros_like(per_token))  # no NaN leaks from padding
     loss = run.call("reduce", *shape, loss=per_token, response_mask=mask, totals=totals)

@@ -218,4 +218,5 @@ class RunLoop:
                                 "lower train.lr or train.grad_clip, then resume from the last checkpoint")
         state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size())
         state["tokens_seen"] = getattr(self, "state", {}).get("tokens_seen", 0)
+        state["components"] = self.run.state_dict()  # controllers' state (e.g. an adaptive KL coefficient)
         return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)

@@ -9,6 +9,8 @@
     zero_stage        the ZeRO stage it was written at (engine.deepspeed's stage when set, else engine.zero_stage)
     world_size        number of data-parallel ranks that wrote it
     train             {lr, weight_decay, prompts_per_step, critic_lr} it was trained with
+    components        {key: state} of every stateful component (``Run.state_dict``: e.g. an adaptive
+                      KL coefficient), restored exactly on resume (``Run.load_state_dict``)
 
 All checks run in ``Session.prepare``, before DeepSpeed or vLLM start, and raise
 :class:`~policyzoo.engine.rundir.ResumeError` naming the real reason:

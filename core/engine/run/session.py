@@ -107,6 +107,7 @@ class Session(RunLoop):
             old_train = old_train_settings(self.state, self.rundir.path)
             self.rows_drawn = rows_drawn(self.state, old_train, config.train.prompts_per_step)
             self.resume_notes = optimizer_notes(old_train, config)
+            self.run.load_state_dict(self.state.get("components", {}), str(self.resume_from))
         else:
             out = dist.broadcast(config.output_dir or f"runs/{bundle.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
             self.rundir = RunDir(out)
