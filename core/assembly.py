@@ -31,6 +31,7 @@ from .contract import (
     Reward,
     Sample,
     Spec,
+    Term,
     Use,
     use,
     validate_params,
@@ -122,7 +123,8 @@ class Run:
     """The chosen components of one training run, registered in their own plugin manager.
 
     Typed slot attributes: ``sample``, ``baseline``, ``ratio``, ``clip``, ``reduce`` (one component
-    each), ``kl`` and ``env`` (one or None), ``reward`` and ``filter`` (lists, the task's rewards first);
+    each), ``kl`` and ``env`` (one or None), ``reward``, ``filter`` and ``term`` (lists, the task's rewards
+    first);
     ``reward_labels`` (the metric key of each reward, unique); ``bundle``; ``hook`` (the pluggy
     relay); ``sources`` ``{slot: "name from dist version"}``. :meth:`call` and :meth:`call_each`
     call the hooks and check each result at the boundary (:mod:`policyzoo.step.boundary`)."""
@@ -135,6 +137,7 @@ class Run:
     baseline: Baseline
     ratio: Ratio
     clip: Clip
+    term: list[Term]
     reduce: Reduce
 
     def __init__(self, bundle: Bundle, catalog: Catalog | None = None,
@@ -154,6 +157,7 @@ class Run:
         self.baseline = one("baseline")
         self.ratio = one("ratio")
         self.clip = one("clip")
+        self.term = [self._make(catalog, "term", u, f"{where}.term[{i}]") for i, u in enumerate(bundle.term)]
         self.reduce = one("reduce")
         self.reward_labels = _unique([c.label for c in self.reward])
         self.hook = self.pm.hook

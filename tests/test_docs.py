@@ -177,6 +177,21 @@ def test_the_controller_example_passes_the_contract_and_adapts():
     assert kl.beta == 0.04
 
 
+def test_the_term_example_passes_the_contract_and_adds_its_term():
+    from policyzoo import assemble
+    from policyzoo.testing import check_component, make_plugin
+
+    text = (DOCS / "writing-a-plugin.md").read_text()
+    code = re.search(r"```python term\n(.*?)```", text, flags=re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "my_entropy.py", "exec"), scope)
+    cls = scope["EntropyBonus"]
+    catalog = load_catalog(autoload=False, extra=[make_plugin(cls)])
+    check_component(cls, catalog)
+    run = assemble({"base": "grpo", "term": [{"use": "my_entropy", "coef": 0.01}]}, catalog=catalog)
+    assert run.term[0].coef == 0.01 and run.term[0].needs_entropy
+
+
 def test_hooks_page_lists_every_slot_base_and_what_it_declares():
     from policyzoo.contract import BASES
 

@@ -162,6 +162,7 @@ class _Inherit:
 INHERIT: Any = _Inherit()
 SINGLE_SLOTS = ("sample", "baseline", "ratio", "clip", "reduce")
 OPTIONAL_SLOTS = ("kl", "env")
+COLLECT_SLOTS = ("reward", "filter", "term")
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,8 @@ class Bundle:
     one (``algorithm: {base: grpo, env: {use: calculator}}``) and every bundle trains unchanged.
 
     ``reward`` holds reward *extras* the algorithm adds to the task's rewards (e.g. DAPO's
-    overlong penalty); ``filter`` its filters.
+    overlong penalty); ``filter`` its filters; ``term`` its additive per-token loss terms (e.g.
+    an entropy bonus).
     """
 
     name: str
@@ -191,16 +193,17 @@ class Bundle:
     env: Use | None = INHERIT
     reward: tuple[Use, ...] = INHERIT
     filter: tuple[Use, ...] = INHERIT
+    term: tuple[Use, ...] = INHERIT
     parent: str | None = None
     summary: str = ""
     inherited: frozenset = frozenset()
 
     def __post_init__(self):
         if self.parent is None:  # a root bundle: unstated optional slots are empty
-            for key, empty in (("kl", None), ("env", None), ("reward", ()), ("filter", ())):
+            for key, empty in (("kl", None), ("env", None), ("reward", ()), ("filter", ()), ("term", ())):
                 if getattr(self, key) is INHERIT:
                     object.__setattr__(self, key, empty)
-        for key in ("reward", "filter"):
+        for key in COLLECT_SLOTS:
             value = getattr(self, key)
             if isinstance(value, Use):
                 object.__setattr__(self, key, (value,))
@@ -210,15 +213,15 @@ class Bundle:
     @property
     def complete(self) -> bool:
         """True when every slot is stated (nothing left to inherit)."""
-        return not any(getattr(self, s) is INHERIT for s in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, "reward", "filter"))
+        return not any(getattr(self, s) is INHERIT for s in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, *COLLECT_SLOTS))
 
     def inherit(self, parent: "Bundle | None", where: str = "") -> "Bundle":
         """This bundle with every unstated slot filled from ``parent`` (a complete bundle), or,
-        without a parent, with ``kl``/``reward``/``filter`` defaulting to none. Raises
+        without a parent, with ``kl``/``reward``/``filter``/``term`` defaulting to none. Raises
         :class:`PluginError` for a root bundle that leaves a single slot unstated."""
         changes: dict[str, Any] = {}
         inherited = set()
-        for slot in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, "reward", "filter"):
+        for slot in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, *COLLECT_SLOTS):
             mine = getattr(self, slot)
             if parent is None:
                 if mine is INHERIT and slot in SINGLE_SLOTS:
@@ -243,8 +246,8 @@ class Bundle:
             if key not in fields:
                 raise ConfigError(f"{self.name}.replace", f"unknown slot {key!r}"
                                   f"{did_you_mean(key, fields)}",
-                                  "slots are: sample, env, reward, filter, kl, baseline, ratio, clip, reduce")
-        for key in ("reward", "filter"):
+                                  f"slots are: {', '.join(SLOTS)}")
+        for key in COLLECT_SLOTS:
             if key in changes and isinstance(changes[key], Use):
                 changes[key] = (changes[key],)
             elif key in changes:

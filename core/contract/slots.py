@@ -22,6 +22,7 @@ baseline    ``whiten*`` parameters, ``chain()``,        ``baseline(rewards, grou
 ratio       ``level`` ("token" / "sequence")            ``ratio(logprobs, old_logprobs, ...)``
                                                         -> ``[B, T]`` or Importance
 clip        --                                          ``clip(ratio, advantages, ...)`` -> Surrogate
+term        ``coef`` (accessor), ``needs_entropy``      ``term(logprobs, entropy, ...)`` -> ``[B, T]``
 reduce      ``averages_per_sequence``                   ``reduce(loss, response_mask, totals)``
 ==========  ==========================================  =========================================
 
@@ -277,6 +278,36 @@ class Clip(Component):
         """Per-token surrogate loss ``[B, T]``."""
 
 
+class Term(Component):
+    """Base of ``term`` components (a collect slot): an additive per-token loss term ``[B, T]``,
+    0 where masked, with gradient through ``logprobs`` or ``entropy``.
+
+    The step adds ``coef x term`` to the per-token loss of every micro-batch, after the clip's loss
+    (times the ratio's weight) and the KL in loss placement (the first additive term), before the
+    reduce -- so the term is aggregated by the run's reduce, as verl's ``agg_loss`` does with its
+    entropy term. Declared: the parameter ``coef`` (the coefficient; the step reads it through the
+    accessor :attr:`coef`, which a controller overrides to read its state) and ``needs_entropy``
+    (True: the trainer computes the per-token entropy *with* gradient and passes it as ``entropy``;
+    otherwise no component pays for that graph). The metric ``term/<name>`` is the unscaled term's
+    token mean."""
+
+    slot = "term"
+    needs_entropy: ClassVar[bool] = False
+
+    class Params(Component.Params):
+        coef: float = Field(0.0, description="coefficient of the term in the loss (the step adds coef x term)")
+
+    @property
+    def coef(self) -> float:
+        """The coefficient the step uses this step (default: ``params.coef``)."""
+        return float(self.params.coef)
+
+    @abstractmethod
+    def term(self, logprobs: Tensor, entropy: Tensor | None, ref_logprobs: Tensor | None, ratio: Tensor,
+             advantages: Tensor, response_mask: Tensor) -> Tensor:
+        """Per-token loss term ``[B, T]`` (unscaled, to minimise), 0 where masked."""
+
+
 class Reduce(Component):
     """Base of ``reduce`` components: per-token loss ``[B, T]`` -> the micro-batch's scalar.
 
@@ -293,6 +324,7 @@ class Reduce(Component):
 
 #: slot -> its base class (the catalog checks every component against it).
 BASES: dict[str, type[Component]] = {cls.slot: cls for cls in (Sample, Env, Reward, Filter, KL, Baseline, Ratio,
-                                                                Clip, Reduce)}
+                                                                Clip, Term, Reduce)}
 
-__all__ = ["BASES", "Baseline", "Clip", "Env", "Episode", "Filter", "KL", "Ratio", "Reduce", "Reward", "Sample"]
+__all__ = ["BASES", "Baseline", "Clip", "Env", "Episode", "Filter", "KL", "Ratio", "Reduce", "Reward", "Sample",
+           "Term"]

@@ -113,8 +113,8 @@ class LMPolicy:
         """The step's token-exact episode loop on this engine (:func:`policyzoo.step.episodes.run_episodes`)."""
         return run_episodes(self, env, rows, n, max_tokens, temperature, seed, top_p=top_p)
 
-    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False):
-        return self.trainer.logprobs(rollout, grad=grad, entropy=entropy)
+    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False, entropy_grad: bool = False):
+        return self.trainer.logprobs(rollout, grad=grad, entropy=entropy, entropy_grad=entropy_grad)
 
     def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
         return self.trainer.ref_logprobs(rollout)

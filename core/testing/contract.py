@@ -48,6 +48,7 @@ import torch
 
 from policyzoo.assembly import assemble
 from policyzoo.catalog import Catalog, component_problem, load_catalog
+from policyzoo.contract import SLOTS
 from policyzoo.contract.batch import StepBatch
 from policyzoo.contract.components import Bundle, Component, use
 from policyzoo.errors import UserError
@@ -119,7 +120,7 @@ def build_run(cls, params: dict, catalog: Catalog):
     errors = []
     for base in own + zoo + with_env:
         u = use(cls.name, **params)
-        bundle = base.replace(**{cls.slot: (u,) if cls.slot in ("reward", "filter") else u})
+        bundle = base.replace(**{cls.slot: (u,) if SLOTS[cls.slot] == "collect" else u})
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -175,7 +176,7 @@ def _masked(comp, slot: str, tb: ToyBatch, ctx) -> list[str]:
     x = slots.differentiated(slot, tb)
     tok = slots.per_token(slot, out)
     total = out if slot == "reduce" else tok.sum()
-    if slot in ("clip", "kl") and (tok.detach()[~m] != 0).any():
+    if slot in ("clip", "kl", "term") and (tok.detach()[~m] != 0).any():
         bad.append(f"{slot} output is not 0 on masked positions")
     (grad,) = torch.autograd.grad(total, x, allow_unused=True)
     if grad is not None and (grad[~m] != 0).any():
@@ -212,7 +213,7 @@ def _step(run, tb: ToyBatch, metrics: dict | None = None) -> list[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         batch, found = prepare(run, batch)
-        loss, _ = micro_loss(run, batch, tb.logprobs, tb.totals)
+        loss, _ = micro_loss(run, batch, tb.logprobs, tb.totals, entropy=-tb.logprobs)
     if metrics is not None:  # what a stateful component's update() sees
         metrics.update(found, rows=len(batch))
     if not torch.isfinite(loss):

@@ -16,7 +16,7 @@ from policyzoo.step import boundary
 from .toys import ToyBatch, toy_batch
 
 #: slots whose output is a per-token (or reduced) part of the differentiable loss.
-LOSS_SLOTS = ("ratio", "clip", "kl", "reduce")
+LOSS_SLOTS = ("ratio", "clip", "kl", "term", "reduce")
 
 
 def call(comp, tb: ToyBatch, policy=None, prompts=None):
@@ -93,7 +93,7 @@ def per_token(slot: str, out) -> Tensor | None:
     """The differentiable per-token tensor of a loss-path output (None for others)."""
     if slot == "ratio" and isinstance(out, Importance):  # what reaches the loss: ratio x weight
         return out.ratio if out.weight is None else out.ratio * out.weight
-    if slot in ("ratio", "kl"):
+    if slot in ("ratio", "kl", "term"):
         return out
     if slot == "clip":
         return out.loss

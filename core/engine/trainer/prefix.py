@@ -53,9 +53,12 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                   entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logits [B, T, V]`` at the positions before ``targets [B, T]`` -> log-probs ``[B, T]`` of
-    the targets under softmax(logits / temperature), and the entropy ``[B, T]`` (nats, no grad)."""
+    the targets under softmax(logits / temperature), and the entropy ``[B, T]`` (nats; no grad
+    unless ``entropy_grad``, asked only by a loss term that ``needs_entropy``)."""
+    if entropy and entropy_grad:
+        return _with_entropy_grad(logits, targets, temperature)
     z = logits.float() / temperature
     logz = torch.logsumexp(z, -1)
     lp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
@@ -65,6 +68,16 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
             zd = z.detach()
             ent = logz.detach() - (torch.softmax(zd, -1) * zd).sum(-1)
     return lp, ent
+
+
+def _with_entropy_grad(logits: torch.Tensor, targets: torch.Tensor,
+                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` with the entropy H = logZ - sum softmax(z) z differentiable (an entropy
+    term in the loss: verl ``entropy_coeff``, TRL ``entropy_coef``)."""
+    z = logits.float() / temperature
+    logz = torch.logsumexp(z, -1)
+    lp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+    return lp, logz - (torch.softmax(z, -1) * z).sum(-1)
 
 
 def length_buckets(lengths: list[int], overhead: int = 16) -> list[list[int]]:
@@ -110,7 +123,7 @@ def _cache_layers(cache) -> list:
 
 
 def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
-                           entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                           entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` of ``response_ids`` at ``rollout.temperature`` (and the entropy
     ``[B, T]`` with ``entropy``), on ``device``: those of the per-row forward wherever
     ``response_mask`` is True, exactly 0 elsewhere. Token t is scored from the logits at the
@@ -147,7 +160,7 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
                          past_key_values=cache, use_cache=True, logits_to_keep=width - 1).logits
             logits = torch.cat([logits, rest], dim=1)
         g_lp, g_ent = token_logprobs(logits, rollout.response_ids[rows, :width].to(device), rollout.temperature,
-                                     entropy)
+                                     entropy, entropy_grad)
         idx = torch.tensor(rows, device=device)
         lp = lp.index_copy(0, idx, torch.nn.functional.pad(g_lp, (0, t - width)))
         if entropy:
