@@ -125,6 +125,11 @@ def cmd_train(args, out: Console) -> None:
         run = Run(bundle, rewards=rewards)
         check_trackers(config.train.report_to)
         check_engine(config)
+        from policyzoo.engine.run.checks import filter_bias_warning
+
+        bias = filter_bias_warning(run, config.engine.overlap)
+        if bias:
+            sys.stderr.write(f"warning: {bias}\n")
         out.print(yaml.safe_dump(resolved_view(config, run), sort_keys=False))
         return
     from policyzoo.engine.run.train import main as train_main

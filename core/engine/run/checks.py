@@ -12,12 +12,16 @@ sampling settings, made before any model loads (errors) or at start-up and durin
   responses: every group has reward std 0, every advantage is 0, nothing is learned.
 * :class:`ZeroSignalWatch`: the same seen during the run (``zero_std_frac`` 1.0 for several
   steps in a row), whatever its cause.
+* :func:`filter_bias_warning`: a sampling filter (top_p, top_k, min_p, repetition_penalty) with a
+  component that reads the sampler's log-probs: they are of the filtered, renormalised
+  distribution, the trainer's of the full one, so every ratio between them is biased.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from policyzoo.contract import SAMPLING_OPTIONS
 from policyzoo.data import fit_prompt_lengths
 from policyzoo.engine.models import ModelError
 from policyzoo.errors import DataError
@@ -79,6 +83,39 @@ def sampling_warning(temperature: float, n: int) -> str | None:
                 "(nearly) identical, every group's reward std 0 and every advantage 0, so nothing is learned; "
                 f"use a temperature >= {LOW_TEMPERATURE:g} (e.g. algorithm.sample.temperature=1.0)")
     return None
+
+
+#: sampling options that filter or reshape the sampled distribution (its log-probs are then of another one)
+FILTERS = ("top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def filter_bias_warning(run, overlap: str = "none") -> str | None:
+    """A warning when the sample component filters the distribution and something reads the
+    sampler's log-probs ``rollout_logprobs``: a ratio component whose hook method takes them (tis,
+    mis, icepop, opsm, geo_tis ...) or ``engine.overlap: one_step`` (off-policy rows take them as
+    pi_old). vLLM reports log-probs of the distribution sampled from (``processed_logprobs``:
+    renormalised over the kept tokens), the trainer scores the full one, so on every sampled token
+    pi_trainer / pi_sampler = the kept mass (< 1): with p = [0.5, 0.3, 0.2] and top_p 0.8 the
+    sampler's p(token 0) is 0.5 / 0.8 = 0.625 and the ratio 0.8. That is a bias the consumer would
+    "correct", not an engine mismatch (TRL issue #6789; NeMo-RL applies the filter to the trainer's
+    logits instead). None when no filter is set or nothing reads the sampler's log-probs."""
+    p = run.sample.params
+    on = [f"{k}={getattr(p, k)!r}" for k in FILTERS if getattr(p, k, SAMPLING_OPTIONS[k]) != SAMPLING_OPTIONS[k]]
+    if not on:
+        return None
+    readers = []
+    impls = run.pm.hook.ratio.get_hookimpls()
+    if impls and "rollout_logprobs" in impls[0].argnames:
+        readers.append(f"the ratio component {run.ratio.name!r}")
+    if overlap != "none":
+        readers.append(f"engine.overlap={overlap} (rows sampled by older weights use them as pi_old)")
+    if not readers:
+        return None
+    return (f"sampling with {', '.join(on)} while {' and '.join(readers)} read(s) the sampler's log-probs: they are "
+            "of the filtered, renormalised distribution and the trainer's of the full one, so pi_trainer / "
+            "pi_sampler is the kept probability mass (< 1) on every sampled token -- a bias, not an engine "
+            "mismatch. Sample without the filter (top_p 1, top_k 0, min_p 0, repetition_penalty 1) or use a "
+            "ratio that does not read rollout_logprobs (e.g. algorithm.ratio.use=token)")
 
 
 class ZeroSignalWatch:

@@ -27,6 +27,7 @@ from .checks import (
     ZeroSignalWatch,
     check_answers,
     check_chat_template,
+    filter_bias_warning,
     fit_prompts,
     sampling_warning,
     system_turn_warning,
@@ -79,7 +80,8 @@ class Session(RunLoop):
         tok = self.model.tokenizer
         check_chat_template(tok, self.task.train_rows + self.task.eval_rows, f"model.path ({self.model.path})")
         self.warnings = [w for w in (system_turn_warning(tok, self.task.train_rows),
-                                     sampling_warning(getattr(sp, "temperature", 1.0), self.n)) if w]
+                                     sampling_warning(getattr(sp, "temperature", 1.0), self.n),
+                                     filter_bias_warning(self.run, config.engine.overlap)) if w]
         count = lambda msgs: len(encode_prompt(self.model.tokenizer, msgs))  # noqa: E731
         env = self.run.env  # an env may start its episodes from another prompt than the row's
         start = (lambda rows: [dict(r, prompt=env.env(r).prompt) for r in rows]) if env else (lambda rows: rows)
@@ -93,7 +95,9 @@ class Session(RunLoop):
                           + [self.model.eos_token_ids[0]])[:self.max_model_len]
         self.resolved = resolved_view(config, self.run)
         self.fingerprint = {k: self.resolved[k] for k in FINGERPRINT_KEYS}
-        self.fingerprint["algorithm"] = self.fingerprint["algorithm"]["slots"]
+        self.fingerprint["algorithm"] = dict(self.fingerprint["algorithm"]["slots"])
+        if not self.fingerprint["algorithm"]["term"]["components"]:  # as checkpoints from before the term slot
+            del self.fingerprint["algorithm"]["term"]
         if resume:
             self.rundir = RunDir(resume)
             found = self.rundir.latest()
