@@ -15,6 +15,7 @@ from typing import Any
 
 import pluggy
 
+from . import conventions
 from .catalog import Catalog, get_catalog
 from .contract import (
     KL,
@@ -64,6 +65,10 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
         spec = {"base": DEFAULT_ALGORITHM, **spec}
     if "slots" in spec:
         spec = _from_resolved_view(spec, where)
+    if "conventions" in spec:  # the peer's convention switches, filled where nothing else states them
+        spec = dict(spec)
+        name = conventions.check_name(spec.pop("conventions"), f"{where}.conventions")
+        return conventions.apply(resolve_algorithm(spec, catalog, where), name, catalog)[0]
     base = catalog.bundle(spec["base"], f"{where}.base")
     changes: dict[str, Any] = {}
     for slot, value in spec.items():
@@ -91,11 +96,13 @@ def _from_resolved_view(spec: dict, where: str) -> dict:
     """Read back the resolved form that ``--dry-run`` prints and ``resolved.yaml`` holds
     (``{base, name, paper, slots: {SLOT: {from, components}}, sources}``): every slot is set
     explicitly; ``name``, ``paper``, ``from`` and ``sources`` are information only."""
-    extra = set(spec) - {"base", "name", "paper", "slots", "sources"}
+    extra = set(spec) - {"base", "name", "paper", "slots", "sources", "conventions"}
     if extra:
         raise ConfigError(f"{where}.{sorted(extra)[0]}", "unknown key in a resolved algorithm",
                           "a resolved algorithm has base, name, paper, slots and sources only")
     out: dict[str, Any] = {"base": spec.get("base")}
+    if isinstance(spec.get("conventions"), dict):  # what --dry-run printed: the values are in the slots already
+        out["conventions"] = spec["conventions"]["name"]
     for slot, entry in (spec.get("slots") or {}).items():
         comps = entry.get("components", []) if isinstance(entry, dict) else entry
         out[slot] = comps if SLOTS.get(slot) == "collect" else (comps[0] if comps else None)
@@ -309,6 +316,12 @@ def resolved_view(config, run) -> dict:
         view["algorithm"]["slots"][slot] = {"from": origin, "components": [
             {"use": c.name, **c.params.model_dump()} for c in comps]}
     view["algorithm"]["sources"] = run.sources
+    name = algo.get("conventions") if isinstance(algo, dict) else None
+    if name is not None:  # which keys came from the preset (explicit settings won where they are absent)
+        plain = resolve_algorithm({k: v for k, v in algo.items() if k != "conventions"})
+        _, applied = conventions.apply(plain, name, get_catalog())
+        train = {f"train.{k}": v for k, v in conventions.train_defaults(name).items() if getattr(config.train, k) == v}
+        view["algorithm"]["conventions"] = {"name": name, "set": {**applied, **train}}
     return view
 
 
