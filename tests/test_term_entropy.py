@@ -122,3 +122,17 @@ def test_adaptive_entropy_state_goes_into_the_run_state():
     assert run.state_dict() == {"term[1]:entropy_adaptive": {"coef": 0.1, "last_entropy": None}}
     run.load_state_dict({"term[1]:entropy_adaptive": {"coef": 0.3, "last_entropy": 0.1}})
     assert run.term[1].coef == 0.3
+
+
+def test_engine_token_logprobs_entropy_has_grad_only_when_asked():
+    from policyzoo.engine.trainer.prefix import token_logprobs
+
+    # one position, logits [0, ln 3] at temperature 1: p = [0.25, 0.75], H = 0.562335 (as above);
+    # dH/dz = -p (ln p + H) = [0.205990, -0.205990]
+    logits = torch.tensor([[[0.0, math.log(3.0)]]], requires_grad=True)
+    lp, ent = token_logprobs(logits, torch.tensor([[1]]), 1.0, True)
+    assert not ent.requires_grad and float(ent) == pytest.approx(0.562335, abs=1e-6)
+    lp2, ent2 = token_logprobs(logits, torch.tensor([[1]]), 1.0, True, entropy_grad=True)
+    assert torch.equal(lp, lp2) and float(ent2) == pytest.approx(float(ent), abs=1e-7)
+    (g,) = torch.autograd.grad(ent2.sum(), logits)
+    assert torch.allclose(g, torch.tensor([[[0.205990, -0.205990]]]), atol=1e-5)
