@@ -218,5 +218,6 @@ class RunLoop:
                                 "lower train.lr or train.grad_clip, then resume from the last checkpoint")
         state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size())
         state["tokens_seen"] = getattr(self, "state", {}).get("tokens_seen", 0)
-        state["components"] = self.run.state_dict()  # controllers' state (e.g. an adaptive KL coefficient)
+        run = getattr(self, "run", None)  # controllers' state (e.g. an adaptive KL coefficient)
+        state["components"] = run.state_dict() if run is not None else {}
         return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)
