@@ -3,7 +3,7 @@
 Public API::
 
     from policyzoo import hookimpl, use, Bundle, assemble
-    from policyzoo.contract import Sample, Env, Reward, Filter, KL, Baseline, Ratio, Clip, Reduce
+    from policyzoo.contract import Sample, Env, Reward, Filter, KL, Baseline, Ratio, Clip, Term, Reduce
     from policyzoo import train, Trainer        # the Python twin of `policyzoo train` (policyzoo.api)
 
 A component derives from its slot's base class (:mod:`policyzoo.contract`, also importable from
@@ -35,6 +35,7 @@ from .contract import (
                        StepBatch,
                        StepTotals,
                        Surrogate,
+                       Term,
                        Use,
                        hookimpl,
                        use,
@@ -45,6 +46,6 @@ __version__ = "0.1.0"
 __all__ = [
     "KL", "Advantages", "Baseline", "Bundle", "Clip", "Component", "ConfigError", "DataError", "Env", "Episode",
     "Filter", "Importance", "Keep", "Observation", "Params", "PluginError", "Ratio", "Reduce", "Reward", "Rollout",
-    "Run", "Sample", "StepBatch", "StepTotals", "Surrogate", "Trainer", "Use", "UserError", "assemble", "get_catalog",
-    "hookimpl", "load_catalog", "resolve_algorithm", "train", "use",
+    "Run", "Sample", "StepBatch", "StepTotals", "Surrogate", "Term", "Trainer", "Use", "UserError", "assemble",
+    "get_catalog", "hookimpl", "load_catalog", "resolve_algorithm", "train", "use",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pluggy
 
+from . import conventions
 from .catalog import Catalog, get_catalog
 from .contract import (
     KL,
@@ -32,6 +33,7 @@ from .contract import (
     Reward,
     Sample,
     Spec,
+    Term,
     Use,
     use,
     validate_params,
@@ -64,6 +66,10 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
         spec = {"base": DEFAULT_ALGORITHM, **spec}
     if "slots" in spec:
         spec = _from_resolved_view(spec, where)
+    if "conventions" in spec:  # the peer's convention switches, filled where nothing else states them
+        spec = dict(spec)
+        name = conventions.check_name(spec.pop("conventions"), f"{where}.conventions")
+        return conventions.apply(resolve_algorithm(spec, catalog, where), name, catalog)[0]
     base = catalog.bundle(spec["base"], f"{where}.base")
     changes: dict[str, Any] = {}
     for slot, value in spec.items():
@@ -91,11 +97,13 @@ def _from_resolved_view(spec: dict, where: str) -> dict:
     """Read back the resolved form that ``--dry-run`` prints and ``resolved.yaml`` holds
     (``{base, name, paper, slots: {SLOT: {from, components}}, sources}``): every slot is set
     explicitly; ``name``, ``paper``, ``from`` and ``sources`` are information only."""
-    extra = set(spec) - {"base", "name", "paper", "slots", "sources"}
+    extra = set(spec) - {"base", "name", "paper", "slots", "sources", "conventions"}
     if extra:
         raise ConfigError(f"{where}.{sorted(extra)[0]}", "unknown key in a resolved algorithm",
                           "a resolved algorithm has base, name, paper, slots and sources only")
     out: dict[str, Any] = {"base": spec.get("base")}
+    if isinstance(spec.get("conventions"), dict):  # what --dry-run printed: the values are in the slots already
+        out["conventions"] = spec["conventions"]["name"]
     for slot, entry in (spec.get("slots") or {}).items():
         comps = entry.get("components", []) if isinstance(entry, dict) else entry
         out[slot] = comps if SLOTS.get(slot) == "collect" else (comps[0] if comps else None)
@@ -123,7 +131,8 @@ class Run:
     """The chosen components of one training run, registered in their own plugin manager.
 
     Typed slot attributes: ``sample``, ``baseline``, ``ratio``, ``clip``, ``reduce`` (one component
-    each), ``kl`` and ``env`` (one or None), ``reward`` and ``filter`` (lists, the task's rewards first);
+    each), ``kl`` and ``env`` (one or None), ``reward``, ``filter`` and ``term`` (lists, the task's rewards
+    first);
     ``reward_labels`` (the metric key of each reward, unique); ``bundle``; ``hook`` (the pluggy
     relay); ``sources`` ``{slot: "name from dist version"}``. :meth:`call` and :meth:`call_each`
     call the hooks and check each result at the boundary (:mod:`policyzoo.step.boundary`)."""
@@ -136,6 +145,7 @@ class Run:
     baseline: Baseline
     ratio: Ratio
     clip: Clip
+    term: list[Term]
     reduce: Reduce
 
     def __init__(self, bundle: Bundle, catalog: Catalog | None = None,
@@ -155,6 +165,7 @@ class Run:
         self.baseline = one("baseline")
         self.ratio = one("ratio")
         self.clip = one("clip")
+        self.term = [self._make(catalog, "term", u, f"{where}.term[{i}]") for i, u in enumerate(bundle.term)]
         self.reduce = one("reduce")
         self.reward_labels = _unique([c.label for c in self.reward])
         self.hook = self.pm.hook
@@ -190,6 +201,35 @@ class Run:
             v = getattr(self, slot)
             out.extend(v if isinstance(v, list) else ([] if v is None else [v]))
         return out
+
+    def stateful(self) -> dict[str, Component]:
+        """``{key: component}`` of the components that keep state: ``slot:name`` for a single slot,
+        ``slot[i]:name`` for the i-th of a collect slot (the keys of a checkpoint's ``components``)."""
+        out: dict[str, Component] = {}
+        for slot in SLOTS:
+            v = getattr(self, slot)
+            items = list(enumerate(v)) if isinstance(v, list) else ([] if v is None else [(None, v)])
+            for i, comp in items:
+                if comp.stateful:
+                    out[f"{slot}:{comp.name}" if i is None else f"{slot}[{i}]:{comp.name}"] = comp
+        return out
+
+    def state_dict(self) -> dict[str, dict]:
+        """Every stateful component's ``state_dict()`` by :meth:`stateful` key (JSON values)."""
+        return {key: comp.state_dict() for key, comp in self.stateful().items()}
+
+    def load_state_dict(self, states: dict[str, dict], where: str = "checkpoint") -> None:
+        """Restore what :meth:`state_dict` saved. A stateful component with no saved state (a
+        checkpoint written before it kept any) or a saved state with no component raises
+        :class:`ConfigError`: the run would silently restart the controller otherwise."""
+        mine = self.stateful()
+        for key in sorted(set(mine) ^ set(states)):
+            why = (f"the component {key} keeps state but the checkpoint holds none for it" if key in mine
+                   else f"the checkpoint holds the state of {key}, which this run does not have")
+            raise ConfigError(f"{where}.components", why, "resume with the algorithm the checkpoint was "
+                              "written with (`--resume RUN_DIR` alone)")
+        for key, comp in mine.items():
+            comp.load_state_dict(states[key])
 
     def check(self) -> None:
         """Exactly one implementation per single slot, then every component's own ``check``."""
@@ -287,6 +327,12 @@ def resolved_view(config, run) -> dict:
         view["algorithm"]["slots"][slot] = {"from": origin, "components": [
             {"use": c.name, **c.params.model_dump()} for c in comps]}
     view["algorithm"]["sources"] = run.sources
+    name = algo.get("conventions") if isinstance(algo, dict) else None
+    if name is not None:  # which keys came from the preset (explicit settings won where they are absent)
+        plain = resolve_algorithm({k: v for k, v in algo.items() if k != "conventions"})
+        _, applied = conventions.apply(plain, name, get_catalog())
+        train = {f"train.{k}": v for k, v in conventions.train_defaults(name).items() if getattr(config.train, k) == v}
+        view["algorithm"]["conventions"] = {"name": name, "set": {**applied, **train}}
     return view
 
 

@@ -125,7 +125,7 @@ def cmd_train(args, out: Console) -> None:
     if args.dry_run:  # the checks a real run makes before its weights load, and nothing else
         import yaml
 
-        from policyzoo.engine.run.checks import preload
+        from policyzoo.engine.run.preload import preload
 
         pre = preload(config, args.resume, args.force_resume, dry_run=True)
         out.print(yaml.safe_dump(pre.resolved, sort_keys=False))

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from policyzoo.data.config import DataSettings
 
+from . import conventions
 from .errors import ConfigError, did_you_mean
 
 
@@ -284,6 +285,11 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 
 
 def validate(tree: dict, where: str = "config") -> Config:
+    algo = tree.get("algorithm")
+    if isinstance(algo, dict) and "conventions" in algo and isinstance(tree.get("train", {}), dict):
+        # algorithm.conventions also sets train.* convention keys the config does not set
+        fill = conventions.train_defaults(conventions.check_name(algo["conventions"], "algorithm.conventions"))
+        tree = {**tree, "train": {**fill, **(tree.get("train") or {})}}
     try:
         return Config.model_validate(tree)
     except pydantic.ValidationError as e:

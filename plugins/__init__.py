@@ -1,9 +1,22 @@
 """Built-in components, one module per slot. Each module lists its classes in ``COMPONENTS``."""
 
 from policyzoo.contract import hookimpl
-from policyzoo.plugins import baseline, clip, env, filter, kl, mismatch, ratio, reduce, reward, sample
+from policyzoo.plugins import (
+    baseline,
+    clip,
+    env,
+    filter,
+    kl,
+    kl_adaptive,
+    mismatch,
+    ratio,
+    reduce,
+    reward,
+    sample,
+    term,
+)
 
-MODULES = (sample, env, reward, filter, kl, baseline, ratio, mismatch, clip, reduce)
+MODULES = (sample, env, reward, filter, kl, kl_adaptive, baseline, ratio, mismatch, clip, term, reduce)
 
 
 @hookimpl

@@ -73,6 +73,11 @@ class _KL(KL):
         times_ratio: bool = Field(False, description="multiply the estimate by the ratio slot's importance "
                                   "ratio, with grad (TRL use_bias_correction_kl; loss placement)")
 
+    @property
+    def estimator(self) -> str:
+        """The estimator's name (k1, k2, k3, abs): the component's own name here."""
+        return self.name
+
     @hookimpl
     def kl(self, logprobs, ref_logprobs, response_mask, ratio):
         log_r = torch.where(response_mask, logprobs - ref_logprobs, torch.zeros_like(logprobs))
@@ -92,10 +97,10 @@ class _KL(KL):
                           UserWarning, stacklevel=2)
         if self.params.straight_through and placement == "loss":
             return  # the gradient is k2's, the correct one in the loss
-        why = BAD_COMBINATIONS.get((self.name, placement))
+        why = BAD_COMBINATIONS.get((self.estimator, placement))
         if why:
             other = "reward" if placement == "loss" else "loss"
-            warnings.warn(f"kl: {self.name} with placement {placement!r}: {why} "
+            warnings.warn(f"kl: {self.estimator} with placement {placement!r}: {why} "
                           f"(Tang & Munos 2025, arXiv:2506.09477). Use {GOOD_ALTERNATIVE[other]} "
                           f"or {GOOD_ALTERNATIVE[placement]}, or straight_through: true in the loss.",
                           UserWarning, stacklevel=2)

@@ -7,7 +7,7 @@ from pydantic import Field
 
 from policyzoo import Advantages, Surrogate, hookimpl
 from policyzoo.catalog import load_catalog
-from policyzoo.contract import Baseline, Clip, Ratio, Reduce, Reward
+from policyzoo.contract import KL, Baseline, Clip, Component, Ratio, Reduce, Reward
 from policyzoo.testing.contract import CHECKS, ContractFailure, check_component, contract_cases, run_checks
 
 CATALOG = load_catalog(autoload=True, allow=None)
@@ -116,6 +116,53 @@ class Entropyish(_Clip):
         return Surrogate(-advantages * ratio - 0.01 * logprobs)
 
 
+class DriftingKL(KL):
+    """Adapts its coefficient inside the hook (the state moves on every call). Source: a test double."""
+
+    name = "drifting_kl"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.coef = 0.1
+
+    @hookimpl
+    def kl(self, logprobs, ref_logprobs, response_mask):
+        self.coef *= 1.01
+        return torch.where(response_mask, 0.5 * (logprobs - ref_logprobs) ** 2, 0.0)
+
+    def update(self, metrics, collective):
+        pass
+
+    def state_dict(self):
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state):
+        self.coef = state["coef"]
+
+
+class HiddenStateKL(DriftingKL):
+    """Keeps state but has no update() (so nothing declares when it changes). Source: a test double."""
+
+    name = "hidden_state_kl"
+    update = Component.update
+
+
+class LossyStateKL(DriftingKL):
+    """Its saved state does not restore it. Source: a test double."""
+
+    name = "lossy_state_kl"
+
+    @hookimpl
+    def kl(self, logprobs, ref_logprobs, response_mask):
+        return torch.where(response_mask, 0.5 * (logprobs - ref_logprobs) ** 2, 0.0)
+
+    def update(self, metrics, collective):
+        self.coef += 1.0
+
+    def load_state_dict(self, state):
+        self.coef = 0.1
+
+
 def _catalog_with(*classes):
     from policyzoo.testing import make_plugin
 
@@ -131,6 +178,9 @@ def _catalog_with(*classes):
     (ByPosition, "spec"),
     (MicroMean, "spec"),
     (Entropyish, "masked"),
+    (DriftingKL, "state"),
+    (HiddenStateKL, "state"),
+    (LossyStateKL, "state"),
 ], ids=lambda x: x if isinstance(x, str) else x.__name__)
 def test_each_check_catches_its_breakage(cls, check):
     result = run_checks(cls, _catalog_with(cls))
@@ -170,6 +220,15 @@ class NeedsPath(Reward):
     def reward(self, rollout):
         with open(self.params.path) as f:
             return torch.full((len(rollout),), float(f.read()))
+
+
+@pytest.mark.parametrize("cls, said", [
+    (DriftingKL, "state only in update"), (HiddenStateKL, "stateless means no state"),
+    (LossyStateKL, "state round trip"),
+], ids=lambda x: x if isinstance(x, str) else x.__name__)
+def test_state_failures_name_the_property(cls, said):
+    result = run_checks(cls, _catalog_with(cls))
+    assert result["state"].startswith(said), result["state"]
 
 
 def test_contract_params_build_components_without_defaults():

@@ -189,6 +189,38 @@ def test_the_guides_distribution_builds_installs_and_registers_from_the_pages_te
     assert explain.returncode == 0 and "clip      capped_pg" in explain.stdout, explain.stderr
 
 
+def test_the_controller_example_passes_the_contract_and_adapts():
+    from policyzoo.contract import LOCAL
+    from policyzoo.testing import check_component, make_plugin
+
+    text = (DOCS / "writing-a-plugin.md").read_text()
+    code = re.search(r"```python controller\n(.*?)```", text, flags=re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "halving_kl.py", "exec"), scope)
+    cls = scope["HalvingKL"]
+    check_component(cls, load_catalog(autoload=False, extra=[make_plugin(cls)]))
+    kl = cls(beta=0.04, target=0.01)
+    kl.update({"kl_ref_row_mean": 0.02, "rows": 4}, LOCAL)  # 0.02 > 1.5 x 0.01: beta x 2 = 0.08
+    assert kl.beta == 0.08 and kl.state_dict() == {"beta": 0.08}
+    kl.update({"kl_ref_row_mean": 0.005, "rows": 4}, LOCAL)  # 0.005 < 0.01 / 1.5: beta / 2 = 0.04
+    assert kl.beta == 0.04
+
+
+def test_the_term_example_passes_the_contract_and_adds_its_term():
+    from policyzoo import assemble
+    from policyzoo.testing import check_component, make_plugin
+
+    text = (DOCS / "writing-a-plugin.md").read_text()
+    code = re.search(r"```python term\n(.*?)```", text, flags=re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "my_entropy.py", "exec"), scope)
+    cls = scope["EntropyBonus"]
+    catalog = load_catalog(autoload=False, extra=[make_plugin(cls)])
+    check_component(cls, catalog)
+    run = assemble({"base": "grpo", "term": [{"use": "my_entropy", "coef": 0.01}]}, catalog=catalog)
+    assert run.term[0].coef == 0.01 and run.term[0].needs_entropy
+
+
 def test_hooks_page_lists_every_slot_base_and_what_it_declares():
     from policyzoo.contract import BASES
 

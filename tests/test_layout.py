@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ROOTS = {"core": "policyzoo", "plugins": "policyzoo.plugins", "zoo": "policyzoo.zoo"}
 #: the old public paths, kept one release as re-exports (nothing of the project imports them)
 DEPRECATED = {f"policyzoo.{m}" for m in ("hookspecs", "slots", "batch", "components", "policy", "stats", "runstate")}
-BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyzoo.data", "policyzoo.plan")
+BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyzoo.conventions", "policyzoo.data",
+         "policyzoo.plan")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
                   "slots": 2, "hookspecs": 3, "": 4}
 ROOMS = ("rollout", "trainer", "run", "report")

@@ -19,7 +19,7 @@ from policyzoo.catalog import get_catalog
 from policyzoo.cli import main
 from policyzoo.config import load_config
 from policyzoo.engine import dist
-from policyzoo.engine.run import checks
+from policyzoo.engine.run import preload as checks  # the pre-load phase
 from policyzoo.engine.run.session import Session
 from policyzoo.errors import UserError
 
@@ -33,8 +33,9 @@ CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", 
                  "Path(w.filename).resolve", "str(Path(w.filename).resolve()).startswith", "issubclass",
                  "pre.warnings.append", "warnings.warn_explicit", "_preload", "Path(__file__).resolve",
                  "lr_plan", "resume_schedule", "pre.rundir.claim", "encode_text",
-                 "check_sampling_options"}  # get_catalog: see check_same_catalog; check_sampling_options: both
-# engines honour every option today (tests/test_sampling_paths.py refuses one an engine does not name)
+                 "check_sampling_options", "dict", "filter_bias_warning", "pre.state.get"}
+# get_catalog: see check_same_catalog; check_sampling_options: both engines honour every option today
+# (tests/test_sampling_paths.py refuses one an engine does not name)
 
 
 def _name(node) -> str:
@@ -112,6 +113,10 @@ CASES = {
     "raise:str(resume)": [("resume without checkpoint", lambda t, m: ([], str((t / "empty-run").mkdir() or
                                                                             t / "empty-run"))[0:2], "empty-run")],
     "check_resume": [("resume past train.steps", lambda t, m: (["train.steps=2"], str(_checkpoint(t))), "step-2")],
+    "pre.run.load_state_dict": [("adaptive KL resumed from a checkpoint without its state",
+                                 lambda t, m: (m.setattr(checks, "check_resume", lambda *a: []),
+                                               ["algorithm.kl.use=adaptive"], str(_checkpoint(t)))[1:],
+                                 "step-2.components")],
     "raise:out": [("output dir holds a run", lambda t, m: [f"output_dir={_checkpoint(t)}"], "old-run")],
     "pre.rundir.check_live": [("output dir of a live run", lambda t, m: [f"output_dir={_live(t)}"], "live-run"),
                                ("resume of a live run", lambda t, m: ([], str(_live(t))), "live-run")],

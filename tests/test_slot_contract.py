@@ -198,7 +198,7 @@ def test_zoo_bundles_state_only_what_differs_from_their_parent():
 def test_inherited_slots_equal_the_parent_and_params_merge():
     cat = load_catalog(autoload=False)
     dapo, grpo = cat.bundle("dapo"), cat.bundle("grpo")
-    assert dapo.inherited == {"sample", "env", "baseline", "ratio"}  # env: grpo has none, nor has dapo
+    assert dapo.inherited == {"sample", "env", "baseline", "ratio", "term"}  # env, term: grpo has none, nor has dapo
     assert (dapo.sample, dapo.env, dapo.baseline, dapo.ratio) == (grpo.sample, None, grpo.baseline, grpo.ratio)
     # dapo states clip=use("ppo_clip", eps_high=0.28): grpo's eps_low 0.2 is kept
     assert dapo.clip == use("ppo_clip", eps_low=0.2, eps_high=0.28) and dapo.kl is None

@@ -15,6 +15,17 @@ named after its slot, decorated with ``@hookimpl``::
 
 ``Component(**params)`` validates the parameters (unknown keys and out-of-range values raise
 :class:`~policyzoo.errors.ConfigError`). ``check(run)`` is the place for cross-slot rules.
+
+State (controllers: an adaptive KL coefficient, an adaptive entropy coefficient). A component may
+keep state across steps. It then overrides three methods together: :meth:`Component.update`, the
+one place its state changes, called by the step once per training step after the batch's
+optimizer step(s) with the step's metrics and the :class:`~policyzoo.contract.Collective` (so
+every data-parallel rank updates identically); :meth:`Component.state_dict` (JSON values: saved
+in every checkpoint's ``state.json``) and :meth:`Component.load_state_dict` (restores it exactly
+on resume). Values the step reads from a component are declared accessors on the slot's base
+(e.g. ``KL.beta``), which a stateful component overrides to read its state. ``stateful`` is True
+for a class that overrides ``update``; the contract suite then checks that the hook methods leave
+the state alone and that the state survives a JSON round trip.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import pydantic
 
 from policyzoo.errors import ConfigError, PluginError, did_you_mean
 
-from .ground import PROJECT, SLOTS, hookimpl
+from .ground import LOCAL, PROJECT, SLOTS, Collective, hookimpl
 
 
 class Params(pydantic.BaseModel):
@@ -58,6 +69,31 @@ class Component(ABC):
     def check(self, run) -> None:
         """Cross-slot compatibility; raise :class:`ConfigError` with the fix. ``run`` is the
         :class:`~policyzoo.assembly.Run` with every chosen component."""
+
+    @property
+    def stateful(self) -> bool:
+        """True for a component that keeps state: its class overrides :meth:`update`."""
+        return type(self).update is not Component.update
+
+    def update(self, metrics: dict, collective: Collective = LOCAL) -> None:
+        """The once-per-step update of a stateful component: the only method that may change its
+        state. Called by the step after the batch's optimizer step(s) (not on a skipped step) with
+        the step's ``metrics`` of this rank (``{name: float}``, e.g. ``kl_ref_row_mean`` and
+        ``rows``) and ``collective``: reduce every rank-local number through it so that every rank
+        computes the same new state. The base does nothing (a stateless component)."""
+
+    def state_dict(self) -> dict:
+        """The component's state as JSON values (floats, ints, strings, lists, dicts), saved in
+        every checkpoint and given back to :meth:`load_state_dict` on resume; ``{}`` when
+        stateless."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned, exactly. The base accepts only ``{}``."""
+        if state:
+            raise ConfigError(f"{self.slot}: {self.name}", f"a saved state {sorted(state)} was given to a "
+                              "component that keeps none", "resume with the components the checkpoint was "
+                              "written with")
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.model_dump().items())
@@ -126,6 +162,7 @@ class _Inherit:
 INHERIT: Any = _Inherit()
 SINGLE_SLOTS = ("sample", "baseline", "ratio", "clip", "reduce")
 OPTIONAL_SLOTS = ("kl", "env")
+COLLECT_SLOTS = ("reward", "filter", "term")
 
 
 @dataclass(frozen=True)
@@ -141,7 +178,8 @@ class Bundle:
     one (``algorithm: {base: grpo, env: {use: calculator}}``) and every bundle trains unchanged.
 
     ``reward`` holds reward *extras* the algorithm adds to the task's rewards (e.g. DAPO's
-    overlong penalty); ``filter`` its filters.
+    overlong penalty); ``filter`` its filters; ``term`` its additive per-token loss terms (e.g.
+    an entropy bonus).
     """
 
     name: str
@@ -155,16 +193,17 @@ class Bundle:
     env: Use | None = INHERIT
     reward: tuple[Use, ...] = INHERIT
     filter: tuple[Use, ...] = INHERIT
+    term: tuple[Use, ...] = INHERIT
     parent: str | None = None
     summary: str = ""
     inherited: frozenset = frozenset()
 
     def __post_init__(self):
         if self.parent is None:  # a root bundle: unstated optional slots are empty
-            for key, empty in (("kl", None), ("env", None), ("reward", ()), ("filter", ())):
+            for key, empty in (("kl", None), ("env", None), ("reward", ()), ("filter", ()), ("term", ())):
                 if getattr(self, key) is INHERIT:
                     object.__setattr__(self, key, empty)
-        for key in ("reward", "filter"):
+        for key in COLLECT_SLOTS:
             value = getattr(self, key)
             if isinstance(value, Use):
                 object.__setattr__(self, key, (value,))
@@ -174,15 +213,15 @@ class Bundle:
     @property
     def complete(self) -> bool:
         """True when every slot is stated (nothing left to inherit)."""
-        return not any(getattr(self, s) is INHERIT for s in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, "reward", "filter"))
+        return not any(getattr(self, s) is INHERIT for s in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, *COLLECT_SLOTS))
 
     def inherit(self, parent: "Bundle | None", where: str = "") -> "Bundle":
         """This bundle with every unstated slot filled from ``parent`` (a complete bundle), or,
-        without a parent, with ``kl``/``reward``/``filter`` defaulting to none. Raises
+        without a parent, with ``kl``/``reward``/``filter``/``term`` defaulting to none. Raises
         :class:`PluginError` for a root bundle that leaves a single slot unstated."""
         changes: dict[str, Any] = {}
         inherited = set()
-        for slot in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, "reward", "filter"):
+        for slot in (*SINGLE_SLOTS, *OPTIONAL_SLOTS, *COLLECT_SLOTS):
             mine = getattr(self, slot)
             if parent is None:
                 if mine is INHERIT and slot in SINGLE_SLOTS:
@@ -207,8 +246,8 @@ class Bundle:
             if key not in fields:
                 raise ConfigError(f"{self.name}.replace", f"unknown slot {key!r}"
                                   f"{did_you_mean(key, fields)}",
-                                  "slots are: sample, env, reward, filter, kl, baseline, ratio, clip, reduce")
-        for key in ("reward", "filter"):
+                                  f"slots are: {', '.join(SLOTS)}")
+        for key in COLLECT_SLOTS:
             if key in changes and isinstance(changes[key], Use):
                 changes[key] = (changes[key],)
             elif key in changes:

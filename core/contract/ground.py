@@ -27,6 +27,7 @@ SLOTS: dict[str, str] = {
     "baseline": "single",
     "ratio": "single",
     "clip": "single",
+    "term": "collect",
     "reduce": "single",
 }
 

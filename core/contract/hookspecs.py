@@ -151,6 +151,18 @@ class Spec:
         ``collective`` reduces statistics that span rows (e.g. covariance selection) over the
         data-parallel ranks (:class:`Collective`)."""
 
+    @hookspec
+    def term(self, logprobs: Tensor, entropy: Tensor | None, ref_logprobs: Tensor | None, ratio: Tensor,
+             advantages: Tensor, response_mask: Tensor) -> Tensor:
+        """collect. An additive per-token loss term ``[B, T]`` (unscaled, to minimise, 0 where masked).
+
+        The step adds each component's ``coef x term`` to the per-token loss, after the clip's loss
+        (times the ratio's weight) and the KL in loss placement, before the reduce. Args:
+        ``logprobs [B, T]`` (with grad), ``entropy [B, T]`` (the trainer's per-token entropy in nats,
+        with grad, when the component ``needs_entropy``; else None), ``ref_logprobs [B, T]`` (when a
+        ``kl`` component loads the reference; else None), ``ratio [B, T]`` (the ratio slot's, with
+        grad), ``advantages [B, T]`` (constants), ``response_mask [B, T]``."""
+
     @hookspec(firstresult=True)
     def reduce(self, loss: Tensor, response_mask: Tensor, totals: StepTotals) -> Tensor:
         """single. Per-token loss ``[B, T]`` -> scalar for this micro-batch. ``totals``

@@ -55,11 +55,14 @@ class Policy(Protocol):
         ``temperature`` 0 means greedy decoding (the baseline response of ReMax). ``options``:
         keyword sampling options among ``sampling_options`` (see :data:`SAMPLING_OPTIONS`)."""
 
-    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False,
+                 entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
         """Trainer log-probs ``[B, T]`` of the response tokens (token t scored from the logits at
         position t-1, divided by ``rollout.temperature``), and the per-token entropy ``[B, T]``
-        of that distribution when ``entropy`` is True (else None). With ``grad`` the result is
-        attached to the trainable weights."""
+        of that distribution when ``entropy`` is True (else None). With ``grad`` the log-probs are
+        attached to the trainable weights; the entropy too only with ``entropy_grad`` (asked, and
+        passed, only when a ``term`` component ``needs_entropy``: its graph costs a [B, T, V]
+        softmax kept for backward)."""
 
     def ref_logprobs(self, rollout: Rollout) -> Tensor:
         """Log-probs ``[B, T]`` of the frozen reference model (only called when ``kl`` is set)."""

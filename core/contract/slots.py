@@ -14,7 +14,7 @@ sample      ``n`` (G), ``max_tokens``, ``greedy``       ``sample(policy, prompts
 env         ``max_turns``, ``max_total_tokens``         ``env(row)`` -> Episode
 reward      ``weight``; ``label`` (metric key)          ``reward(rollout)`` -> ``[B]`` float
 filter      ``resample``, ``max_sample_rounds``         ``filter(rollout, rewards)`` -> Keep
-kl          ``beta``, ``placement``                     ``kl(logprobs, ref_logprobs, response_mask, ratio)``
+kl          ``beta`` (accessor), ``placement``          ``kl(logprobs, ref_logprobs, response_mask, ratio)``
 baseline    ``whiten*`` parameters, ``chain()``,        ``baseline(rewards, group_ids, ...)``
             ``needs_values``, ``needs_pi_squared``,     -> Advantages
             ``value_loss()``,
@@ -22,11 +22,15 @@ baseline    ``whiten*`` parameters, ``chain()``,        ``baseline(rewards, grou
 ratio       ``level`` ("token" / "sequence")            ``ratio(logprobs, old_logprobs, ...)``
                                                         -> ``[B, T]`` or Importance
 clip        --                                          ``clip(ratio, advantages, ...)`` -> Surrogate
+term        ``coef`` (accessor), ``needs_entropy``      ``term(logprobs, entropy, ...)`` -> ``[B, T]``
 reduce      ``averages_per_sequence``                   ``reduce(loss, response_mask, totals)``
 ==========  ==========================================  =========================================
 
 A hook method may declare any subset of its spec's arguments (pluggy passes only those). Writing
 ``@hookimpl`` on it is optional: a subclass's hook method is marked when the class is created.
+Every component may keep state (:meth:`~policyzoo.contract.Component.update`, ``state_dict``,
+``load_state_dict``); an accessor such as ``KL.beta`` is what the step reads, so a controller
+overrides it to read its state.
 """
 
 from __future__ import annotations
@@ -147,9 +151,11 @@ class Filter(Component):
 class KL(Component):
     """Base of ``kl`` components: per-token KL estimate ``[B, T]`` (0 where masked).
 
-    Declared parameters: ``beta`` (coefficient, >= 0) and ``placement`` (``reward``: -beta x KL is
-    added to the per-token rewards at sampling time, no gradient; ``loss``: +beta x KL is added to
-    the per-token loss)."""
+    Declared parameters: ``beta`` (the initial coefficient, >= 0) and ``placement`` (``reward``:
+    -beta x KL is added to the per-token rewards at sampling time, no gradient; ``loss``: +beta x
+    KL is added to the per-token loss). The step reads the coefficient through the accessor
+    :attr:`beta` (the parameter; a controller such as ``adaptive`` returns its state), so the hook
+    returns the unscaled estimate and the ``kl_ref`` metric stays the KL itself."""
 
     slot = "kl"
 
@@ -158,6 +164,11 @@ class KL(Component):
         placement: Literal["reward", "loss"] = Field(
             "loss", description="'reward': -beta x KL added to per-token rewards (no grad); "
                                 "'loss': +beta x KL added to the per-token loss")
+
+    @property
+    def beta(self) -> float:
+        """The KL coefficient the step uses this step (default: ``params.beta``)."""
+        return float(self.params.beta)
 
     @abstractmethod
     def kl(self, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, ratio: Tensor) -> Tensor:
@@ -275,6 +286,36 @@ class Clip(Component):
         """Per-token surrogate loss ``[B, T]``."""
 
 
+class Term(Component):
+    """Base of ``term`` components (a collect slot): an additive per-token loss term ``[B, T]``,
+    0 where masked, with gradient through ``logprobs`` or ``entropy``.
+
+    The step adds ``coef x term`` to the per-token loss of every micro-batch, after the clip's loss
+    (times the ratio's weight) and the KL in loss placement (the first additive term), before the
+    reduce -- so the term is aggregated by the run's reduce, as verl's ``agg_loss`` does with its
+    entropy term. Declared: the parameter ``coef`` (the coefficient; the step reads it through the
+    accessor :attr:`coef`, which a controller overrides to read its state) and ``needs_entropy``
+    (True: the trainer computes the per-token entropy *with* gradient and passes it as ``entropy``;
+    otherwise no component pays for that graph). The metric ``term/<name>`` is the unscaled term's
+    token mean."""
+
+    slot = "term"
+    needs_entropy: ClassVar[bool] = False
+
+    class Params(Component.Params):
+        coef: float = Field(0.0, description="coefficient of the term in the loss (the step adds coef x term)")
+
+    @property
+    def coef(self) -> float:
+        """The coefficient the step uses this step (default: ``params.coef``)."""
+        return float(self.params.coef)
+
+    @abstractmethod
+    def term(self, logprobs: Tensor, entropy: Tensor | None, ref_logprobs: Tensor | None, ratio: Tensor,
+             advantages: Tensor, response_mask: Tensor) -> Tensor:
+        """Per-token loss term ``[B, T]`` (unscaled, to minimise), 0 where masked."""
+
+
 class Reduce(Component):
     """Base of ``reduce`` components: per-token loss ``[B, T]`` -> the micro-batch's scalar.
 
@@ -291,6 +332,7 @@ class Reduce(Component):
 
 #: slot -> its base class (the catalog checks every component against it).
 BASES: dict[str, type[Component]] = {cls.slot: cls for cls in (Sample, Env, Reward, Filter, KL, Baseline, Ratio,
-                                                                Clip, Reduce)}
+                                                                Clip, Term, Reduce)}
 
-__all__ = ["BASES", "Baseline", "Clip", "Env", "Episode", "Filter", "KL", "Ratio", "Reduce", "Reward", "Sample"]
+__all__ = ["BASES", "Baseline", "Clip", "Env", "Episode", "Filter", "KL", "Ratio", "Reduce", "Reward", "Sample",
+           "Term"]

@@ -144,9 +144,9 @@ class LMPolicy(DrivesEpisodes):
         self.stats["prompt_tokens"] = self.stats.get("prompt_tokens", 0) + sum(len(x) for x in out.prompt_ids)
         return out
 
-    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False):
+    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False, entropy_grad: bool = False):
         self._training()
-        return self.trainer.logprobs(rollout, grad=grad, entropy=entropy)
+        return self.trainer.logprobs(rollout, grad=grad, entropy=entropy, entropy_grad=entropy_grad)
 
     def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
         self._training()

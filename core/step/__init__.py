@@ -3,8 +3,8 @@
 1. :mod:`.collect`: the step's settings and seeds, sampling rounds, rewards and filters
    (``sample`` -> ``reward`` -> ``filter``);
 2. :mod:`.advantages`: per-token rewards and advantages (``kl`` in reward placement, ``baseline``);
-3. :mod:`.loss`: the loss of one micro-batch (``ratio`` -> ``clip`` -> ``kl`` in loss placement ->
-   ``reduce``) and the step's normalisers;
+3. :mod:`.loss`: the loss of one micro-batch (``ratio`` -> ``clip`` -> the additive terms: ``kl`` in
+   loss placement, then ``term`` -> ``reduce``) and the step's normalisers;
 4. :mod:`.learn`: :func:`train_step` = collect + :func:`learn` (score, advantages, update, sync).
 
 Beside them, :mod:`.boundary` checks every hook result and :mod:`.episodes` runs multi-turn episodes
@@ -15,7 +15,7 @@ real engine and the bandit test bed both run it unchanged.
 from .advantages import masked_mean, prepare
 from .collect import SEED_STRIDE, ShortfallError, StepSettings, collect, round_seed, step_seed
 from .learn import learn, train_step
-from .loss import micro_loss, step_totals
+from .loss import loss_terms, micro_loss, step_totals
 
-__all__ = ["SEED_STRIDE", "ShortfallError", "StepSettings", "collect", "learn", "masked_mean", "micro_loss",
-           "prepare", "round_seed", "step_seed", "step_totals", "train_step"]
+__all__ = ["SEED_STRIDE", "ShortfallError", "StepSettings", "collect", "learn", "loss_terms", "masked_mean",
+           "micro_loss", "prepare", "round_seed", "step_seed", "step_totals", "train_step"]

@@ -33,8 +33,13 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None,
         kl = run.call("kl", *mask.shape, logprobs=now, ref_logprobs=batch.ref_logprobs, response_mask=mask,
                       ratio=torch.ones_like(now))
         metrics["kl_ref"] = masked_mean(kl, mask)
+        # verl's current_kl (apply_kl_penalty): each row's token mean (0 for a row with no token), then the
+        # mean over rows -- what an adaptive KL controller reads in its update
+        per_row = (kl.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        metrics["kl_ref_row_mean"] = float(per_row.mean()) if len(per_row) else 0.0
+        metrics["kl_coef"] = run.kl.beta  # the coefficient used this step (verl actor/reward_kl_penalty_coeff)
         if run.kl.params.placement == "reward":
-            token_rewards = token_rewards + torch.where(mask, -run.kl.params.beta * kl, torch.zeros_like(kl))
+            token_rewards = token_rewards + torch.where(mask, -run.kl.beta * kl, torch.zeros_like(kl))
     parts = batch.reward_components  # [B, K]; a batch built without them has the rewards as its only one
     weights = torch.tensor([float(c.params.weight) for c in run.reward]) if parts is not None else torch.ones(1)
     parts = batch.rewards.unsqueeze(-1) if parts is None else parts

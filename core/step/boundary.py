@@ -117,6 +117,10 @@ def _kl(bad: list[str], out: Any, b: int, t: int | None) -> None:
     _tensor(bad, out, (b, t), "the kl")
 
 
+def _term(bad: list[str], out: Any, b: int, t: int | None) -> None:
+    _tensor(bad, out, (b, t), "the term")
+
+
 def _clip(bad: list[str], out: Any, b: int, t: int | None) -> None:
     if not isinstance(out, Surrogate):
         bad.append(f"returned {_shape(out)}, not a Surrogate")
@@ -133,7 +137,7 @@ def _reduce(bad: list[str], out: Any, b: int, t: int | None) -> None:
 
 
 _CHECKS = {"sample": _sample, "reward": _reward, "filter": _filter, "baseline": _baseline, "ratio": _ratio,
-           "kl": _kl, "clip": _clip, "reduce": _reduce}
+           "kl": _kl, "clip": _clip, "term": _term, "reduce": _reduce}
 
 
 def problems(slot: str, out: Any, rows: int, width: int | None = None) -> list[str]:

@@ -18,7 +18,7 @@ from policyzoo.contract import Rollout, StepBatch
 
 from .advantages import prepare
 from .collect import StepSettings, collect
-from .loss import micro_loss, step_totals
+from .loss import micro_loss, needs_entropy_grad, step_totals
 
 
 def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
@@ -56,7 +56,18 @@ def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
         metrics.update(policy.sync())
     metrics["time_sync"] = time.perf_counter() - t0
     metrics.update(_batch_metrics(rollout, rewards))
+    if not metrics["skipped"]:
+        update_state(run, {**metrics, "tokens": int(rollout.response_mask.sum())}, policy.collective)
     return metrics
+
+
+def update_state(run, metrics: dict, collective) -> None:
+    """The once-per-step update of every stateful component (``Component.update``), in slot order,
+    after the batch's optimizer step(s), with a copy of this rank's metrics (plus ``tokens``, its
+    trainable token count, to weight token means across ranks) and the collective."""
+    for comp in run.components():
+        if comp.stateful:
+            comp.update(metrics=dict(metrics), collective=collective)
 
 
 def _score(run, policy, rollout: Rollout, rewards, metrics: dict, settings: StepSettings, reward_components,
@@ -123,7 +134,9 @@ def _update(run, policy, batch: StepBatch, totals, metrics: dict, settings: Step
 def _accumulate(run, policy, mb: StepBatch, totals, n_micro: int, sums: Counter, counts: Counter) -> dict | None:
     """Forward, loss and backward of one micro-batch; adds its metric sums. Returns the skip record
     when a log-prob or the loss is not finite (nothing is accumulated then), else None."""
-    logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True)
+    # entropy with grad only when a term needs it (the flag is passed only then: policies without it keep working)
+    logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True,
+                                        **({"entropy_grad": True} if needs_entropy_grad(run) else {}))
     fault = _bad_rows("logprobs", (~torch.isfinite(logprobs.detach()) & mb.response_mask).any(-1), mb.rollout)
     if fault is not None:
         return fault

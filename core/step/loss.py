@@ -1,7 +1,8 @@
-"""The loss of one micro-batch, computed through the ``ratio``, ``clip``, ``kl`` and ``reduce`` hooks
-(no algorithm names here): :func:`micro_loss` runs per micro-batch with the current policy's
-log-probs and returns the reduced loss plus the metrics each part reports; :func:`step_totals`
-are the normalisers it divides by.
+"""The loss of one micro-batch, computed through the ``ratio``, ``clip``, ``kl``, ``term`` and ``reduce``
+hooks (no algorithm names here): :func:`micro_loss` runs per micro-batch with the current policy's
+log-probs and returns the reduced loss plus the metrics each part reports; :func:`loss_terms` are
+the additive per-token terms (the KL in loss placement first, then the ``term`` components);
+:func:`step_totals` are the normalisers it divides by.
 """
 
 from __future__ import annotations
@@ -16,6 +17,31 @@ def step_totals(batch: StepBatch) -> StepTotals:
     """Token and sequence counts of the whole step (one rank; the engine all-reduces them)."""
     mask = batch.response_mask
     return StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()), rows=len(batch))
+
+
+def loss_terms(run, mb: StepBatch, logprobs: Tensor, ratio: Tensor,
+               entropy: Tensor | None = None) -> list[tuple[str, float, Tensor]]:
+    """The additive per-token loss terms of a micro-batch as ``(metric, coefficient, term [B, T])``,
+    in the order the step adds them: the ``kl`` component in loss placement (``kl_loss``, its
+    ``beta``), then each ``term`` component in config order (``term/<name>``, its ``coef``).
+    ``entropy [B, T]`` (with grad when a term ``needs_entropy``) is handed to the terms."""
+    mask = mb.response_mask
+    shape = mask.shape
+    out: list[tuple[str, float, Tensor]] = []
+    if run.kl is not None and run.kl.params.placement == "loss":
+        kl = run.call("kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask,
+                      ratio=ratio)
+        out.append(("kl_loss", run.kl.beta, kl))
+    if getattr(run, "term", None):
+        results = run.call_each("term", *shape, logprobs=logprobs, entropy=entropy, ref_logprobs=mb.ref_logprobs,
+                                ratio=ratio, advantages=mb.advantages, response_mask=mask)
+        out += [(f"term/{comp.name}", comp.coef, value) for comp, value in results]
+    return out
+
+
+def needs_entropy_grad(run) -> bool:
+    """True when a ``term`` component declares ``needs_entropy`` (the trainer then builds the entropy's graph)."""
+    return any(t.needs_entropy for t in getattr(run, "term", ()))
 
 
 def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy: Tensor | None = None,
@@ -46,11 +72,9 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy
     sums["mismatch/log_ratio_abs_mean"] = (float(gap.sum()), n)
     for name, hit in (("mismatch/truncated_frac", imp.truncated), ("mismatch/masked_frac", imp.masked)):
         sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
-    if run.kl is not None and run.kl.params.placement == "loss":
-        kl = run.call("kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask,
-                      ratio=ratio)
-        per_token = per_token + run.kl.params.beta * kl
-        sums["kl_loss"] = (float((kl.detach() * mask).sum()), n)
+    for key, coef, value in loss_terms(run, mb, logprobs, ratio, entropy):
+        per_token = per_token + coef * value
+        sums[key] = (float((value.detach() * mask).sum()), n)
     per_token = torch.where(mask, per_token, torch.zeros_like(per_token))  # no NaN leaks from padding
     loss = run.call("reduce", *shape, loss=per_token, response_mask=mask, totals=totals)
     for name, hit in (("clip_frac_low", sur.clipped_low), ("clip_frac_high", sur.clipped_high)):

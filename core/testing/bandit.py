@@ -172,7 +172,8 @@ class Bandit:
             completions=[f"answer {int(c)}" + (" [truncated]" if int(L) > max_tokens else "") for c, L in zip(k, full)],
             rows=[dict(p) for p in prompts for _ in range(n)], temperature=temperature, max_tokens=max_tokens)
 
-    def _token_logprobs(self, theta: Tensor, rollout: Rollout, entropy: bool) -> tuple[Tensor, Tensor | None]:
+    def _token_logprobs(self, theta: Tensor, rollout: Rollout, entropy: bool,
+                        entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
         q = torch.tensor([ids[0] for ids in rollout.prompt_ids], dtype=torch.long)
         k = rollout.response_ids[:, 0]
         logp = torch.log_softmax(theta[q] / rollout.temperature, -1)
@@ -183,13 +184,16 @@ class Bandit:
         if entropy:
             h = -(logp.exp() * logp).sum(-1, keepdim=True)
             ent = torch.cat([h, h.new_zeros(len(q), width - 1)], 1)
+            ent = ent if entropy_grad else ent.detach()  # grad only when a loss term needs it
         return out, ent
 
-    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    def logprobs(self, rollout: Rollout, *, grad: bool, entropy: bool = False,
+                 entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
         """``[B, T]``: column 0 the choice's log-prob (grad when asked), 0 elsewhere; entropy
-        ``[B, T]`` of the choice distribution in column 0, 0 elsewhere (deterministic tokens)."""
+        ``[B, T]`` of the choice distribution in column 0, 0 elsewhere (deterministic tokens),
+        with grad only with ``entropy_grad`` (and ``grad``)."""
         with torch.set_grad_enabled(grad):
-            return self._token_logprobs(self.theta, rollout, entropy)
+            return self._token_logprobs(self.theta, rollout, entropy, entropy_grad)
 
     def ref_logprobs(self, rollout: Rollout) -> Tensor:
         """``[B, T]`` under the frozen initial logits."""

@@ -26,6 +26,9 @@ raises :class:`ContractFailure` listing every one that failed:
 ``no_mutation``  no input tensor, rollout field or data row is modified in place.
 ``step``         the run's full loss (prepare + micro_loss) on the toy batch is finite, with zero
                  gradient on masked positions.
+``state``        the state contract (:func:`policyzoo.testing.slots.state_problems`): state changes only
+                 in ``update()``, a stateless class has none, and a stateful one survives a JSON
+                 ``state_dict``/``load_state_dict`` round trip with the same output.
 
 Parameters used to build a component, first match wins: ``params`` passed in; the class's
 ``contract_params`` (a dict, or a callable taking a scratch folder and returning one) for
@@ -45,6 +48,7 @@ import torch
 
 from policyzoo.assembly import assemble
 from policyzoo.catalog import Catalog, component_problem, load_catalog
+from policyzoo.contract import SLOTS
 from policyzoo.contract.batch import StepBatch
 from policyzoo.contract.components import Bundle, Component, use
 from policyzoo.errors import UserError
@@ -56,7 +60,7 @@ from .toys import ToyBatch, toy_batch
 
 SOURCE = re.compile(r"arXiv:?\s*\d{4}\.\d{4,5}|\bSource[s]?:|https?://|\bdoi:|\bet al\.?,? \(?(19|20)\d\d",
                     re.IGNORECASE)
-CHECKS = ("base", "docstring", "params_json", "shapes", "spec", "masked", "extreme", "no_mutation", "step")
+CHECKS = ("base", "docstring", "params_json", "shapes", "spec", "masked", "extreme", "no_mutation", "step", "state")
 EXAMPLES = examples.EXAMPLES
 
 
@@ -116,7 +120,7 @@ def build_run(cls, params: dict, catalog: Catalog):
     errors = []
     for base in own + zoo + with_env:
         u = use(cls.name, **params)
-        bundle = base.replace(**{cls.slot: (u,) if cls.slot in ("reward", "filter") else u})
+        bundle = base.replace(**{cls.slot: (u,) if SLOTS[cls.slot] == "collect" else u})
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -172,7 +176,7 @@ def _masked(comp, slot: str, tb: ToyBatch, ctx) -> list[str]:
     x = slots.differentiated(slot, tb)
     tok = slots.per_token(slot, out)
     total = out if slot == "reduce" else tok.sum()
-    if slot in ("clip", "kl") and (tok.detach()[~m] != 0).any():
+    if slot in ("clip", "kl", "term") and (tok.detach()[~m] != 0).any():
         bad.append(f"{slot} output is not 0 on masked positions")
     (grad,) = torch.autograd.grad(total, x, allow_unused=True)
     if grad is not None and (grad[~m] != 0).any():
@@ -203,13 +207,15 @@ def _extreme(comp, slot: str, ctx) -> list[str]:
     return bad
 
 
-def _step(run, tb: ToyBatch) -> list[str]:
+def _step(run, tb: ToyBatch, metrics: dict | None = None) -> list[str]:
     batch = StepBatch(tb.rollout, tb.rewards.clone(), old_logprobs=tb.old_logprobs,
                       ref_logprobs=tb.ref_logprobs, values=tb.values, sum_pi_squared=tb.sum_pi_squared)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        batch, _ = prepare(run, batch)
-        loss, _ = micro_loss(run, batch, tb.logprobs, tb.totals)
+        batch, found = prepare(run, batch)
+        loss, _ = micro_loss(run, batch, tb.logprobs, tb.totals, entropy=-tb.logprobs)
+    if metrics is not None:  # what a stateful component's update() sees
+        metrics.update(found, rows=len(batch))
     if not torch.isfinite(loss):
         return [f"the step loss is {float(loss)}"]
     if not loss.requires_grad:
@@ -248,13 +254,15 @@ def run_checks(cls, catalog: Catalog | None = None, params: dict | None = None,
             return {k: v or (f"cannot build a run: {e}" if k not in ("base", "docstring", "params_json") else None)
                     for k, v in result.items()}
         ctx = examples.context(cls.slot)
+        metrics: dict = {}
         checks = {
             "shapes": lambda: slots.check_output(cls.slot, slots.call(comp, toy_batch(), *ctx), toy_batch(), ctx[1]),
             "spec": lambda: slots.spec_problems(comp, cls.slot, ctx),
             "masked": lambda: _masked(comp, cls.slot, toy_batch(), ctx),
             "extreme": lambda: _extreme(comp, cls.slot, ctx),
             "no_mutation": lambda: _no_mutation(comp, ctx),
-            "step": lambda: _step(run, toy_batch()),
+            "step": lambda: _step(run, toy_batch(), metrics),
+            "state": lambda: slots.state_problems(comp, cls(**params), metrics, ctx),
         }
         for name, fn in checks.items():
             try:

@@ -4,18 +4,19 @@ batch, and what its output must look like (see :mod:`policyzoo.testing.contract`
 from __future__ import annotations
 
 import inspect
+import json
 import math
 
 import torch
 from torch import Tensor
 
-from policyzoo.contract import Episode, Importance, Observation, Rollout
+from policyzoo.contract import LOCAL, Episode, Importance, Observation, Rollout
 from policyzoo.step import boundary
 
 from .toys import ToyBatch, toy_batch
 
 #: slots whose output is a per-token (or reduced) part of the differentiable loss.
-LOSS_SLOTS = ("ratio", "clip", "kl", "reduce")
+LOSS_SLOTS = ("ratio", "clip", "kl", "term", "reduce")
 
 
 def call(comp, tb: ToyBatch, policy=None, prompts=None):
@@ -92,7 +93,7 @@ def per_token(slot: str, out) -> Tensor | None:
     """The differentiable per-token tensor of a loss-path output (None for others)."""
     if slot == "ratio" and isinstance(out, Importance):  # what reaches the loss: ratio x weight
         return out.ratio if out.weight is None else out.ratio * out.weight
-    if slot in ("ratio", "kl"):
+    if slot in ("ratio", "kl", "term"):
         return out
     if slot == "clip":
         return out.loss
@@ -191,3 +192,38 @@ def spec_problems(comp, slot: str, ctx) -> list[str]:
         if not torch.allclose(a2, a[perm], atol=1e-6):
             bad.append("advantages depend on row order (group by group_ids, not by position)")
     return bad
+
+
+def state_problems(comp, fresh, metrics: dict, ctx) -> list[str]:
+    """The state contract (``Component.update`` / ``state_dict`` / ``load_state_dict``), each
+    problem naming the property that failed:
+
+    * ``state only in update``: calling the hook method twice leaves ``state_dict()`` unchanged;
+    * ``stateless means no state``: a class that does not override ``update`` returns ``{}``;
+    * ``state is JSON``: ``state_dict()`` after an update with the toy step's ``metrics`` survives
+      ``json.dumps``/``json.loads``;
+    * ``state round trip``: ``fresh`` (a new instance with the same parameters) given that state
+      by ``load_state_dict`` has an equal ``state_dict()`` and gives the same hook output.
+    """
+    before = comp.state_dict()
+    if not comp.stateful:
+        return [] if before == {} else ["stateless means no state: state_dict() is not {} but the class does not "
+                                        "override update() (the only method that may change state)"]
+    call(comp, toy_batch(), *ctx)
+    call(comp, toy_batch(), *ctx)
+    if comp.state_dict() != before:
+        return ["state only in update: the hook method changed state_dict() (state may change only in update(), "
+                "once per step)"]
+    comp.update(metrics=dict(metrics), collective=LOCAL)
+    state = comp.state_dict()
+    try:
+        saved = json.loads(json.dumps(state, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        return [f"state is JSON: state_dict() after update() does not survive JSON ({e})"]
+    fresh.load_state_dict(saved)
+    if fresh.state_dict() != state:
+        return [f"state round trip: load_state_dict(state_dict()) gives {fresh.state_dict()!r}, not {state!r}"]
+    a, b = (per_token(comp.slot, call(c, toy_batch(), *ctx)) for c in (comp, fresh))
+    if a is not None and not torch.equal(a.detach(), b.detach()):
+        return ["state round trip: the restored component's hook output differs from the original's"]
+    return []

@@ -63,9 +63,11 @@ class ToyBatch:
         return tuple(self.response_mask.shape)
 
     def hook_kwargs(self) -> dict:
-        """All hook argument names -> values (``ratio`` is the token ratio of the batch)."""
+        """All hook argument names -> values (``ratio`` is the token ratio of the batch; ``entropy``
+        the one-sample entropy estimate -logprobs, so it carries the gradient of ``logprobs``)."""
         kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         kw["ratio"] = torch.exp(self.logprobs - self.old_logprobs)
+        kw["entropy"] = -self.logprobs
         kw["policy"], kw["prompts"], kw["seed"], kw["collective"] = None, [], 0, LOCAL
         return kw
 

@@ -61,6 +61,18 @@ class GroupNorm(GroupBaseline):
         alone = s / ((std if p.scale == "batch" else 1.0) + p.eps)  # verl: a group of one has mean 0, std 1
         return self.finish(adv, alone, s, valid, count, rewards, response_mask)
 
+    def zero_std_fraction(self, rewards, group_ids, response_mask) -> float:
+        """``scale: group``: the fraction of groups with no spread (the base class). ``scale: batch``:
+        TRL's ``frac_reward_zero_std`` under ``scale_rewards="batch"`` -- the std that divides is the
+        batch's, so it is 1.0 when the std (``std`` convention) of this rank's valid rewards is <=
+        ``zero_std_tol`` (or fewer than two: TRL's ``numel() > 1`` case), else 0.0."""
+        if self.params.scale != "batch":
+            return super().zero_std_fraction(rewards, group_ids, response_mask)
+        r = rewards[~torch.isnan(rewards) & (response_mask.sum(-1) > 0)].double()
+        if len(r) < 2:
+            return 1.0
+        return float(r.std(unbiased=self.std == "sample") <= self.zero_std_tol)
+
 
 class GroupMean(GroupBaseline):
     """Dr. GRPO advantage A_i = s_i - mean_g (no std division, so no difficulty re-weighting).

@@ -55,9 +55,11 @@ class ClipCov(PPOClip):
     whose cov is inside the band (all of them if fewer). The draw uses a generator seeded with
     ``seed``, N and the number of band tokens -- integers every rank agrees on, so the draw is the
     same on every rank and reproducible for the same batch (it varies from step to step with them).
-    Selected tokens join the clip masks (``clipped_high`` where A > 0, ``clipped_low`` where A < 0),
-    as verl counts them in its ``pg_clipfrac``; they lose their gradient even on-policy, the
-    method's purpose.
+    The clip masks hold the selected tokens only (``clipped_low`` where A < 0, ``clipped_high``
+    elsewhere), so ``clip_frac_low + clip_frac_high`` is verl's ``pg_clipfrac`` for ``clip_cov``
+    (``masked_mean(corr == 0)``: the covariance cut alone, not PPO's clip); they lose their
+    gradient even on-policy, the method's purpose. PPO's own clipped tokens lose theirs too but are
+    not counted, as in verl.
 
     Shapes ``[B, T]``; cov is unitless x nats. Defaults are verl's (``clip_cov_ratio`` 2e-4,
     ``clip_cov_lb`` 1, ``clip_cov_ub`` 5, ``clip_ratio`` 0.2). Errors: ``ConfigError`` for
@@ -92,7 +94,7 @@ class ClipCov(PPOClip):
         sel = selected(chosen, local, counts, collective.rank, response_mask)
         loss = torch.where(sel, torch.zeros_like(sur.loss), sur.loss)
         a = advantages
-        return Surrogate(loss, sur.clipped_low | (sel & (a < 0)), sur.clipped_high | (sel & (a > 0)))
+        return Surrogate(loss, sel & (a < 0), sel & ~(a < 0))  # verl's pg_clipfrac: the selection only
 
 
 class KLCov(Clip):

@@ -40,7 +40,10 @@ class GMPO(_PerSequence):
     Abar_i = mean_t A_t, and loss_t = -Abar_i x R_i on every token of row i. With the
     ``seq_mean_token_mean`` reduce this is the paper's 1/G sum_i -Abar_i R_i; each token gets the
     gradient -Abar_i R_i / |y_i| grad log pi while its log-ratio is inside the clip, 0 outside.
-    Clip masks: log r_t > eps_high where A > 0 (high), log r_t < -eps_low where A < 0 (low).
+    Clip masks as verl counts them (``geo_mean``'s ``pg_clipfrac`` / ``pg_clipfrac_lower``): tokens
+    whose log r_t lies outside [-eps_low, eps_high], where A > 0 (high) / A < 0 (low) -- on either
+    side of the range, so they include tokens the pessimistic min leaves unclipped (A > 0 with
+    log r_t < -eps_low still gets its gradient).
 
     Shapes ``[B, T]``; eps in nats of log-ratio. Defaults: the paper's (e^-0.4, e^0.4) range,
     eps 0.4 both. Errors: ``ConfigError`` for eps <= 0 or a sequence ratio.
@@ -63,7 +66,8 @@ class GMPO(_PerSequence):
         n = m.sum(-1, keepdim=True).clamp(min=1)
         row = -torch.where(m, advantages, 0.0).sum(-1, keepdim=True) / n * torch.exp(c.sum(-1, keepdim=True) / n)
         loss = torch.where(m, row.expand_as(lr), torch.zeros_like(lr))
-        return Surrogate(loss, m & (advantages < 0) & (lr < lo), m & (advantages > 0) & (lr > hi))
+        out = m & ((lr < lo) | (lr > hi))  # verl: log r != clamp(log r, -eps_low, eps_high)
+        return Surrogate(loss, out & (advantages < 0), out & (advantages > 0))
 
 
 class VESPO(_PerSequence):

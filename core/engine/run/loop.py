@@ -244,4 +244,6 @@ class RunLoop:
         state = checkpoint_state(step, self.rows_drawn, batches, self.fingerprint, self.config, dist.world_size(),
                                  self.trainer.schedule_state())
         state["tokens_seen"] = getattr(self, "state", {}).get("tokens_seen", 0)
+        run = getattr(self, "run", None)  # controllers' state (e.g. an adaptive KL coefficient)
+        state["components"] = run.state_dict() if run is not None else {}
         return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)

@@ -12,6 +12,8 @@
     schedule          the learning-rate schedule: name, warmup_steps, total_steps (the horizon, in
                       optimizer steps), from_step, from_factor (a re-planned one) and done (the
                       optimizer steps it counted)
+    components        {key: state} of every stateful component (``Run.state_dict``: e.g. an adaptive
+                      KL coefficient), restored exactly on resume (``Run.load_state_dict``)
 
 All checks run in ``Session.prepare``, before DeepSpeed or vLLM start, and raise
 :class:`~policyzoo.engine.rundir.ResumeError` naming the real reason:

@@ -14,8 +14,9 @@ from policyzoo.engine.report.tracking import Tracker
 from policyzoo.engine.rollout.engines import HFRollout, VLLMRollout
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 
-from .checks import ZeroSignalWatch, preload
+from .checks import ZeroSignalWatch
 from .loop import RunLoop
+from .preload import preload
 from .startup import Background, process_age_s
 
 

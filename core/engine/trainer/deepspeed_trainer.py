@@ -124,22 +124,24 @@ class Trainer(TrainerIO):
         return ["policy"] + ref + (["critic"] if self.critic is not None else [])
 
     # ---------------------------------------------------------------------------- scoring
-    def _logprobs(self, model, rollout: Rollout, entropy: bool, share: bool | None = None, cast: bool | None = None):
+    def _logprobs(self, model, rollout: Rollout, entropy: bool, share: bool | None = None, cast: bool | None = None,
+                  entropy_grad: bool = False):
         """Log-probs (and entropies) ``[B, T]``, exactly 0 where ``response_mask`` is False (under
-        bf16 autocast when ``train.autocast`` is on, unless ``cast`` is False)."""
+        bf16 autocast when ``train.autocast`` is on, unless ``cast`` is False); the entropy with
+        grad only with ``entropy_grad``."""
         with autocast(self.device, self.autocast if cast is None else cast):
-            return self._logprobs_inner(model, rollout, entropy, share)
+            return self._logprobs_inner(model, rollout, entropy, share, entropy_grad)
 
-    def _logprobs_inner(self, model, rollout: Rollout, entropy: bool, share: bool | None):
+    def _logprobs_inner(self, model, rollout: Rollout, entropy: bool, share: bool | None, entropy_grad: bool = False):
         if self.share_prompt if share is None else share:
-            lp, ent = shared_prompt_logprobs(model, rollout, self.pad_id, self.device, entropy)
+            lp, ent = shared_prompt_logprobs(model, rollout, self.pad_id, self.device, entropy, entropy_grad)
         else:
             ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
             logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
             # the last position predicts nothing used: scored against a dummy target and dropped
             # from the [B, T + 1] results, so the logits are never sliced into a [B, T, V] copy
             targets = torch.nn.functional.pad(rollout.response_ids.to(self.device), (0, 1))
-            lp, ent = token_logprobs(logits, targets, rollout.temperature, entropy)
+            lp, ent = token_logprobs(logits, targets, rollout.temperature, entropy, entropy_grad)
             lp, ent = lp[:, :-1], (ent[:, :-1] if entropy else None)
             mask = rollout.response_mask.to(self.device)
             lp, ent = torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
@@ -204,10 +206,10 @@ class Trainer(TrainerIO):
             return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
         return torch.cat(outs)
 
-    def logprobs(self, rollout: Rollout, grad: bool, entropy: bool = False):
+    def logprobs(self, rollout: Rollout, grad: bool, entropy: bool = False, entropy_grad: bool = False):
         if grad:
             with lora_mod.adapter_dropout(self.engine.module, self.lora):
-                return self._logprobs(self.engine, rollout, entropy)
+                return self._logprobs(self.engine, rollout, entropy, entropy_grad=entropy_grad)
         with torch.no_grad():
             return self._chunked(lambda r: self._logprobs(self.engine, r, entropy), rollout)
 

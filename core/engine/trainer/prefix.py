@@ -55,12 +55,26 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                   entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logits [B, T, V]`` at the positions before ``targets [B, T]`` -> log-probs ``[B, T]`` of
-    the targets under softmax(logits / temperature), and the entropy ``[B, T]`` (nats, no grad)
-    when ``entropy`` else None. Computed in chunks of rows with a fused backward, never building
-    another [B, T, V] tensor (:func:`policyzoo.engine.trainer.logprob.fused_token_logprobs`)."""
+    the targets under softmax(logits / temperature), and the entropy ``[B, T]`` (nats; no grad
+    unless ``entropy_grad``, asked only by a loss term that ``needs_entropy``) when ``entropy`` else
+    None. Computed in chunks of rows with a fused backward, never building another [B, T, V] tensor
+    (:func:`policyzoo.engine.trainer.logprob.fused_token_logprobs`); with ``entropy_grad`` the plain
+    differentiable formula instead (:func:`_with_entropy_grad`)."""
+    if entropy and entropy_grad:
+        return _with_entropy_grad(logits, targets, temperature)
     return fused_token_logprobs(logits, targets, temperature, entropy)
+
+
+def _with_entropy_grad(logits: torch.Tensor, targets: torch.Tensor,
+                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` with the entropy H = logZ - sum softmax(z) z differentiable (an entropy
+    term in the loss: verl ``entropy_coeff``, TRL ``entropy_coef``)."""
+    z = logits.float() / temperature
+    logz = torch.logsumexp(z, -1)
+    lp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+    return lp, logz - (torch.softmax(z, -1) * z).sum(-1)
 
 
 def length_buckets(lengths: list[int], overhead: int = 16) -> list[list[int]]:
@@ -106,7 +120,7 @@ def _cache_layers(cache) -> list:
 
 
 def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
-                           entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                           entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` of ``response_ids`` at ``rollout.temperature`` (and the entropy
     ``[B, T]`` with ``entropy``), on ``device``: those of the per-row forward wherever
     ``response_mask`` is True, exactly 0 elsewhere. Token t is scored from the logits at the
@@ -135,7 +149,8 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
         targets = rollout.response_ids[rows, :width].to(device)
         # token 0 from the prompts' last logits, tokens 1.. from the response forward: scored
         # apart and their [rows, .] results joined, never their logits
-        g_lp, g_ent = token_logprobs(last[sel.to(device)], targets[:, 0], rollout.temperature, entropy)
+        g_lp, g_ent = token_logprobs(last[sel.to(device)], targets[:, 0], rollout.temperature, entropy,
+                                     entropy_grad)
         g_lp, g_ent = [g_lp[:, None]], [g_ent[:, None]] if entropy else None
         if width > 1:
             cache.layers = [copy.copy(layer) for layer in base]  # the prompt-only cache again
@@ -145,7 +160,7 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
             pos = p_attn.sum(-1)[sel].unsqueeze(1) + torch.arange(width - 1)
             rest = model(input_ids=resp.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
                          past_key_values=cache, use_cache=True, logits_to_keep=width - 1).logits
-            r_lp, r_ent = token_logprobs(rest, targets[:, 1:], rollout.temperature, entropy)
+            r_lp, r_ent = token_logprobs(rest, targets[:, 1:], rollout.temperature, entropy, entropy_grad)
             del rest  # [rows, width - 1, V]: freed before the next group's forward
             g_lp.append(r_lp)
             if entropy:

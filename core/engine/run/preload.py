@@ -1,0 +1,188 @@
+"""The pre-load phase: every check a run makes before any weights load (config against the ranks,
+plugin catalog, data, rewards, sampling options, trackers, DeepSpeed and device settings, model folder
+and tokenizer, prompt lengths, run directory, checkpoint to resume and the components' saved state).
+``Session.prepare`` and ``policyzoo train --dry-run`` both call :func:`preload`, so a dry run refuses
+exactly what the run refuses before its models load (``tests/test_preflight.py`` enumerates them)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from policyzoo.assembly import Run, resolve_algorithm, resolved_view, reward_uses, step_settings
+from policyzoo.catalog import get_catalog
+from policyzoo.contract.untrusted import encode_text
+from policyzoo.data import load_task
+from policyzoo.engine import dist
+from policyzoo.engine.device import check_device_options
+from policyzoo.engine.models import resolve_model
+from policyzoo.engine.policy import LMPolicy
+from policyzoo.engine.process import check_vllm_threads
+from policyzoo.engine.report.tracking import check_trackers
+from policyzoo.engine.rundir import ResumeError, RunDir
+from policyzoo.engine.trainer.dsconfig import check_engine
+from policyzoo.errors import ConfigError
+from policyzoo.step.episodes import encode_prompt
+
+from .checks import (
+    check_answers,
+    check_chat_template,
+    check_sampling_options,
+    filter_bias_warning,
+    fit_prompts,
+    sampling_warning,
+    system_turn_warning,
+)
+from .resume import (
+    FINGERPRINT_KEYS,
+    check_resume,
+    lr_plan,
+    old_train_settings,
+    optimizer_notes,
+    resume_schedule,
+    rows_drawn,
+)
+
+
+@dataclass
+class PreLoad:
+    """What the checks made before any weights load (the attributes ``Session`` keeps)."""
+
+    task: object
+    run: Run
+    settings: object
+    model: object
+    task_rewards_n: int
+    turn_tokens: int
+    n: int
+    max_tokens: int
+    max_model_len: int
+    check_ids: list[int]
+    resolved: dict
+    fingerprint: dict
+    rundir: RunDir
+    resume_from: object = None
+    state: dict = field(default_factory=lambda: {"step": 0, "batches": 0})
+    rows_drawn: int = 0
+    resume_notes: list[str] = field(default_factory=list)
+    resume_lines: list[str] = field(default_factory=list)
+    lr_plan: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def preload(config, resume: str | None = None, force_resume: bool = False, dry_run: bool = False) -> PreLoad:
+    """Every check of a run before weights load (:func:`_preload`); Python warnings that policyzoo
+    code issues meanwhile (a component's ``check``, e.g. a sequence-level ratio with a token-sum
+    reduce) become the product's warnings (``PreLoad.warnings``: the ``warning:`` block, startup.log
+    and summary.json), other libraries' warnings go on as before."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pre = _preload(config, resume, force_resume, dry_run)
+    root = str(Path(__file__).resolve().parents[2])  # the policyzoo package
+    for w in caught:
+        if str(Path(w.filename).resolve()).startswith(root) and not issubclass(w.category, DeprecationWarning):
+            if str(w.message) not in pre.warnings:
+                pre.warnings.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return pre
+
+
+def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> PreLoad:
+    """Every check of a run before weights load, in the run's order; raises the first
+    :class:`~policyzoo.errors.UserError` found. ``dry_run`` creates no run directory (its
+    writability is checked on the nearest existing parent). The number of ranks is the launcher's
+    (``WORLD_SIZE``, 1 without one), so a dry run under ``WORLD_SIZE=N`` checks the shares of N ranks."""
+    ws = dist.world_size()
+    if config.train.prompts_per_step % ws:
+        raise ConfigError("train.prompts_per_step", f"{config.train.prompts_per_step} prompts cannot be shared "
+                          f"out in whole groups among {ws} data-parallel ranks",
+                          f"use a multiple of {ws}, or launch another number of ranks")
+    if config.engine.rollout == "vllm":
+        check_vllm_threads(config.engine.threads)
+    dist.check_same_catalog(get_catalog())  # get_catalog raises for a broken plugin distribution
+    task = load_task(config.data)
+    bundle = resolve_algorithm(config.algorithm)
+    rewards = reward_uses(config, task.default_rewards, bundle.env is not None)
+    run = Run(bundle, rewards=rewards)
+    check_answers(task, run)
+    if config.engine.overlap != "none" and run.env is not None:
+        raise ConfigError("engine.overlap", "one_step sampling ahead prefetches single-turn batches; the "
+                          f"multi-turn episodes of the env '{run.env.name}' are not sampled ahead",
+                          "set engine.overlap=none for runs with an env")
+    check_trackers(config.train.report_to)
+    check_sampling_options(run.sample, LMPolicy.sampling_options, config.engine.rollout)  # every path
+    check_engine(config)  # the DeepSpeed settings
+    check_device_options(config.engine)  # sleep mode on CPU, parallel_start on a GPU
+    settings = step_settings(config, run)
+    sp = run.sample.params
+    model = resolve_model(config.model.path, config.model.trust_remote_code)  # folder, config, tokenizer
+    pre = _fit_model(config, task, run, model)
+    pre.settings, pre.task_rewards_n, pre.turn_tokens, pre.n = settings, len(rewards), sp.max_tokens, sp.n
+    pre.warnings = [w for w in (system_turn_warning(model.tokenizer, task.train_rows),
+                                sampling_warning(getattr(sp, "temperature", 1.0), sp.n),
+                                filter_bias_warning(run, config.engine.overlap)) if w] + pre.warnings
+    _check_run_dir(pre, config, bundle.name, resume, force_resume, dry_run)
+    return pre
+
+
+def _fit_model(config, task, run, model) -> PreLoad:
+    """The context budget, the chat template and every prompt's length against the model."""
+    max_tokens = run.max_response_tokens  # the whole trajectory with an env
+    budget = model.max_context - max_tokens
+    if budget < 1:
+        key = "algorithm.env.max_total_tokens" if run.env is not None else "algorithm.sample.max_tokens"
+        raise ConfigError(key, f"{max_tokens} response tokens leave no room for a "
+                          f"prompt in the model's {model.max_context}-token context", f"lower {key}")
+    tok = model.tokenizer
+    check_chat_template(tok, task.train_rows + task.eval_rows, f"model.path ({model.path})")
+    count = lambda msgs: len(encode_prompt(tok, msgs))  # noqa: E731
+    env = run.env  # an env may start its episodes from another prompt than the row's
+    lengths = fit_prompts(task, (lambda msgs: count(env.env({"prompt": msgs}).prompt)) if env else count,
+                          budget, config.data.on_long_prompt)
+    max_model_len = min(model.max_context, max(lengths) + max_tokens + 8)
+    row = (task.eval_rows or task.train_rows)[0]
+    answer = encode_text(tok, str(row.get("answer", "")), False, "data (an answer)")[:max_tokens]
+    check_ids = (encode_prompt(tok, row["prompt"]) + list(answer) + [model.eos_token_ids[0]])[:max_model_len]
+    resolved = resolved_view(config, run)
+    fingerprint = {k: resolved[k] for k in FINGERPRINT_KEYS}
+    fingerprint["algorithm"] = dict(fingerprint["algorithm"]["slots"])
+    if not fingerprint["algorithm"]["term"]["components"]:  # as checkpoints from before the term slot
+        del fingerprint["algorithm"]["term"]
+    return PreLoad(task, run, None, model, 0, 0, 0, max_tokens, max_model_len, check_ids, resolved, fingerprint,
+                   None, warnings=list(task.warnings))
+
+
+def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, dry_run: bool) -> None:
+    """The checkpoint to resume (and whether the config may continue it), or a new run folder."""
+    if resume:
+        pre.rundir = RunDir(resume)
+        pre.rundir.check_live()
+        found = pre.rundir.latest()
+        if found is None:
+            raise ResumeError(str(resume), "no complete checkpoint in this run directory",
+                              "start a new run (drop --resume), or set train.save_every to save checkpoints")
+        pre.resume_from, pre.state = found
+        pre.resume_lines = check_resume(str(pre.resume_from), pre.state, config, pre.fingerprint,
+                                        dist.world_size(), force_resume, str(resume))
+        old_train = old_train_settings(pre.state, pre.rundir.path)
+        pre.rows_drawn = rows_drawn(pre.state, old_train, config.train.prompts_per_step)
+        pre.resume_notes = optimizer_notes(old_train, config)
+        pre.run.load_state_dict(pre.state.get("components", {}), str(pre.resume_from))  # controllers' state
+        pre.lr_plan, lines = resume_schedule(pre.state, config)
+        pre.resume_lines += lines
+        if not dry_run:
+            pre.rundir.claim()
+        return
+    pre.lr_plan = lr_plan(config)
+    out = dist.broadcast(config.output_dir or f"runs/{algo}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
+    pre.rundir = RunDir(out)
+    pre.rundir.check_live()
+    if pre.rundir.latest() is not None:
+        raise ResumeError(out, "this run directory already holds a run",
+                          "pass --resume to continue it, or choose another --output-dir")
+    pre.rundir.check_new(create=not dry_run)
+    if not dry_run:
+        pre.rundir.claim()
