@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import Field
 
-from policyzoo.contract import LOCAL
+from policyzoo.contract import LOCAL, rank_mean
 from policyzoo.errors import ConfigError
 
 from .kl import _KL, K1, K2, K3, Abs
@@ -77,11 +76,8 @@ class Adaptive(_KL):
         no ``kl_ref_row_mean`` leaves beta unchanged."""
         if "kl_ref_row_mean" not in metrics:
             return
-        kl, rows = float(metrics["kl_ref_row_mean"]), float(metrics.get("rows", 0))
-        if collective.world_size > 1:  # the row-weighted mean over every rank, the same on each
-            tot = collective.sum(torch.tensor([kl * rows, rows], dtype=torch.float64))
-            rows = float(tot[1])
-            kl = float(tot[0]) / rows if rows else 0.0
+        # the row-weighted mean over every rank, the same on each
+        kl, rows = rank_mean(float(metrics["kl_ref_row_mean"]), float(metrics.get("rows", 0)), collective)
         if rows <= 0:
             return
         error = min(max(kl / self.params.target_kl - 1.0, -MAX_ERROR), MAX_ERROR)

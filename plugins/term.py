@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
-from policyzoo.contract import LOCAL, Term, hookimpl
+from policyzoo.contract import LOCAL, Term, hookimpl, rank_mean
 from policyzoo.errors import ConfigError
 
 
@@ -78,11 +78,8 @@ class EntropyAdaptive(Entropy):
     def update(self, metrics: dict, collective=LOCAL) -> None:
         if "entropy" not in metrics:
             return
-        h, n = float(metrics["entropy"]), float(metrics.get("tokens", 0))
-        if collective.world_size > 1:  # the token-weighted mean over every rank, the same on each
-            tot = collective.sum(torch.tensor([h * n, n], dtype=torch.float64))
-            n = float(tot[1])
-            h = float(tot[0]) / n if n else 0.0
+        # the token-weighted mean over every rank, the same on each
+        h, n = rank_mean(float(metrics["entropy"]), float(metrics.get("tokens", 0)), collective)
         if n <= 0:
             return
         p = self.params

@@ -94,6 +94,9 @@ class _NoTrainer:
     def save(self, folder, client_state):  # the weights are the bandit's, kept aside by the test
         pass
 
+    def schedule_state(self) -> dict:  # no LR schedule here (the trainer's is saved beside the components)
+        return {}
+
 
 def _steps(run, bandit, seeds):
     return [train_step(run, bandit, lambda: bandit.prompts(8), seed=i, settings=step_settings(run)) for i in seeds]

@@ -34,12 +34,12 @@ from .ground import (
 from .hookspecs import Spec
 from .policy import SAMPLING_OPTIONS, Generated, Policy, TokenPolicy
 from .slots import BASES, KL, Baseline, Clip, Env, Filter, Ratio, Reduce, Reward, Sample, Term
-from .stats import moments, std_of, whiten
+from .stats import moments, rank_mean, std_of, whiten
 
 __all__ = [
     "BASES", "INHERIT", "KL", "LOCAL", "PROJECT", "SAMPLING_OPTIONS", "SLOTS", "Advantages", "Baseline", "Bundle",
     "Clip", "Collective", "Component", "Env", "Episode", "Filter", "Generated", "Importance", "Keep", "Observation",
     "Params", "Policy", "Ratio", "Reduce", "Reward", "Rollout", "Sample", "Spec", "StepBatch", "StepTotals",
-    "Surrogate", "Term", "TokenPolicy", "Use", "hookimpl", "hookspec", "moments", "runstate", "std_of",
+    "Surrogate", "Term", "TokenPolicy", "Use", "hookimpl", "hookspec", "moments", "rank_mean", "runstate", "std_of",
     "token_budget_bounds", "untrusted", "use", "validate_params", "whiten",
 ]

@@ -52,3 +52,14 @@ def whiten(x: Tensor, where: Tensor, collective: Collective = LOCAL,
     if n == 0 or sd <= 1e-12 * (1.0 + abs(mean)):
         return zero
     return torch.where(where, (x.double() - mean) / (sd + eps), zero)
+
+
+def rank_mean(value: float, weight: float, collective: Collective = LOCAL) -> tuple[float, float]:
+    """``(mean, total weight)`` of a per-rank mean ``value`` with ``weight`` (its rows or tokens) over
+    every rank, in float64: sum(value x weight) / sum(weight), the same on each rank; ``(0.0, 0.0)``
+    when no rank has any weight. One ``collective.sum`` call on every rank."""
+    if collective.world_size == 1:
+        return (value, weight) if weight > 0 else (0.0, 0.0)
+    tot = collective.sum(torch.tensor([value * weight, weight], dtype=torch.float64))
+    total = float(tot[1])
+    return (float(tot[0]) / total if total > 0 else 0.0), total

@@ -85,6 +85,17 @@ class _Judge(Reward):
             raise TypeError("message content is not text")
         return content
 
+    @classmethod
+    def _reply_text(cls, reply) -> str:
+        """The text of one reply of the endpoint; re-raises the request's :class:`RemoteRewardError`
+        and raises ValueError for a reply that is not a chat completion."""
+        if isinstance(reply, RemoteRewardError):
+            raise reply
+        try:
+            return cls._content(reply)
+        except (KeyError, TypeError, IndexError):
+            raise ValueError(f"not a chat completion: {str(reply)[:200]}") from None
+
 
 class Judge(_Judge):
     """An LLM judge over an OpenAI-compatible chat API; ``[B]`` float32, ``score / max_score``.
@@ -118,12 +129,7 @@ class Judge(_Judge):
         return fallback(values, failures, p.on_failure, f"reward: llm_judge ({p.base_url}, {p.model})")
 
     def _score(self, reply) -> float:
-        if isinstance(reply, RemoteRewardError):
-            raise reply
-        try:
-            content = self._content(reply)
-        except (KeyError, TypeError, IndexError):
-            raise ValueError(f"not a chat completion: {str(reply)[:200]}") from None
+        content = self._reply_text(reply)
         found = self.pattern.findall(content)
         if not found:
             raise ValueError(f"no score matching {self.params.score_pattern!r} in the judge's reply {content[:120]!r}")
@@ -172,12 +178,7 @@ class GroupJudge(_Judge):
         return fallback(values, failures, p.on_failure, f"reward: group_judge ({p.base_url}, {p.model})")
 
     def _scores(self, reply, n: int) -> list[float]:
-        if isinstance(reply, RemoteRewardError):
-            raise reply
-        try:
-            content = self._content(reply)
-        except (KeyError, TypeError, IndexError):
-            raise ValueError(f"not a chat completion: {str(reply)[:200]}") from None
+        content = self._reply_text(reply)
         scores: dict[int, float] = {}
         for line in content.splitlines():
             head = re.match(r"\s*(?:response\s*)?(\d+)\s*[:.)\-]\s*(.*)", line, re.IGNORECASE)
