@@ -125,7 +125,7 @@ class Trainer:
     def full_weights(self):
         yield [("w", torch.zeros(1)), ("b", torch.zeros(1))]
 
-    def logprobs(self, rollout, grad, entropy=False):
+    def logprobs(self, rollout, grad, entropy=False, entropy_grad=False):
         return torch.zeros(1, 1), None
 
     def backward(self, loss, value_loss=None):

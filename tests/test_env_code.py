@@ -92,8 +92,11 @@ def test_escape_network_is_contained(env):
 
 
 def test_escape_writing_outside_is_contained(env):
-    BUILD.mkdir(exist_ok=True)
-    folder = Path(tempfile.mkdtemp(dir=BUILD))  # outside /tmp (the sandbox's own /tmp is a fresh tmpfs)
+    # a host folder outside /tmp (the sandbox's own /tmp is a fresh tmpfs): the repository's .build,
+    # unless the checkout itself lies under /tmp, then /var/tmp
+    base = BUILD if not BUILD.resolve().is_relative_to("/tmp") else Path("/var/tmp")
+    base.mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(dir=base))
     os.chmod(folder, 0o777)  # even a world-writable folder stays read-only inside
     target = folder / "pwned.txt"
     obs = env.env(ROW).step(block(f"open({str(target)!r}, 'w').write('x')"), [])

@@ -88,7 +88,11 @@ class RunDir:
     def check_live(self) -> None:
         """Raise :class:`UserError` when ``RUN_DIR/run.pid`` names a process of this host that is
         still alive (another run writes here: deleting or resuming the folder would corrupt it). A
-        pid file left by a killed run names a dead process and is ignored."""
+        pid file left by a killed run names a dead process and is ignored. Rank 0 checks, as rank 0
+        claims: another rank of the same launch would take rank 0's fresh claim for another run (a
+        refusal on rank 0 ends the launch, so the other ranks never train into the folder)."""
+        if dist.rank() != 0:
+            return
         owner = self.live_owner()
         if owner is not None:
             raise UserError(f"output_dir {self.path}", f"a live run (pid {owner['pid']} on {owner['host']}, started "
