@@ -8,6 +8,7 @@ the user's code; the assertions read what it left in the run directory.
 
 import json
 import math
+import re
 import struct
 import subprocess
 import sys
@@ -72,15 +73,16 @@ def test_train_with_a_lambda_reward_and_a_datasets_dataset(tmp_path):
     # the data set was saved into the run directory, and config.yaml points there
     assert (out / "dataset" / "dataset_info.json").is_file()
     assert f"path: {out / 'dataset'}" in (out / "config.yaml").read_text()
-    # completions of step 2 only (log_completions_every=2): P x G = 2 x 8 rows
+    # log_completions_every=2 logs step 2, and the first step is always logged too (so a short run
+    # has some): P x G = 2 x 8 rows a step
     rows = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
-    assert len(rows) == 16 and {x["step"] for x in rows} == {2}
-    assert all(x["reward/lambda_1"] == 1.0 for x in rows)
+    assert len(rows) == 32 and [sum(x["step"] == s for x in rows) for s in (1, 2)] == [16, 16]
+    assert all(x["reward/lambda_1"] == x["step"] - 1 for x in rows)
     assert all(math.isclose(x["reward"], x["reward/lambda_0"] + x["reward/lambda_1"]) for x in rows)  # weights 1
     by_group = defaultdict(list)
     for x in rows:
         by_group[x["group"]].append(x)
-    assert sorted(len(g) for g in by_group.values()) == [8, 8]
+    assert sorted(len(g) for g in by_group.values()) == [8, 8, 8, 8]  # 2 groups a step
     for g in by_group.values():  # GRPO: (r - mean) / (sample std + 1e-6), 0 for a constant group
         rs = [x["reward"] for x in g]
         mean = sum(rs) / 8
@@ -130,8 +132,9 @@ def test_trainer_step_by_step_with_a_trl_conversational_reward(tmp_path):
     # step by step, evaluations happen when asked: one, at step 2, which close() reuses
     assert [x["step"] for x in metrics(out, "eval")] == [2]
     m = metrics(out)
-    # linear schedule, 1 warm-up step of 2: factor 0/1 at optimizer step 0, then (2 - 1) / (2 - 1) = 1
-    assert [x["lr"] for x in m] == [0.0, 1e-3]
+    # linear schedule, 1 warm-up step of 2: warm-up factor (k + 1) / (W + 1) = 1/2 at optimizer step
+    # k = 0 (never 0: a real update at lr 0 is a wasted step), then (2 - 1) / (2 - 1) = 1
+    assert [x["lr"] for x in m] == [5e-4, 1e-3]
     rows = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
     assert [sum(x["step"] == s for x in rows) for s in (1, 2)] == [16, 16]  # P x G = 2 x 8 per step
     for x in rows:  # the conversational function saw the completion text as an assistant message
@@ -146,7 +149,8 @@ def test_trainer_step_by_step_with_a_trl_conversational_reward(tmp_path):
         for key, value in rec.items():
             if key in ("step", "kind") or isinstance(value, str) or value is None:
                 continue
-            (logged,) = [v for step, v in events[key] if step == rec["step"]]
+            tag = re.sub(r"[^-/\w.]", "_", key)  # TensorBoard's tag rule: eval_pass@1 is shown as eval_pass_1
+            (logged,) = [v for step, v in events[tag] if step == rec["step"]]
             assert math.isclose(logged, float(value), rel_tol=1e-6, abs_tol=1e-6), key
     assert {"reward_mean", "reward/reward_num_unique_letters", "lr", "tokens_seen", "epoch",
             "eval_accuracy"} <= set(events)
