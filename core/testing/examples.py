@@ -38,10 +38,56 @@ def tiny_reward_model(workdir: Path) -> dict:
     return {"path": str(path), "max_length": 32}
 
 
+_SERVER: dict = {}
+
+
+def scoring_server() -> str:
+    """``http://127.0.0.1:PORT`` of a small real HTTP server in this process (a daemon thread, bound to
+    127.0.0.1 only, shut down at exit), for the remote rewards in the contract suite: ``POST .../score``
+    answers ``{"rewards": [len(completion) / 100, ...]}`` (``remote_reward``'s protocol) and ``POST
+    .../chat/completions`` a chat completion whose text rates responses 1 to 64 at 5 each (``1: 5``
+    ... ``64: 5``; ``llm_judge`` reads its last number, ``group_judge`` one line per response)."""
+    if "url" in _SERVER:
+        return _SERVER["url"]
+    import atexit
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server name
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if self.path.endswith("/score"):
+                reply = {"rewards": [len(str(c)) / 100 for c in body.get("completions", [])]}
+            else:
+                text = "\n".join(f"{k}: 5" for k in range(1, 65))
+                reply = {"choices": [{"message": {"role": "assistant", "content": text}}]}
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, name="policyzoo-contract-server", daemon=True).start()
+    atexit.register(server.shutdown)
+    _SERVER["url"] = f"http://127.0.0.1:{server.server_address[1]}"
+    return _SERVER["url"]
+
+
 #: (slot, name) -> callable(workdir) -> parameters, for built-ins that need them.
 EXAMPLES = {
     ("reward", "function"): lambda workdir: {"function": "policyzoo.testing.examples:example_reward"},
     ("reward", "reward_model"): tiny_reward_model,
+    ("reward", "remote_reward"): lambda workdir: {"url": f"{scoring_server()}/score", "retries": 0, "timeout": 10},
+    ("reward", "llm_judge"): lambda workdir: {"base_url": f"{scoring_server()}/v1", "model": "judge", "retries": 0,
+                                              "timeout": 10},
+    ("reward", "group_judge"): lambda workdir: {"base_url": f"{scoring_server()}/v1", "model": "judge", "retries": 0,
+                                                "timeout": 10},
 }
 
 
