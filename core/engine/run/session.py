@@ -105,8 +105,9 @@ class Session(RunLoop):
                                    for p in get_catalog().plugins])
         self.tracker = Tracker(self.rundir.path, c.train.report_to, c.model_dump(),
                                self.state["step"] if self.resume_from is not None else None)
-        parts["resume_and_run_dir_s"] = time.perf_counter() - t0 - sum(parts.values())
-        self.startup_s = time.perf_counter() - t0
+        now = time.perf_counter()  # one reading: the parts add up to startup_s exactly
+        parts["resume_and_run_dir_s"] = now - t0 - sum(parts.values())
+        self.startup_s = now - t0
         self.process_to_ready_s = process_age_s()
         self.skips, self.last_saved, self.stop_requested = 0, self.state["step"], False
         self.eval_before: dict = {}
