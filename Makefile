@@ -43,7 +43,7 @@ AGENT_DEMO_ARGS ?= --algo grpo --output-dir $(AGENT_DEMO_DIR) train.steps=$(AGEN
 	train.prompts_per_step=4 train.lr=2e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=24 \
 	algorithm.env.use=calculator algorithm.env.task_examples=true data.eval_size=32 engine.sync_check=true
 
-.PHONY: setup test demo demo-agent bench clean-venv
+.PHONY: setup test test-engine demo demo-agent bench clean-venv
 
 setup: $(STAMP)
 
@@ -68,7 +68,10 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not engine_group"
+
+test-engine: $(STAMP)
+	$(PY) -m pytest -q -m engine_group
 
 demo: $(STAMP)
 	rm -rf $(DEMO_DIR)

@@ -22,6 +22,8 @@ from _engine_helpers import engine_env, metrics, run_train, tiny_model
 from policyzoo.contract import Rollout
 from policyzoo.plugins.reward import GroupJudge, Judge, RemoteRewardError
 
+pytestmark = pytest.mark.engine_group  # starts vLLM's OpenAI server: make test-engine
+
 
 def free_port() -> int:
     with socket.socket() as sock:
