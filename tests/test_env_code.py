@@ -119,7 +119,7 @@ def test_escape_infinite_loop_is_killed_at_the_limit(env):
     obs = env.env(ROW).step(block("while True:\n    pass"), [])
     took = time.perf_counter() - t0
     text = obs.messages[0]["content"]
-    assert obs.tool_error and took < 10  # 2 CPU seconds or 3 s of wall clock, whichever first
+    assert obs.tool_error and took < 25  # 2 CPU seconds or 3 s of wall clock, whichever first (not forever)
     assert text.startswith(("timed out after 3 s", "killed by signal"))  # wall clock, or RLIMIT_CPU's signal
 
 

@@ -79,7 +79,7 @@ def test_step_timeout_stops_or_drops_a_hanging_tool(tok):
         episodes(tok, Calculator(step_timeout=0.2), [[("calc(hang)", True)]])
     script = [[("calc(hang)", True), ("Answer: 4", True)]]
     r = episodes(tok, Calculator(step_timeout=0.2, on_error="drop_group"), script, n=2)
-    assert time.perf_counter() - t0 < 5  # two 0.2 s limits, not two 30 s sleeps
+    assert time.perf_counter() - t0 < 25  # two 0.2 s limits, not two 30 s sleeps (generous: a loaded machine)
     assert r.stop_reasons == ["timeout", "env"] and failed_groups(r).tolist() == [True, True]
     sums = episode_sums(r)
     assert sums["env_error_frac"] == 1.0 and sums["env_timeout_frac"] == 1.0

@@ -98,7 +98,16 @@ def test_remote_reward_batches_rows_and_reads_the_rewards(serve):
 
 
 def test_concurrency_is_limited(serve):
-    s = serve(lambda body: (200, json.dumps({"rewards": [0.0] * len(body["completions"])}), 0.2))
+    pair = threading.Barrier(2)
+
+    def in_pairs(body):  # each request waits for a second one in flight (60 s, then the barrier breaks: a 500)
+        try:
+            pair.wait(60)
+        except threading.BrokenBarrierError:
+            return 500, "alone", 0.0
+        return 200, json.dumps({"rewards": [0.0] * len(body["completions"])}), 0.0
+
+    s = serve(in_pairs)
     RemoteReward(url=s.url, batch_size=1, max_concurrency=2, cache_size=0).reward(rollout=rollout(list("abcdef")))
     assert len(s.requests) == 6 and s.most == 2
 
@@ -144,11 +153,11 @@ def test_malformed_and_wrong_length_replies(serve):
 
 
 def test_a_slow_server_times_out(serve):
-    s = serve(lambda body: (200, json.dumps({"rewards": [1.0]}), 2.0))
+    s = serve(lambda body: (200, json.dumps({"rewards": [1.0]}), 30.0))
     t0 = time.perf_counter()
     with pytest.raises(RemoteRewardError, match=r"no reply within timeout = 0.3 s \(1 attempts\)"):
         RemoteReward(url=s.url, timeout=0.3, retries=0).reward(rollout=rollout(["a"]))
-    assert time.perf_counter() - t0 < 1.5
+    assert time.perf_counter() - t0 < 20  # gave up, did not wait for the 30 s reply
 
 
 def chat(content):
@@ -189,9 +198,17 @@ def test_group_judge_scores_each_group_in_one_request(serve):
 def test_remote_components_run_concurrently_in_the_step(serve):
     import policyzoo
 
-    s = serve(lambda body: (200, json.dumps({"rewards": [1.0] * len(body["completions"])}), 0.5))
-    run = policyzoo.assemble("grpo", rewards=tuple(policyzoo.use("remote_reward", url=s.url + f"/{k}", cache_size=0)
-                                                   for k in range(2)))
-    t0 = time.perf_counter()
-    run.call_each("reward", rows=1, rollout=rollout(["a"]))
-    assert time.perf_counter() - t0 < 0.9  # two 0.5 s servers side by side, not one after the other
+    both = threading.Barrier(2)
+
+    def meet(body):  # answers only once the other component's request is in flight too (else a 500 after 60 s)
+        try:
+            both.wait(60)
+        except threading.BrokenBarrierError:
+            return 500, "alone", 0.0
+        return 200, json.dumps({"rewards": [1.0] * len(body["completions"])}), 0.0
+
+    s = serve(meet)
+    run = policyzoo.assemble("grpo", rewards=tuple(policyzoo.use("remote_reward", url=s.url + f"/{k}", cache_size=0,
+                                                                 retries=0) for k in range(2)))
+    out = run.call_each("reward", rows=1, rollout=rollout(["a"]))
+    assert [v.tolist() for _, v in out] == [[1.0], [1.0]]  # both answered: the two requests were in flight at once
