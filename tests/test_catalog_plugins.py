@@ -126,7 +126,7 @@ def test_plugins_lists_broken_distributions_with_their_error_and_a_run_still_ref
     make_dist(site, "policyzoo-good", "pz_good", DUPLICATE_CLIP.format(name="good_clip"))
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "COLUMNS": "300"}
     proc = subprocess.run([sys.executable, "-m", "policyzoo.cli", "plugins"], capture_output=True, text=True,
-                          env=env, timeout=300)
+                          env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr
     good, _, bad = proc.stdout.partition("broken plugin distributions")
     assert "policyzoo-good" in good and "clip:good_clip" in good and "policyzoo-broken" not in good
@@ -134,7 +134,7 @@ def test_plugins_lists_broken_distributions_with_their_error_and_a_run_still_ref
     assert "policyzoo-dupe" in bad and "registered twice" in bad
     assert "Traceback" not in proc.stderr
     run = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--dry-run"], capture_output=True,
-                         text=True, env=env, timeout=300)
+                         text=True, env=env, timeout=900)
     assert run.returncode == 2 and "policyzoo-broken" in run.stderr and "Traceback" not in run.stderr
 
 

@@ -31,7 +31,7 @@ def _train(out, nproc: int, *extra: str) -> None:
                f"--master_port={free_port()}", *cmd[1:]]
     env = engine_env()
     env.pop("RANK", None)
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -80,7 +80,7 @@ def test_a_zero_0_checkpoint_of_one_rank_continues_on_two(tmp_path):
            "-m", "policyzoo.cli", "train", "--resume", str(cut), "train.steps=3"]
     env = engine_env()
     env.pop("RANK", None)
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = load_file(full / "final" / "model.safetensors"), load_file(cut / "final" / "model.safetensors")
     for k in a:  # fp32 rounding of the split sums, as above
@@ -103,7 +103,7 @@ def test_reinforce_pp_with_one_prompt_per_rank_trains_as_one_rank(tmp_path):
                    f"--master_port={free_port()}", *cmd[1:]]
         env = engine_env()
         env.pop("RANK", None)
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
         assert r.returncode == 0, r.stderr[-3000:]
         runs[nproc] = metrics(out)[0], load_file(out / "final" / "model.safetensors")
     (m1, w1), (m2, w2) = runs[1], runs[2]
@@ -121,7 +121,7 @@ def test_prompts_must_split_into_whole_groups(tmp_path):
     cmd = train_cmd(tmp_path / "odd", *DP_SETTINGS, "train.prompts_per_step=3")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            *cmd[1:]]
-    r = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode != 0
     assert "3 prompts cannot be shared out in whole groups among 2 data-parallel ranks" in r.stderr
 
@@ -160,7 +160,7 @@ def test_a_component_missing_on_one_rank_is_an_error_on_every_rank():
     procs = [ctx.Process(target=_catalog_rank, args=(r, port, q)) for r in (0, 1)]
     for p in procs:
         p.start()
-    got = dict(q.get(timeout=120) for _ in procs)
+    got = dict(q.get(timeout=600) for _ in procs)
     for p in procs:
         p.join(30)
     for r in (0, 1):

@@ -180,12 +180,12 @@ def test_the_guides_distribution_builds_installs_and_registers_from_the_pages_te
     env.pop("POLICYZOO_DISABLE_PLUGIN_AUTOLOAD", None)
     env.pop("POLICYZOO_PLUGINS", None)
     comps = subprocess.run([sys.executable, "-m", "policyzoo.cli", "components", "--slot", "clip"],
-                           capture_output=True, text=True, env=env, timeout=300)
+                           capture_output=True, text=True, env=env, timeout=900)
     assert comps.returncode == 0, comps.stderr
     (line,) = [ln for ln in comps.stdout.splitlines() if "capped_pg" in ln]
     assert "policyzoo-capped-pg 0.1.0" in line
     explain = subprocess.run([sys.executable, "-m", "policyzoo.cli", "explain", "capped_grpo"],
-                             capture_output=True, text=True, env=env, timeout=300)
+                             capture_output=True, text=True, env=env, timeout=900)
     assert explain.returncode == 0 and "clip      capped_pg" in explain.stdout, explain.stderr
 
 

@@ -66,7 +66,7 @@ def _reward(fn: str) -> str:
     return f'rewards=[{{use: function, function: "test_faults_engine:{fn}"}}]'
 
 
-def _run(cmd, timeout=300):
+def _run(cmd, timeout=900):
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -123,12 +123,12 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     proc = subprocess.Popen(train_cmd(out, *FAST, "train.steps=500"), env=_env(), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 240
+        deadline = time.time() + 900
         while not ((out / "metrics.jsonl").is_file() and metrics(out)):
             assert proc.poll() is None and time.time() < deadline, "the run ended before a step was logged"
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()

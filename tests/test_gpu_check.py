@@ -12,7 +12,7 @@ from _engine_helpers import ROOT
 
 def test_gpu_check_plan_and_bundle_fit():
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run"], capture_output=True,
-                       text=True, timeout=300, cwd=ROOT)
+                       text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     out = json.loads(r.stdout)
     parts = dict(out["plan"])

@@ -17,7 +17,7 @@ def _env_after(gb: float, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "OMP_"))}
     env.update(extra)
     r = subprocess.run([sys.executable, "-c", CODE.format(gb=gb)], env=env, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -160,7 +160,7 @@ print("@@" + json.dumps(deltas))
 @pytest.mark.parametrize("saved, loaded", [(0, 0), (2, 2), (1, 2)])
 def test_a_changed_lr_reaches_the_restored_optimizer(saved, loaded):
     r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model()), str(saved), str(loaded)], env=engine_env(),
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=900)
     lines = [x for x in r.stdout.splitlines() if x.startswith("@@")]
     assert r.returncode == 0 and lines, r.stderr[-3000:]
     d = json.loads(lines[-1][2:])

@@ -49,7 +49,7 @@ def test_custom_code_in_a_model_folder_is_not_run_without_trust_remote_code(tmp_
     assert not marker.exists()
     # the same refusal through the CLI: one clear error, exit 2, no model loaded
     r = subprocess.run(train_cmd(tmp_path / "run", "train.steps=1", model=folder), env=engine_env(),
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 2 and "trust_remote_code" in r.stderr and "Traceback" not in r.stderr
     assert not marker.exists()
     # with the switch on, transformers imports the folder's module (the marker proves it would run)
@@ -70,14 +70,14 @@ class _Touch:
 def test_resume_refuses_a_checkpoint_that_would_run_code(tmp_path):
     out, marker = tmp_path / "run", tmp_path / "pwned"
     r = subprocess.run(train_cmd(out, "train.steps=1", "engine.rollout=transformers", "engine.threads=1"),
-                       env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+                       env=engine_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     states = next((out / "checkpoints" / "step-000001" / "policy").glob("*model_states.pt"))
     sd = torch.load(states, weights_only=True)
     sd["client_state_extra"] = _Touch(str(marker))
     torch.save(sd, states)
     r = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--resume", str(out), "train.steps=2"],
-                       env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+                       env=engine_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 2, r.stderr[-3000:]
     err = " ".join(r.stderr.split())
     assert "model_states.pt" in err and "it was not loaded (loading it could run code)" in err

@@ -15,7 +15,7 @@ def _train(tmp_path, *overrides):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--output-dir", str(out),
            *TINY_OVERRIDES, *overrides]
-    proc = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     return proc, out
 
 
@@ -74,7 +74,7 @@ def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path):
     rd.create({}, {})
     base = [sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--resume", str(rd.path),
             f"model.path={tiny_model()}", *TINY_OVERRIDES]
-    proc = subprocess.run(base, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(base, env=engine_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 2 and "no complete checkpoint" in proc.stderr, proc.stderr[-2000:]
 
     # a complete checkpoint written by another algorithm (its fingerprint differs)
@@ -82,7 +82,7 @@ def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path):
     (rd.ckpt / "step-000002" / "state.json").write_text(json.dumps(
         {"step": 2, "batches": 2, "fingerprint": {"algorithm": "something else"}}))
     (rd.ckpt / "latest.json").write_text(json.dumps({"step": 2, "path": "step-000002"}))
-    proc = subprocess.run(base, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(base, env=engine_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 2 and "another algorithm, reward, model or data" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
@@ -97,7 +97,7 @@ def test_resume_refuses_to_rewind_a_run(tmp_path):
     (rd.ckpt / "latest.json").write_text(json.dumps({"step": 3, "path": "step-000003"}))
     cmd = [sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--resume", str(rd.path),
            f"model.path={tiny_model()}", *TINY_OVERRIDES, "train.steps=3"]
-    proc = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 2 and "already at step 3" in proc.stderr and "train.steps=13" in proc.stderr, \
         proc.stderr[-2000:]
     assert (rd.ckpt / "step-000003" / "state.json").is_file()  # nothing touched
@@ -115,6 +115,6 @@ def test_output_dir_is_checked_before_any_model_loads(tmp_path, case):
         expect = "another run's files"
     cmd = [sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--output-dir", str(out),
            f"model.path={tiny_model()}", *TINY_OVERRIDES]
-    proc = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 2 and expect in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "engine ready" not in proc.stdout and "loading" not in proc.stdout.lower()

@@ -39,7 +39,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     p = subprocess.Popen(train_cmd(cut, *ARGS), env=engine_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     latest = cut / "checkpoints" / "latest.json"
-    deadline = time.time() + 500
+    deadline = time.time() + 900
     while time.time() < deadline and p.poll() is None:
         if latest.is_file() and json.loads(latest.read_text())["step"] >= 2:
             os.kill(p.pid, signal.SIGKILL)
