@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 
 from policyzoo.engine.process import free_port
 
+pytestmark = pytest.mark.engine_group  # several ranks, each a DeepSpeed engine: make test-engine
+
 DP_SETTINGS = ["train.steps=2", "engine.rollout=transformers", "engine.threads=1"]
 
 

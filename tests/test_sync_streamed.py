@@ -13,6 +13,8 @@ from _engine_helpers import ROOT, engine_env, tiny_model
 
 from policyzoo.engine.process import free_port
 
+pytestmark = pytest.mark.engine_group  # 2 ranks, each holding vLLM and a DeepSpeed engine: make test-engine
+
 
 @pytest.mark.parametrize("stage", [0, 3])
 def test_streamed_sync_equals_the_whole_model_sync_on_two_ranks(stage):
