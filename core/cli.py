@@ -218,7 +218,9 @@ def cmd_plan(args, out: Console) -> None:
     out.print(f"vLLM reserves engine.kv_cache_gb = {opts.kv_cache_gb:g} GiB for its KV cache.")
     _print_fit(out, shape, s, opts, mem, budget)
     if args.gpus or args.rollout_tp or args.rollout:
-        _print_placement(out, args, config, opts, shape.params)
+        from .plan_placement import print_placement
+
+        print_placement(out, args.gpus, args.rollout_tp, args.rollout, config, opts.need_ref, shape.params)
     if split:
         roll = f["rollout prefill"] + f["rollout decode"]
         train = total - roll
@@ -240,29 +242,6 @@ def cmd_plan(args, out: Console) -> None:
             out.print("engine.overlap: the rollout ran in the background while the previous step trained; its "
                       "time is not on the step's clock, so it gets no rate here (plan a run without overlap to "
                       "measure it).")
-
-
-def _print_placement(out: Console, args, config, opts, params: int) -> None:
-    """Model-state bytes per parameter per GPU for ``--gpus``, ``--rollout-tp`` and ``--rollout``
-    (``policyzoo.plan_placement``); unset ones come from the config."""
-    from .plan import DTYPE_BYTES
-    from .plan_placement import Placement, table_rows, totals_by_mode
-
-    e = config.engine
-    tp = args.rollout_tp or e.vllm_tensor_parallel_size
-    p = Placement(gpus=args.gpus or tp, tp=tp, mode=args.rollout or ("server" if e.rollout == "server" else
-                                                                       "colocated"),
-                  zero_stage=e.zero_stage, weight_bytes=DTYPE_BYTES[config.model.dtype],
-                  rollout_bytes=DTYPE_BYTES[e.rollout_dtype or config.model.dtype], need_ref=opts.need_ref)
-    t = Table(title=f"model state per GPU: {p.gpus} trainer GPUs, ZeRO {p.zero_stage}, rollout {p.mode} "
-              f"TP={p.tp}, {config.model.dtype}")
-    for col in ("part", "bytes/param", "GiB"):
-        t.add_column(col, justify="right" if col != "part" else "left")
-    for row in table_rows(p, params):
-        t.add_row(*row)
-    out.print(t)
-    out.print("trainer GPU, bytes/param: " + "; ".join(f"{k}: {v:.3g}" for k, v in totals_by_mode(p).items())
-              + " (activations and vLLM's KV cache come on top: see docs/distributed.md)")
 
 
 def _print_fit(out: Console, shape, s, opts, mem: dict, budget: float | None) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import GiB, PlanError
+from .plan import DTYPE_BYTES, GiB, PlanError
 
 MODES = ("colocated", "server")
 
@@ -96,3 +96,31 @@ def table_rows(p: Placement, params: int) -> list[tuple[str, str, str]]:
         total = sum(parts.values())
         rows.append((f"{kind}: total", f"{total:.3g}", f"{total * params / GiB:.2f}"))
     return rows
+
+
+def placement_for(config, gpus: int | None, tp: int | None, mode: str | None, need_ref: bool) -> Placement:
+    """The placement of ``policyzoo plan --gpus --rollout-tp --rollout``; what is not given comes from
+    ``config`` (``engine.vllm_tensor_parallel_size``, ``engine.rollout``, ``engine.zero_stage``, the dtypes)."""
+    e = config.engine
+    tp = tp or e.vllm_tensor_parallel_size
+    return Placement(gpus=gpus or tp, tp=tp, mode=mode or ("server" if e.rollout == "server" else "colocated"),
+                     zero_stage=e.zero_stage, weight_bytes=DTYPE_BYTES[config.model.dtype],
+                     rollout_bytes=DTYPE_BYTES[e.rollout_dtype or config.model.dtype], need_ref=need_ref)
+
+
+def print_placement(out, gpus: int | None, tp: int | None, mode: str | None, config, need_ref: bool,
+                    params: int) -> None:
+    """Print the table of :func:`table_rows` and the totals of :func:`totals_by_mode` to the rich
+    console ``out``, for :func:`placement_for`'s placement and a model of ``params`` parameters."""
+    from rich.table import Table
+
+    p = placement_for(config, gpus, tp, mode, need_ref)
+    t = Table(title=f"model state per GPU: {p.gpus} trainer GPUs, ZeRO {p.zero_stage}, rollout {p.mode} "
+              f"TP={p.tp}, {config.model.dtype}")
+    for col in ("part", "bytes/param", "GiB"):
+        t.add_column(col, justify="right" if col != "part" else "left")
+    for row in table_rows(p, params):
+        t.add_row(*row)
+    out.print(t)
+    out.print("trainer GPU, bytes/param: " + "; ".join(f"{k}: {v:.3g}" for k, v in totals_by_mode(p).items())
+              + " (activations and vLLM's KV cache come on top: see docs/distributed.md)")

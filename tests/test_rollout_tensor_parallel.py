@@ -35,8 +35,10 @@ class FakeShard(torch.nn.Module):
         super().__init__()
         self.norm = torch.nn.Parameter(torch.zeros(5))
         self.embed = torch.nn.Embedding(3, 4)
+        self.embed.input_size_per_partition, self.embed.output_size_per_partition = 4, 3  # as vLLM's
         self.head = torch.nn.Module()
         self.head.weight = self.embed.weight
+        self.head.input_size_per_partition, self.head.output_size_per_partition = 4, 3
         self.linear = torch.nn.Module()
         self.linear.weight = torch.nn.Parameter(torch.empty(0))
         self.linear.input_size_per_partition, self.linear.output_size_per_partition = 6, 2

@@ -202,12 +202,14 @@ class GroupRollout:
 def _param_count(worker) -> int:
     """Parameters of a vLLM worker's model (its shard under tensor parallelism), each counted once.
     A linear layer counts ``input_size_per_partition x output_size_per_partition``: vLLM-CPU moves
-    its weight into a pre-packed GEMM handler and leaves an empty ``weight`` behind."""
+    its weight into a pre-packed GEMM handler and leaves an empty ``weight`` behind (an LM head tied
+    to the embedding shares its weight and is not counted again)."""
     seen, total = set(), 0
     for module in worker.model_runner.model.modules():
         own = [(name, p) for name, p in module.named_parameters(recurse=False) if id(p) not in seen]
         seen.update(id(p) for _, p in own)
-        if hasattr(module, "input_size_per_partition") and hasattr(module, "output_size_per_partition"):
+        sized = hasattr(module, "input_size_per_partition") and hasattr(module, "output_size_per_partition")
+        if sized and any(name == "weight" for name, _ in own):  # a tied head's weight was counted already
             total += module.input_size_per_partition * module.output_size_per_partition
             own = [(name, p) for name, p in own if name != "weight"]
         total += sum(p.numel() for _, p in own)
