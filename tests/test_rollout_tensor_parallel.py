@@ -203,3 +203,16 @@ def test_allowed_layouts():
     check_tensor_parallel(_engine(overlap="one_step", rollout="transformers"), 3, env=True, resamples=True)
     with pytest.raises(Exception):
         _engine(vllm_tensor_parallel_size=0)
+
+
+def test_vllm_starts_sharded_under_the_external_launcher_on_every_platform():
+    from policyzoo.engine.rollout.vllm_options import llm_kwargs
+
+    common = dict(dtype="float32", max_model_len=64, seed=1, tokenizer="m")
+    cpu = llm_kwargs(on_cuda=False, tensor_parallel_size=2, **common)
+    assert (cpu["distributed_executor_backend"], cpu["tensor_parallel_size"], cpu["enforce_eager"]) == (
+        "external_launcher", 2, True)
+    gpu = llm_kwargs(on_cuda=True, tensor_parallel_size=4, **common)
+    assert (gpu["distributed_executor_backend"], gpu["tensor_parallel_size"]) == ("external_launcher", 4)
+    one = llm_kwargs(on_cuda=False, **common)  # k = 1: today's in-process engine, one per rank
+    assert one["distributed_executor_backend"] == "uni" and "tensor_parallel_size" not in one
