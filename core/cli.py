@@ -217,6 +217,10 @@ def cmd_plan(args, out: Console) -> None:
     out.print(m)
     out.print(f"vLLM reserves engine.kv_cache_gb = {opts.kv_cache_gb:g} GiB for its KV cache.")
     _print_fit(out, shape, s, opts, mem, budget)
+    if args.gpus or args.rollout_tp or args.rollout:
+        from .plan_placement import print_placement
+
+        print_placement(out, args.gpus, args.rollout_tp, args.rollout, config, opts.need_ref, shape.params)
     if split:
         roll = f["rollout prefill"] + f["rollout decode"]
         train = total - roll
@@ -311,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--algo", help="a zoo name (default grpo)")
     pn.add_argument("--config", help="a YAML config file")
     pn.add_argument("--from-run", metavar="RUN_DIR", help="plan a finished run and show its measured time split")
+    pn.add_argument("--gpus", type=int, help="trainer GPUs (data-parallel ranks): print the model state per GPU")
+    pn.add_argument("--rollout-tp", type=int, help="GPUs one vLLM engine is sharded over "
+                    "(engine.vllm_tensor_parallel_size)")
+    pn.add_argument("--rollout", choices=["colocated", "server"], help="vLLM on the trainer's GPUs or on a server's")
     pn.add_argument("items", nargs="*", metavar="P G L | model=PATH | prompt=N | memory=GiB | key=value")
     pn.set_defaults(fn=cmd_plan)
     pl = sub.add_parser("plot", help="draw a run's curves to a PNG")

@@ -114,6 +114,10 @@ class EngineSettings(Section):
                                          "vllm_enable_sleep_mode): 1 offloads vLLM's weights to host memory and drops "
                                          "its KV cache, 2 drops both (the weight push refills them); 0 keeps vLLM's "
                                          "gpu_memory_utilization share of the GPU through training")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, description="k > 1: groups of k consecutive data-parallel "
+                                           "ranks share one vLLM engine sharded k ways (TRL's vllm_tensor_parallel_"
+                                           "size, verl's rollout.tensor_model_parallel_size); the ranks must be a "
+                                           "multiple of k")
     critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in the run directory")
     trim_memory: bool = Field(False, description="after every step, return the C heap's free memory to the OS "

@@ -33,7 +33,7 @@ CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", 
                  "Path(w.filename).resolve", "str(Path(w.filename).resolve()).startswith", "issubclass",
                  "pre.warnings.append", "warnings.warn_explicit", "_preload", "Path(__file__).resolve",
                  "lr_plan", "resume_schedule", "pre.rundir.claim", "encode_text",
-                 "check_sampling_options", "dict", "filter_bias_warning", "pre.state.get"}
+                 "check_sampling_options", "dict", "filter_bias_warning", "pre.state.get", "local_world_size", "any"}
 # get_catalog: see check_same_catalog; check_sampling_options: both engines honour every option today
 # (tests/test_sampling_paths.py refuses one an engine does not name)
 
@@ -101,6 +101,8 @@ CASES = {
                                                                    "algorithm.env.use=calculator"], "engine.overlap")],
     "check_trackers": [("tracker not installed", lambda t, m: ["train.report_to=[wandb]"], "report_to")],
     "check_device_options": [("vLLM sleep mode on CPU", lambda t, m: ["engine.vllm_sleep=1"], "engine.vllm_sleep")],
+    "check_tensor_parallel": [("vLLM TP 2 on one rank", lambda t, m: ["engine.vllm_tensor_parallel_size=2"],
+                               "engine.vllm_tensor_parallel_size")],
     "check_engine": [("missing DeepSpeed config", lambda t, m: [f"engine.deepspeed={t / 'ds.json'}"], "deepspeed")],
     "step_settings": [("clip params for the loss", lambda t, m: ["algorithm.reduce.use=no_such_reduce"], "algorithm")],
     "resolve_model": [("missing model folder", lambda t, m: [f"model.path={t / 'no-model'}"], "model.path")],

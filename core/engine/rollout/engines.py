@@ -86,36 +86,49 @@ class VLLMRollout(_Base):
 
     ``max_model_len`` bounds prompt + response; ``seed`` seeds vLLM's own generator (each request
     also carries its seed, see the module docstring). ``sleep_level`` (``engine.vllm_sleep``, GPU
-    only): 1 or 2 puts vLLM to sleep while the trainer runs (:attr:`sleeper`)."""
+    only): 1 or 2 puts vLLM to sleep while the trainer runs (:attr:`sleeper`). ``tensor_parallel_size``
+    k > 1 (``engine.vllm_tensor_parallel_size``): this rank holds one of the k shards of an engine its
+    group of k ranks starts together; every call must then be made by all k ranks with the same
+    arguments (:mod:`policyzoo.engine.rollout.tensor_parallel` does that)."""
 
     def __init__(self, model_info, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float = 0.3,
-                 sleep_level: int = 0):
+                 sleep_level: int = 0, tensor_parallel_size: int = 1):
         super().__init__(model_info)
         from vllm import LLM
 
         on_cuda = device.cuda()
         self.llm = LLM(str(model_info.path), **llm_kwargs(
             on_cuda=on_cuda, dtype=dtype, max_model_len=max_model_len, seed=seed, tokenizer=str(model_info.path),
-            gpu_memory_utilization=gpu_memory_utilization, sleep_level=sleep_level))
+            gpu_memory_utilization=gpu_memory_utilization, sleep_level=sleep_level,
+            tensor_parallel_size=tensor_parallel_size))
         device.set_thread_device()  # vLLM's worker set the current device while it started
         #: sleep/wake of vLLM around training (no-op at level 0)
         self.sleeper = Sleeper(self.llm, sleep_level if on_cuda else 0, device.release_cached_memory)
         #: GiB vLLM gave its KV cache on this GPU (metric gpu_kv_cache_gib; None on CPU)
         self.kv_cache_gib = sum(self.llm.collective_rpc(_kv_cache_bytes)) / 2**30 if on_cuda else None
 
-    def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
-                 repetition_penalty: float = 1.0, stop: list[str] = ()) -> Rollout:
+    def sampling_params(self, count: int, n: int, max_tokens: int, temperature: float, seed: int, top_p: float = 1.0,
+                        first_index: int = 0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                        stop: list[str] = ()) -> list:
+        """vLLM ``SamplingParams`` of :meth:`generate`'s ``count`` prompts (prompt ``i`` seeded from
+        its global index ``first_index + i``, see the module docstring)."""
         from vllm import SamplingParams
 
-        self.sleeper.for_sampling()
-        prompt_ids, texts = self.encode(rows)
         extra = dict(top_k=top_k or -1, min_p=min_p, repetition_penalty=repetition_penalty, stop=list(stop) or None,
                      include_stop_str_in_output=True)
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
-                                 stop_token_ids=list(self.info.eos_token_ids),
-                                 seed=request_seed(seed, first_index + i, n), **extra) for i in range(len(rows))]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+        return [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
+                               stop_token_ids=list(self.info.eos_token_ids),
+                               seed=request_seed(seed, first_index + i, n), **extra) for i in range(count)]
+
+    def greedy_params(self, max_tokens: int):
+        """vLLM ``SamplingParams`` of :meth:`greedy` (temperature 0, one response)."""
+        from vllm import SamplingParams
+
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=list(self.info.eos_token_ids))
+
+    def pack(self, rows: list[dict], prompt_ids: list[list[int]], texts: list[str], outs, n: int, max_tokens: int,
+             temperature: float, first_index: int = 0) -> Rollout:
+        """The :class:`Rollout` of vLLM's ``outs`` for ``rows`` (one ``RequestOutput`` per prompt)."""
         responses, lps, trunc, comps = [], [], [], []
         for out in outs:
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -126,6 +139,24 @@ class VLLMRollout(_Base):
                 comps.append(c.text)
         return build_rollout(prompt_ids, responses, lps, trunc, rows, texts, comps, n, self.info.pad_token_id,
                              temperature, max_tokens, first_index)
+
+    def pack_greedy(self, rows: list[dict], prompt_ids: list[list[int]], texts: list[str], outs,
+                    max_tokens: int) -> Rollout:
+        """The :class:`Rollout` of :meth:`greedy` from vLLM's ``outs`` (no log-probs, temperature 1)."""
+        responses = [list(o.outputs[0].token_ids) for o in outs]
+        return build_rollout(prompt_ids, responses, [[] for _ in outs],
+                             [o.outputs[0].finish_reason == "length" for o in outs], rows, texts,
+                             [o.outputs[0].text for o in outs], 1, self.info.pad_token_id, 1.0, max_tokens)
+
+    def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
+                 top_p: float = 1.0, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, stop: list[str] = ()) -> Rollout:
+        self.sleeper.for_sampling()
+        prompt_ids, texts = self.encode(rows)
+        params = self.sampling_params(len(rows), n, max_tokens, temperature, seed, top_p, first_index, top_k, min_p,
+                                      repetition_penalty, stop)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+        return self.pack(rows, prompt_ids, texts, outs, n, max_tokens, temperature, first_index)
 
     def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
                         seeds: list[int], top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
@@ -153,17 +184,11 @@ class VLLMRollout(_Base):
 
     def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
         """One greedy (temperature 0) response per prompt, for held-out evaluation."""
-        from vllm import SamplingParams
-
         self.sleeper.for_sampling()
         prompt_ids, texts = self.encode(rows)
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
-                                 SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                                stop_token_ids=list(self.info.eos_token_ids)), use_tqdm=False)
-        responses = [list(o.outputs[0].token_ids) for o in outs]
-        return build_rollout(prompt_ids, responses, [[] for _ in outs],
-                             [o.outputs[0].finish_reason == "length" for o in outs], rows, texts,
-                             [o.outputs[0].text for o in outs], 1, self.info.pad_token_id, 1.0, max_tokens)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], self.greedy_params(max_tokens),
+                                 use_tqdm=False)
+        return self.pack_greedy(rows, prompt_ids, texts, outs, max_tokens)
 
     def load_weights(self, named_tensors) -> None:
         """Push ``(hf_name, tensor)`` pairs into vLLM (``reload_weights``: HF names, vLLM fuses

@@ -9,6 +9,9 @@
   cache); with ``engine.vllm_sleep`` vLLM is started with ``enable_sleep_mode=True``.
 * CPU: ``"uni"`` with ``enforce_eager=True`` (no graphs on CPU) and no chunked prefill (a prefill split
   over two steps rewinds its seeded generator with ``Generator.set_offset``, which CPU generators lack).
+* Tensor parallel (``tensor_parallel_size`` k > 1, ``engine.vllm_tensor_parallel_size``): ``external_launcher``
+  on CPU too (vLLM's TP groups are consecutive ranks of the launcher's process group; gloo on CPU), each
+  rank's worker holds one shard; see ``policyzoo.engine.rollout.tensor_parallel``.
 
 **Sleep** (:class:`Sleeper`; ``engine.vllm_sleep``, TRL's ``vllm_enable_sleep_mode``, verl's
 ``free_cache_engine``, OpenRLHF's ``--vllm_enable_sleep``): level 1 offloads the weights to host memory
@@ -25,17 +28,20 @@ from __future__ import annotations
 
 
 def llm_kwargs(*, on_cuda: bool, dtype: str, max_model_len: int, seed: int, tokenizer: str,
-               gpu_memory_utilization: float = 0.3, sleep_level: int = 0) -> dict:
+               gpu_memory_utilization: float = 0.3, sleep_level: int = 0, tensor_parallel_size: int = 1) -> dict:
     """Keyword arguments of ``vllm.LLM`` for this platform (see the module docstring)."""
     kwargs = dict(dtype=dtype, seed=seed, max_model_len=max_model_len, logprobs_mode="processed_logprobs",
                   trust_remote_code=False, tokenizer=tokenizer)
+    if tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = tensor_parallel_size
     if on_cuda:
         kwargs.update(distributed_executor_backend="external_launcher", enforce_eager=False,
                       gpu_memory_utilization=gpu_memory_utilization)
         if sleep_level:
             kwargs["enable_sleep_mode"] = True
     else:
-        kwargs.update(distributed_executor_backend="uni", enforce_eager=True, enable_chunked_prefill=False)
+        kwargs.update(distributed_executor_backend="uni" if tensor_parallel_size == 1 else "external_launcher",
+                      enforce_eager=True, enable_chunked_prefill=False)
     return kwargs
 
 

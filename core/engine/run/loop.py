@@ -18,6 +18,7 @@ from policyzoo.engine.report.progress import EVAL_DEFINITION, eval_metric_name, 
 from policyzoo.engine.report.tracking import completion_rows
 from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
 from policyzoo.engine.rollout.overlap import OverlapPolicy, overlapped_step
+from policyzoo.engine.rollout.tensor_parallel import follow_evaluation
 from policyzoo.errors import Interrupted, TrainingError, UserError
 from policyzoo.step import step_seed, train_step
 
@@ -55,11 +56,13 @@ class RunLoop:
         mean@k) at the current step (rank 0; ``{}`` without held-out rows), logged to
         ``metrics.jsonl`` and the trackers."""
         step = self.state["step"]
+        ev = self.config.eval
         if dist.rank() != 0:  # held-out accuracy is measured once, by rank 0's rollout engine
+            follow_evaluation(self.rollout, bool(self.task.eval_rows), ev.n, self.turn_tokens, ev.temperature,
+                              self.config.train.seed)  # rank 0's engine is shared with its TP group
             return {}
         t0 = time.perf_counter()
         try:
-            ev = self.config.eval
             rec = evaluate_held_out(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows,
                                     self.turn_tokens, env=self.run.env, policy=self.policy, n=ev.n,
                                     temperature=ev.temperature, ks=ev.ks(), pass_threshold=ev.pass_threshold,

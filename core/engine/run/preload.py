@@ -21,6 +21,7 @@ from policyzoo.engine.models import resolve_model
 from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import check_vllm_threads
 from policyzoo.engine.report.tracking import check_trackers
+from policyzoo.engine.rollout.tensor_parallel import check_tensor_parallel, local_world_size
 from policyzoo.engine.rundir import ResumeError, RunDir
 from policyzoo.engine.trainer.dsconfig import check_engine
 from policyzoo.errors import ConfigError
@@ -116,6 +117,8 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     check_sampling_options(run.sample, LMPolicy.sampling_options, config.engine.rollout)  # every path
     check_engine(config)  # the DeepSpeed settings
     check_device_options(config.engine)  # sleep mode on CPU, parallel_start on a GPU
+    check_tensor_parallel(config.engine, ws, env=run.env is not None, local_world=local_world_size(),
+                          resamples=any(f.params.resample for f in run.filter))
     settings = step_settings(config, run)
     sp = run.sample.params
     model = resolve_model(config.model.path, config.model.trust_remote_code)  # folder, config, tokenizer

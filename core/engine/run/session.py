@@ -12,6 +12,7 @@ from policyzoo.engine.policy import LMPolicy, sync_tolerance
 from policyzoo.engine.process import captured_output
 from policyzoo.engine.report.tracking import Tracker
 from policyzoo.engine.rollout.engines import HFRollout, VLLMRollout
+from policyzoo.engine.rollout.tensor_parallel import start_rollout
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 
 from .checks import ZeroSignalWatch
@@ -75,11 +76,14 @@ class Session(RunLoop):
         with captured_output(log, enabled=not self.verbose):
             if early is not None:
                 self.rollout = early.result()
-            elif c.engine.rollout == "vllm":
-                self.rollout = VLLMRollout(self.model, rollout_dtype, self.max_model_len, c.train.seed,
-                                           c.engine.gpu_memory_utilization, c.engine.vllm_sleep)
+            elif c.engine.rollout == "vllm":  # k > 1: this rank's share of a group's engine (tensor_parallel.py)
+                self.rollout = start_rollout(self.model, rollout_dtype, self.max_model_len, c.train.seed,
+                                             c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
+                                             c.engine.vllm_tensor_parallel_size)
             else:
                 self.rollout = HFRollout(self.model, rollout_dtype, c.model.trust_remote_code)
+        for line in getattr(self.rollout, "notes", list)():  # vLLM sharded over ranks: its layout
+            self.console.print(line, markup=False, highlight=False)
         cached = (self.check_ids * (self.max_model_len // len(self.check_ids) + 1))[:self.max_model_len - 1]
         self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check,
                                tolerance=sync_tolerance(c.model.dtype, c.engine.sync_tolerance),
