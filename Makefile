@@ -64,6 +64,8 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 	  fi; \
 	done
 	$(PY) -c "import vllm, deepspeed, transformers, policyzoo; print('engine ready: vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| transformers', transformers.__version__)"
+	# DeepSpeed's one CPU op is compiled here, once, not inside a training run or a test
+	$(PY) -c "from policyzoo.engine.process import build_deepspeed_op as b; print('DeepSpeed CPU op:', b())"
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -29,3 +29,20 @@ def test_kv_cache_and_thread_binding_are_explicit_and_user_values_kept():
                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
     assert _env_after(0.2)["VLLM_CPU_KVCACHE_SPACE"] == "1"  # at least 1 GiB
     assert _env_after(1.0, VLLM_CPU_OMP_THREADS_BIND="0-1")["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_live_build_is_left_alone(tmp_path, capsys):
+    from policyzoo.engine.process import STALE_LOCK_SECONDS, clear_stale_build_lock
+
+    dead, live = tmp_path / "deepspeed_shm_comm", tmp_path / "other_op"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "lock").touch()
+        (folder / "shm.o").touch()
+    old = os.path.getmtime(dead / "lock") - STALE_LOCK_SECONDS - 60  # a build killed 16 minutes ago
+    for f in dead.iterdir():
+        os.utime(f, (old, old))
+    os.utime(live / "lock", (old, old))  # an old lock, but the build wrote shm.o just now: alive
+    assert clear_stale_build_lock(tmp_path) == [dead / "lock"]
+    assert not (dead / "lock").exists() and (live / "lock").exists() and (dead / "shm.o").exists()
+    assert "stale build lock" in capsys.readouterr().err
