@@ -126,6 +126,10 @@ class EngineSettings(Section):
                                                  "uses the sampler's log-probs)")
     max_policy_lag: int = Field(1, ge=1, description="with overlap: a batch sampled more optimizer steps behind "
                                 "than this is dropped and sampled again")
+    max_staleness: int = Field(0, ge=0, description="asynchronous training (AReaL's max_staleness, verl's "
+                               "staleness_threshold): s >= 1 samples the coming steps continuously in a background "
+                               "thread, at most s steps ahead, so every row is at most s optimizer steps stale (the "
+                               "ratio uses the sampler's log-probs); 0: the synchronous step")
     deepspeed: str | dict[str, Any] | None = Field(None, description="your own DeepSpeed config (a JSON file or a "
                                                    "mapping) merged over policyzoo's, e.g. {zero_optimization: "
                                                    "{stage: 1, offload_optimizer: {device: cpu}}}")
