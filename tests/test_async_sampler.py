@@ -244,3 +244,26 @@ def test_async_steps_on_the_bandit(s, catalog):
     assert all(m["stale_dropped"] == 0 and m["skipped"] == 0 for m in out)
     assert out[0]["ratio_mean"] == 1.0  # on-policy: the live log-probs detached
     assert any(m["ratio_mean"] != 1.0 for m in out[1:])  # pi_old = the sampler's (older) log-probs
+
+
+def test_a_resumed_run_counts_what_was_ahead_of_its_checkpoint(catalog):
+    # the checkpoint of step 2 recorded 2 batches (16 rows) sampled ahead; the resumed run starts
+    # its sampler at version 2 and reports them as discarded (a console line, metrics on step 3)
+    from types import SimpleNamespace
+
+    from policyzoo.config import load_config
+    from policyzoo.engine.run.loop import RunLoop
+
+    printed: list[str] = []
+    fake = SimpleNamespace(config=load_config(None, "grpo", ["engine.max_staleness=2", "train.steps=5"]),
+                           run=bandit_run({"base": "grpo"}, catalog), task=SimpleNamespace(train_rows=[{}] * 8, seed=0),
+                           state={"step": 2, "async_in_flight": {"batches": 2, "rows": 16}}, share=2,
+                           console=SimpleNamespace(print=lambda text, **_: printed.append(text)), policy=Engine())
+    sampler = RunLoop._async_sampler(fake)
+    sampler.stop()
+    assert sampler.version == 2 and sampler.s == 2 and sampler.last_step == 5
+    assert fake.async_discarded == {"async_discarded_batches": 2, "async_discarded_rows": 16}
+    assert len(printed) == 1 and "2 batch(es) (16 rows sampled)" in printed[0]
+    fresh = SimpleNamespace(**{**vars(fake), "state": {"step": 0}, "async_discarded": {}})
+    RunLoop._async_sampler(fresh).stop()
+    assert fresh.async_discarded == {} and len(printed) == 1  # a new run has nothing to report
