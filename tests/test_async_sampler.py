@@ -267,3 +267,13 @@ def test_a_resumed_run_counts_what_was_ahead_of_its_checkpoint(catalog):
     fresh = SimpleNamespace(**{**vars(fake), "state": {"step": 0}, "async_discarded": {}})
     RunLoop._async_sampler(fresh).stop()
     assert fresh.async_discarded == {} and len(printed) == 1  # a new run has nothing to report
+
+
+def test_what_is_ahead_at_a_checkpoint_is_merged_over_ranks():
+    from policyzoo.engine.rollout.async_sampler import discarded_at_resume, merge_in_flight
+
+    # two ranks, each with its share (2 prompts x 4 = 8 rows) of the same step sampled ahead, and
+    # rank 1 also with the next step's still being sampled (no rows yet): 2 batches, 8 + 8 rows
+    assert merge_in_flight([{"batches": 1, "rows": 8}, {"batches": 2, "rows": 8}]) == {"batches": 2, "rows": 16}
+    assert discarded_at_resume({"step": 0}) == ({}, None)  # a new run
+    assert discarded_at_resume({"step": 4, "async_in_flight": {"batches": 0, "rows": 0}}) == ({}, None)

@@ -264,6 +264,24 @@ def _stamp(out: Rollout, version: int, lag: int) -> Rollout:
     return out
 
 
+def merge_in_flight(ranks: list[dict]) -> dict:
+    """What every rank had sampled ahead (:meth:`AsyncSampler.in_flight` per rank): the batches (each
+    rank holds its share of the same steps: the max) and their rows (summed)."""
+    return {"batches": max(a["batches"] for a in ranks), "rows": sum(a["rows"] for a in ranks)}
+
+
+def discarded_at_resume(state: dict) -> tuple[dict, str | None]:
+    """For a run resumed from a checkpoint with ``state`` (its ``state.json``): the metrics of what
+    was sampled ahead of it and is discarded (``async_discarded_batches`` / ``_rows``) and the line
+    saying so; ``({}, None)`` for a new run or when nothing was ahead. Removes the record from ``state``."""
+    lost = state.pop("async_in_flight", None) if state.get("step") else None
+    if not lost or not lost.get("batches"):
+        return {}, None
+    return ({"async_discarded_batches": lost["batches"], "async_discarded_rows": lost["rows"]},
+            f"engine.max_staleness: {lost['batches']} batch(es) ({lost['rows']} rows sampled) were ahead of the "
+            "checkpoint and are discarded; those steps are sampled again")
+
+
 def async_step(run, policy: AsyncSampler, settings, step: int, seed: int, cursor: int, next_prompts,
                on_batch=None) -> dict:
     """One step of asynchronous training: collect step ``step``'s batch (its first round from the

@@ -16,7 +16,7 @@ from policyzoo.engine import dist
 from policyzoo.engine.device import gpu_memory_metrics
 from policyzoo.engine.report.progress import EVAL_DEFINITION, eval_metric_name, progress_bar
 from policyzoo.engine.report.tracking import completion_rows
-from policyzoo.engine.rollout.async_sampler import AsyncSampler, async_step
+from policyzoo.engine.rollout.async_sampler import AsyncSampler, async_step, discarded_at_resume, merge_in_flight
 from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
 from policyzoo.engine.rollout.overlap import OverlapPolicy, overlapped_step
 from policyzoo.errors import Interrupted, TrainingError, UserError
@@ -259,8 +259,8 @@ class RunLoop:
         state["tokens_seen"] = getattr(self, "state", {}).get("tokens_seen", 0)
         run = getattr(self, "run", None)  # controllers' state (e.g. an adaptive KL coefficient)
         state["components"] = run.state_dict() if run is not None else {}
-        if getattr(self, "sampler", None) is not None:  # sampled ahead: not in the checkpoint (module docstring)
-            state["async_in_flight"] = self.sampler.in_flight()
+        if getattr(self, "sampler", None) is not None:  # sampled ahead, on every rank: not in the checkpoint
+            state["async_in_flight"] = merge_in_flight(dist.gather(self.sampler.in_flight()))
         return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)
 
     # ------------------------------------------------------------------ engine.max_staleness
@@ -279,12 +279,9 @@ class RunLoop:
             return self.run.call("sample", rows=len(prompts) * (sp.n + sp.greedy), policy=policy, prompts=prompts,
                                  seed=seed, env=self.run.env)
 
-        lost = self.state.pop("async_in_flight", None) if self.state["step"] else None
-        if lost and lost.get("batches"):
-            self.async_discarded = {"async_discarded_batches": lost["batches"], "async_discarded_rows": lost["rows"]}
-            self.console.print(f"engine.max_staleness: {lost['batches']} batch(es) ({lost['rows']} rows sampled) "
-                               "were ahead of the checkpoint and are discarded; those steps are sampled again",
-                               markup=False, highlight=False)
+        self.async_discarded, line = discarded_at_resume(self.state)
+        if line:
+            self.console.print(line, markup=False, highlight=False)
         return AsyncSampler(self.policy, c.engine.max_staleness, sample, plan, stride=P, last_step=c.train.steps,
                             version=self.state["step"])
 
