@@ -29,9 +29,9 @@ sampling in flight, as vLLM's weights must not change under a running generation
 Any rollout backend plugs in: the inner policy needs ``generate(prompts, n, max_tokens,
 temperature, seed, **options) -> Rollout`` (whole groups, ``rollout_logprobs`` of the sampling
 policy), ``sync()`` (push the trained weights; returns metrics) and an optional ``stats`` dict of
-counters (``tokens``, ``prompt_tokens``, ``seconds``). Peers: AReaL ``max_staleness``, verl
-``staleness_threshold``, prime-rl ``max_off_policy_steps`` / ``max_async_level``, NeMo-RL
-``max_trajectory_age_steps``, TRL's async GRPO.
+counters (``tokens``, ``prompt_tokens``, ``seconds``). Peers: TRL's async GRPO ``max_staleness``,
+AReaL ``max_head_offpolicyness``, verl ``staleness_threshold``, prime-rl ``max_off_policy_steps`` /
+``max_async_level``, NeMo-RL ``max_trajectory_age_steps``.
 """
 
 from __future__ import annotations
