@@ -277,3 +277,17 @@ def test_what_is_ahead_at_a_checkpoint_is_merged_over_ranks():
     assert merge_in_flight([{"batches": 1, "rows": 8}, {"batches": 2, "rows": 8}]) == {"batches": 2, "rows": 16}
     assert discarded_at_resume({"step": 0}) == ({}, None)  # a new run
     assert discarded_at_resume({"step": 4, "async_in_flight": {"batches": 0, "rows": 0}}) == ({}, None)
+
+
+def test_vllm_sleep_with_asynchronous_sampling_is_refused():
+    # vLLM cannot sleep while training when the thread samples during the update (as with overlap)
+    from types import SimpleNamespace
+
+    from policyzoo.engine.device import check_device_options
+    from policyzoo.errors import ConfigError
+
+    engine = SimpleNamespace(vllm_sleep=1, rollout="vllm", overlap="none", max_staleness=1, parallel_start=False)
+    with pytest.raises(ConfigError) as e:
+        check_device_options(engine, on_cuda=True)
+    assert e.value.where == "engine.vllm_sleep" and "engine.max_staleness" in e.value.fix
+    check_device_options(SimpleNamespace(**{**vars(engine), "max_staleness": 0}), on_cuda=True)  # allowed
