@@ -291,3 +291,34 @@ def test_vllm_sleep_with_asynchronous_sampling_is_refused():
         check_device_options(engine, on_cuda=True)
     assert e.value.where == "engine.vllm_sleep" and "engine.max_staleness" in e.value.fix
     check_device_options(SimpleNamespace(**{**vars(engine), "max_staleness": 0}), on_cuda=True)  # allowed
+
+
+@pytest.mark.parametrize("key, value", [("top_p", 0.9), ("top_k", 5), ("stop", ["\n"])])
+def test_sampling_options_pass_through_and_match_the_queued_batch(key, value):
+    # the sample component's options (top_p, top_k, stop ...) reach the engine from the thread, and
+    # a batch queued without them does not serve a request with them
+    calls = []
+
+    class Inner(Engine):
+        sampling_options = frozenset({"top_p", "top_k", "stop"})
+
+        def generate(self, prompts, n, max_tokens, temperature, seed, **options):
+            calls.append(options)
+            return Engine.generate(self, prompts, n, max_tokens, temperature, seed)
+
+    opts = {key: value}
+    sampler = AsyncSampler(Inner(), 1, lambda pol, prompts, seed: pol.generate(prompts, 2, 4, 1.0, seed, **opts),
+                           _plan, stride=1, last_step=3, background=False)
+    assert sampler.sampling_options == frozenset({"top_p", "top_k", "stop"})
+    sampler.begin(1, 0)
+    sampler.generate([{"q": 0}], 2, 4, 1.0, 1, **opts)
+    sampler.sample_next()  # step 2, with the option
+    sampler.sync()
+    sampler.begin(2, 1)
+    out = sampler.generate([{"q": 1}], 2, 4, 1.0, 2, **opts)
+    assert calls == [opts, opts] and out.policy_lag.tolist() == [1, 1] and sampler.stale_dropped == 0
+    sampler.sample_next()  # step 3, with the option
+    sampler.sync()
+    sampler.begin(3, 2)
+    sampler.generate([{"q": 2}], 2, 4, 1.0, 3)  # asked without it: sampled again
+    assert calls == [opts, opts, opts, {}] and sampler.stale_dropped == 1
