@@ -171,23 +171,36 @@ def test_zero_staleness_is_the_synchronous_step_and_not_a_sampler():
 def test_the_bound_holds_with_a_real_thread(s):
     # the thread samples whenever it may; what it manages before each push depends on timing, so
     # only the invariants are asserted: staleness within 0..s, the version is the weights used,
-    # staleness = pushes since, and no push under a generation (Engine asserts it)
+    # staleness = pushes since, and no push under a generation (Engine asserts it). The 30 steps run
+    # in a helper thread so that a deadlock fails the test (generous bound: "did not hang")
     eng = Engine()
     sampler = AsyncSampler(eng, s, _sample, _plan, stride=1, last_step=30)
-    try:
-        for step in range(1, 31):
-            sampler.begin(step, step - 1)
-            out = sampler.generate([{"q": step - 1}], 2, 4, 1.0, step)
-            lag = out.policy_lag
-            assert 0 <= int(lag.min()) and int(lag.max()) <= s
-            assert (out.policy_version + lag == sampler.version).all()
-            assert out.rollout_logprobs.flatten().tolist() == out.policy_version.float().tolist()
-            with sampler.exclusive():  # an evaluation uses the engine: the thread waits (Engine asserts it)
-                eng.generate([{"q": -1}], 1, 4, 0.0, -step)
-            sampler.sync()
-    finally:
-        sampler.stop()
-    assert sampler.stale_dropped == 0 and not sampler._thread.is_alive()
+    box: dict = {}
+
+    def steps():
+        try:
+            for step in range(1, 31):
+                sampler.begin(step, step - 1)
+                out = sampler.generate([{"q": step - 1}], 2, 4, 1.0, step)
+                lag = out.policy_lag
+                assert 0 <= int(lag.min()) and int(lag.max()) <= s
+                assert (out.policy_version + lag == sampler.version).all()
+                assert out.rollout_logprobs.flatten().tolist() == out.policy_version.float().tolist()
+                with sampler.exclusive():  # an evaluation uses the engine: the thread waits (Engine asserts it)
+                    eng.generate([{"q": -1}], 1, 4, 0.0, -step)
+                sampler.sync()
+            sampler.stop()
+            box["done"] = True
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            box["error"] = e
+
+    runner = threading.Thread(target=steps, daemon=True)
+    runner.start()
+    runner.join(120)
+    assert not runner.is_alive(), "the trainer and the sampler's thread deadlocked"
+    if "error" in box:
+        raise box["error"]
+    assert box["done"] and sampler.stale_dropped == 0 and not sampler._thread.is_alive()
     assert sorted(c for c in set(eng.calls) if c > 0) == list(range(1, 31))  # every step sampled, none past the last
 
 
