@@ -228,7 +228,7 @@ def cmd_plan(args, out: Console) -> None:
         for col in ("part", "seconds", "share of time", "share of FLOPs", "GFLOP/s achieved"):
             c.add_column(col, justify="right" if col != "part" else "left")
         # with engine.overlap the rollout runs beside training: a step logs only its wait for it
-        hidden = config.engine.overlap != "none"
+        hidden = config.engine.overlap != "none" or config.engine.max_staleness > 0
         busy = split["train"] + (0.0 if hidden else split["rollout"])
         for name, sec, fl in (("rollout", split["rollout"], roll), ("train", split["train"], train)):
             if name == "rollout" and hidden:
@@ -239,9 +239,9 @@ def cmd_plan(args, out: Console) -> None:
         c.add_row("sync", f"{split['sync']:.2f}", "-", "-", "-")
         out.print(c)
         if hidden:
-            out.print("engine.overlap: the rollout ran in the background while the previous step trained; its "
-                      "time is not on the step's clock, so it gets no rate here (plan a run without overlap to "
-                      "measure it).")
+            out.print("engine.overlap / max_staleness: the rollout ran in the background while the previous step "
+                      "trained; its time is not on the step's clock, so it gets no rate here (plan a run without "
+                      "overlap to measure it).")
 
 
 def _print_fit(out: Console, shape, s, opts, mem: dict, budget: float | None) -> None:

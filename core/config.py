@@ -127,9 +127,14 @@ class EngineSettings(Section):
                                  "reference load (shorter start-up where the two do not compete for the cores)")
     overlap: Literal["none", "one_step"] = Field("none", description="one_step: sample the next batch while "
                                                  "training on this one (one optimizer step off-policy; the ratio "
-                                                 "uses the sampler's log-probs)")
+                                                 "uses the sampler's log-probs; never across a checkpoint, so a "
+                                                 "resume replays exactly; see engine.max_staleness)")
     max_policy_lag: int = Field(1, ge=1, description="with overlap: a batch sampled more optimizer steps behind "
                                 "than this is dropped and sampled again")
+    max_staleness: int = Field(0, ge=0, description="asynchronous training (TRL's AsyncGRPO max_staleness, verl's "
+                               "staleness_threshold): s >= 1 samples the coming steps continuously in a background "
+                               "thread, at most s steps ahead, so every row is at most s optimizer steps stale (the "
+                               "ratio uses the sampler's log-probs); 0: the synchronous step")
     deepspeed: str | dict[str, Any] | None = Field(None, description="your own DeepSpeed config (a JSON file or a "
                                                    "mapping) merged over policyzoo's, e.g. {zero_optimization: "
                                                    "{stage: 1, offload_optimizer: {device: cpu}}}")

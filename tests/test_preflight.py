@@ -99,6 +99,11 @@ CASES = {
                                                          "rewards=[{use: answer_match}]"], "data")],
     "raise:engine.overlap": [("overlap with an env", lambda t, m: ["engine.overlap=one_step",
                                                                    "algorithm.env.use=calculator"], "engine.overlap")],
+    "raise:engine.max_staleness": [
+        ("async with an env", lambda t, m: ["engine.max_staleness=1", "algorithm.env.use=calculator"],
+         "engine.max_staleness"),
+        ("async and overlap", lambda t, m: ["engine.max_staleness=2", "engine.overlap=one_step"],
+         "engine.max_staleness")],
     "check_trackers": [("tracker not installed", lambda t, m: ["train.report_to=[wandb]"], "report_to")],
     "check_device_options": [("vLLM sleep mode on CPU", lambda t, m: ["engine.vllm_sleep=1"], "engine.vllm_sleep")],
     "check_tensor_parallel": [("vLLM TP 2 on one rank", lambda t, m: ["engine.vllm_tensor_parallel_size=2"],

@@ -186,6 +186,7 @@ def _engine(**kw) -> EngineSettings:
     (dict(vllm_tensor_parallel_size=2, rollout="transformers"), 2, {}, "set engine.rollout=vllm"),
     (dict(vllm_tensor_parallel_size=2, overlap="one_step"), 2, {}, "set engine.overlap=none"),
     (dict(vllm_tensor_parallel_size=2, parallel_start=True), 2, {}, "set engine.parallel_start=false"),
+    (dict(vllm_tensor_parallel_size=2, max_staleness=1), 2, {}, "set engine.max_staleness=0"),
     (dict(vllm_tensor_parallel_size=2), 2, {"env": True}, "runs with an env"),
     (dict(vllm_tensor_parallel_size=2), 2, {"resamples": True}, "filter without resample"),
 ])

@@ -30,11 +30,13 @@ def test_a_filter_biases_the_sampler_ratio_by_the_kept_mass():
     ({"top_k": 20, "min_p": 0.1}, "icepop", "none", ["top_k=20", "min_p=0.1", "'icepop'"]),
     ({"repetition_penalty": 1.1}, "token", "one_step", ["repetition_penalty=1.1", "engine.overlap=one_step"]),
     ({}, "tis", "one_step", None),  # no filter: the sampler's log-probs are of the distribution the trainer scores
+    ({"top_p": 0.9}, "token", 2, ["top_p=0.9", "engine.max_staleness=2"]),  # async: stale rows read them
     ({"top_p": 0.8}, "token", "none", None),  # nothing reads the sampler's log-probs
 ])
 def test_filter_with_a_rollout_logprob_reader_is_warned(sample, ratio, overlap, says):
     run = policyzoo.assemble({"base": "grpo", "sample": sample, "ratio": {"use": ratio}})
-    text = filter_bias_warning(run, overlap)
+    text = (filter_bias_warning(run, "none", overlap) if isinstance(overlap, int)  # engine.max_staleness
+            else filter_bias_warning(run, overlap))
     if says is None:
         assert text is None
     else:

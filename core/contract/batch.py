@@ -33,7 +33,10 @@ class Rollout:
         greedy: ``[B]`` bool or None; True on the greedy (temperature 0) baseline rows a sample
             component with ``greedy`` adds (the step removes them after the reward).
         policy_lag: ``[B]`` long or None: optimizer steps between the weights that sampled each row
-            and the weights it trains (``engine.overlap``; None when sampling is never ahead).
+            and the weights it trains (``engine.overlap``, ``engine.max_staleness``: its staleness;
+            None when sampling is never ahead).
+        policy_version: ``[B]`` long or None: the version (weight pushes since step 0) that sampled
+            each row (``engine.max_staleness``).
         max_tokens: the response token limit the sampler used (L_max).
 
     Episode fields (None for single-turn rollouts; set by a sampler driving an ``env``): the
@@ -63,6 +66,7 @@ class Rollout:
     max_tokens: int = 0
     greedy: Tensor | None = None
     policy_lag: Tensor | None = None
+    policy_version: Tensor | None = None
     env_rewards: Tensor | None = None
     turn_rewards: Tensor | None = None
     turns: Tensor | None = None

@@ -65,9 +65,10 @@ def check_device_options(engine, on_cuda: bool | None = None) -> None:
     if sleep and not on_cuda:
         raise ConfigError("engine.vllm_sleep", f"vllm_sleep={sleep} needs a CUDA GPU: vLLM on CPU has no sleep mode "
                           "(its KV cache is engine.kv_cache_gb of host memory)", "set engine.vllm_sleep=0 on CPU")
-    if sleep and engine.overlap != "none":
-        raise ConfigError("engine.vllm_sleep", "vLLM cannot sleep while training when engine.overlap=one_step "
-                          "samples the next batch during the update", "set engine.overlap=none or engine.vllm_sleep=0")
+    if sleep and (engine.overlap != "none" or getattr(engine, "max_staleness", 0)):
+        raise ConfigError("engine.vllm_sleep", "vLLM cannot sleep while training when engine.overlap=one_step or "
+                          "engine.max_staleness >= 1 samples the coming batches during the update",
+                          "set engine.overlap=none and engine.max_staleness=0, or engine.vllm_sleep=0")
     if on_cuda and engine.rollout == "vllm" and engine.parallel_start:
         raise ConfigError("engine.parallel_start", "on a GPU vLLM measures free memory while it starts: DeepSpeed "
                           "loading at the same time would be counted as vLLM's and its KV cache sized wrongly",

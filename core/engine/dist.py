@@ -32,7 +32,7 @@ from .device import local_device, set_thread_device
 
 #: metrics that add up over ranks; ``time_*`` and flags take the max; the rest are means
 SUMMED = {"loss", "value_loss", "rows", "sampled_rows", "rollout_tokens", "prompt_tokens", "rollout_tokens_per_s",
-          "shortfall_rows", "reward_unscorable"}
+          "shortfall_rows", "reward_unscorable", "stale_dropped_rows"}
 MAXED = {"skipped", "grad_norm", "sync_max_diff", "sync_mean_diff", "stop_requested", "policy_lag_max", "rss_gib",
          "peak_rss_gib", "gpu_peak_allocated_gib", "gpu_reserved_gib", "gpu_kv_cache_gib"}
 

@@ -167,7 +167,9 @@ def completion_rows(batch, labels: list[str]) -> list[dict]:
     the model saw), ``completion``, ``reward`` (the weighted sum), ``reward/<label>`` for each
     reward component's own unweighted score (``batch.reward_components[:, k]`` under ``labels[k]``),
     ``advantage`` (the row's mean advantage over its response tokens, which is the advantage itself
-    for outcome rewards; NaN for an empty response) and ``group``."""
+    for outcome rewards; NaN for an empty response) and ``group``; rows sampled ahead
+    (``engine.overlap``, ``engine.max_staleness``) add ``policy_lag`` (their staleness, optimizer
+    steps) and, when known, ``policy_version`` (the weight pushes that had sampled them)."""
     r, parts = batch.rollout, batch.reward_components
     mask = r.response_mask.float()
     if batch.advantages is None:
@@ -184,6 +186,9 @@ def completion_rows(batch, labels: list[str]) -> list[dict]:
         if parts is not None:
             row.update({f"reward/{label}": float(parts[i, k]) for k, label in enumerate(labels)})
         row.update(advantage=adv[i], group=int(r.group_ids[i]))
+        for key in ("policy_version", "policy_lag"):  # sampled ahead: which weights, how many steps stale
+            if getattr(r, key, None) is not None:
+                row[key] = int(getattr(r, key)[i])
         out.append(row)
     return out
 

@@ -80,6 +80,9 @@ def check_tensor_parallel(engine, world: int, *, env: bool, resamples: bool, loc
     for bad, why, fix in (
             (engine.overlap != "none", "engine.overlap=one_step samples in a thread while the trainer's collectives "
              "run", "set engine.overlap=none"),
+            (engine.max_staleness > 0, "engine.max_staleness >= 1 samples in a thread whose timing, "
+             "and so whether it or the trainer samples a step, differs between the ranks of a group",
+             "set engine.max_staleness=0 (or use the rollout server for asynchronous training)"),
             (engine.parallel_start, "engine.parallel_start starts vLLM (its group collectives) in a thread while "
              "DeepSpeed starts (its own)", "set engine.parallel_start=false"),
             (env, "multi-turn episodes call the engine once per turn and turn counts differ between ranks",

@@ -96,13 +96,13 @@ def sampling_warning(temperature: float, n: int) -> str | None:
 FILTERS = ("top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def filter_bias_warning(run, overlap: str = "none") -> str | None:
+def filter_bias_warning(run, overlap: str = "none", max_staleness: int = 0) -> str | None:
     """A warning when the sample component filters the distribution and something reads the
     sampler's log-probs ``rollout_logprobs``: a ratio component whose hook method takes them (tis,
-    mis, icepop, opsm, geo_tis ...) or ``engine.overlap: one_step`` (off-policy rows take them as
-    pi_old). vLLM reports log-probs of the distribution sampled from (``processed_logprobs``:
-    renormalised over the kept tokens), the trainer scores the full one, so on every sampled token
-    pi_trainer / pi_sampler = the kept mass (< 1): with p = [0.5, 0.3, 0.2] and top_p 0.8 the
+    mis, icepop, opsm, geo_tis ...) or ``engine.overlap: one_step`` / ``engine.max_staleness`` >= 1
+    (off-policy rows take them as pi_old). vLLM reports log-probs of the distribution sampled from
+    (``processed_logprobs``: renormalised over the kept tokens), the trainer scores the full one, so
+    on every sampled token pi_trainer / pi_sampler = the kept mass (< 1): with p = [0.5, 0.3, 0.2] and top_p 0.8 the
     sampler's p(token 0) is 0.5 / 0.8 = 0.625 and the ratio 0.8. That is a bias the consumer would
     "correct", not an engine mismatch (TRL issue #6789; NeMo-RL applies the filter to the trainer's
     logits instead). None when no filter is set or nothing reads the sampler's log-probs."""
@@ -116,6 +116,8 @@ def filter_bias_warning(run, overlap: str = "none") -> str | None:
         readers.append(f"the ratio component {run.ratio.name!r}")
     if overlap != "none":
         readers.append(f"engine.overlap={overlap} (rows sampled by older weights use them as pi_old)")
+    if max_staleness:
+        readers.append(f"engine.max_staleness={max_staleness} (rows sampled by older weights use them as pi_old)")
     if not readers:
         return None
     return (f"sampling with {', '.join(on)} while {' and '.join(readers)} read(s) the sampler's log-probs: they are "

@@ -16,11 +16,12 @@ from policyzoo.engine import dist
 from policyzoo.engine.device import gpu_memory_metrics
 from policyzoo.engine.report.progress import EVAL_DEFINITION, eval_metric_name, progress_bar
 from policyzoo.engine.report.tracking import completion_rows
+from policyzoo.engine.rollout.async_sampler import AsyncSampler, async_step, discarded_at_resume, merge_in_flight
 from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
 from policyzoo.engine.rollout.overlap import OverlapPolicy, overlapped_step
 from policyzoo.engine.rollout.tensor_parallel import follow_evaluation
 from policyzoo.errors import Interrupted, TrainingError, UserError
-from policyzoo.step import step_seed, train_step
+from policyzoo.step import round_seed, step_seed, train_step
 
 from .resume import checkpoint_state
 from .startup import peak_rss_gib, rss_gib, trim_heap
@@ -62,11 +63,13 @@ class RunLoop:
                               self.config.train.seed)  # rank 0's engine is shared with its TP group
             return {}
         t0 = time.perf_counter()
+        sampler = getattr(self, "sampler", None)  # engine.max_staleness: its thread pauses meanwhile
         try:
-            rec = evaluate_held_out(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows,
-                                    self.turn_tokens, env=self.run.env, policy=self.policy, n=ev.n,
-                                    temperature=ev.temperature, ks=ev.ks(), pass_threshold=ev.pass_threshold,
-                                    seed=self.config.train.seed)
+            with sampler.exclusive() if sampler is not None else contextlib.nullcontext():
+                rec = evaluate_held_out(self.rollout, self.run.reward[:self.task_rewards_n], self.task.eval_rows,
+                                        self.turn_tokens, env=self.run.env, policy=self.policy, n=ev.n,
+                                        temperature=ev.temperature, ks=ev.ks(), pass_threshold=ev.pass_threshold,
+                                        seed=self.config.train.seed)
         except UserError as e:  # a reward error on a held-out row
             _at_step(e, f"held-out evaluation at step {step}")
             raise
@@ -98,8 +101,11 @@ class RunLoop:
         seen: list = []
         if c.engine.overlap == "one_step" and getattr(self, "overlap", None) is None:
             self.overlap = OverlapPolicy(self.policy, c.engine.max_policy_lag)
-        # sampling counters: with overlap, booked to the step that trains on the batch
-        counters = self.overlap.stats if c.engine.overlap == "one_step" else self.policy.stats
+        if c.engine.max_staleness and getattr(self, "sampler", None) is None:
+            self.sampler = self._async_sampler()
+        # sampling counters: sampled ahead, booked to the step that trains on the batch
+        counters = (self.overlap.stats if c.engine.overlap == "one_step" else
+                    self.sampler.stats if c.engine.max_staleness else self.policy.stats)
         t0, lr, stats0 = time.perf_counter(), self.trainer.lr(), dict(counters)
         on_batch = seen.append if logs_completions(step, c.train.steps, every) else None
         try:
@@ -109,6 +115,11 @@ class RunLoop:
                 ahead = step_seed(c.train.seed, step + 1) if step < c.train.steps and not boundary else None
                 m = overlapped_step(self.run, self.overlap, self.settings, step_seed(c.train.seed, step), ahead,
                                     next_prompts, on_batch)
+            elif c.engine.max_staleness:
+                m = async_step(self.run, self.sampler, self.settings, step, step_seed(c.train.seed, step),
+                               self.rows_drawn, next_prompts, on_batch)
+                m.update(getattr(self, "async_discarded", {}))
+                self.async_discarded = {}
             else:
                 m = train_step(self.run, self.policy, next_prompts, seed=step_seed(c.train.seed, step),
                                settings=self.settings, on_batch=on_batch)
@@ -154,7 +165,8 @@ class RunLoop:
         if self.state["step"] == 0 and not self.eval_before:
             self.phase("first evaluation (held-out, greedy)")
             self.evaluate()
-        with progress_bar(self.console, steps, self.state["step"]) as bar, self._deferred_sigint():
+        with progress_bar(self.console, steps, self.state["step"]) as bar, self._deferred_sigint(), \
+                self._sampler_stopped():
             while self.state["step"] < steps:
                 m = self.step()
                 step = self.state["step"]
@@ -176,6 +188,7 @@ class RunLoop:
         """Save the last checkpoint (unless saved at this step), evaluate (unless done at this step),
         export ``final/``, write ``summary.json`` and close the trackers; returns the summary."""
         step = self.state["step"]
+        self._stop_sampler()
         if self.last_saved != step:
             self.save()
         last = getattr(self, "last_eval", {})
@@ -249,4 +262,41 @@ class RunLoop:
         state["tokens_seen"] = getattr(self, "state", {}).get("tokens_seen", 0)
         run = getattr(self, "run", None)  # controllers' state (e.g. an adaptive KL coefficient)
         state["components"] = run.state_dict() if run is not None else {}
+        if getattr(self, "sampler", None) is not None:  # sampled ahead, on every rank: not in the checkpoint
+            state["async_in_flight"] = merge_in_flight(dist.gather(self.sampler.in_flight()))
         return self.rundir.save_checkpoint(self.trainer, step, state, self.config.engine.keep_checkpoints, export)
+
+    # ------------------------------------------------------------------ engine.max_staleness
+    def _async_sampler(self) -> AsyncSampler:
+        """The background sampler of ``engine.max_staleness`` (started at the first step). A resumed
+        run reports what was sampled ahead of its checkpoint and is sampled again now (a console
+        line; ``async_discarded_batches`` / ``async_discarded_rows`` on the first step)."""
+        c, P, sp = self.config, self.config.train.prompts_per_step, self.run.sample.params
+
+        def plan(step: int, cursor: int):  # the prompts and seed of the step's first round at ``cursor``
+            rows = rows_at(self.task.train_rows, self.task.seed, cursor, P)
+            return (rows[dist.rank() * self.share:(dist.rank() + 1) * self.share],
+                    round_seed(step_seed(c.train.seed, step), 0))
+
+        def sample(policy, prompts, seed):
+            return self.run.call("sample", rows=len(prompts) * (sp.n + sp.greedy), policy=policy, prompts=prompts,
+                                 seed=seed, env=self.run.env)
+
+        self.async_discarded, line = discarded_at_resume(self.state)
+        if line:
+            self.console.print(line, markup=False, highlight=False)
+        return AsyncSampler(self.policy, c.engine.max_staleness, sample, plan, stride=P, last_step=c.train.steps,
+                            version=self.state["step"])
+
+    def _stop_sampler(self) -> None:
+        if getattr(self, "sampler", None) is not None:
+            self.sampler.stop()
+            self.sampler = None
+
+    @contextlib.contextmanager
+    def _sampler_stopped(self):
+        """The sampler's thread ends with the loop, also when a step fails."""
+        try:
+            yield
+        finally:
+            self._stop_sampler()

@@ -113,6 +113,15 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
         raise ConfigError("engine.overlap", "one_step sampling ahead prefetches single-turn batches; the "
                           f"multi-turn episodes of the env '{run.env.name}' are not sampled ahead",
                           "set engine.overlap=none for runs with an env")
+    if config.engine.max_staleness and (config.engine.overlap != "none" or run.env is not None):
+        s = config.engine.max_staleness
+        raise ConfigError("engine.max_staleness", *(
+            (f"engine.overlap={config.engine.overlap} and engine.max_staleness={s} both sample ahead",
+             "keep one: engine.max_staleness=1 samples continuously, also across checkpoints (what is in flight "
+             "at a checkpoint is sampled again on resume); engine.overlap=one_step stops at checkpoints, so a "
+             "resume replays exactly") if config.engine.overlap != "none" else
+            (f"asynchronous sampling prefetches single-turn batches; the multi-turn episodes of the env "
+             f"'{run.env.name}' are not sampled ahead", "set engine.max_staleness=0 for runs with an env")))
     check_trackers(config.train.report_to)
     check_sampling_options(run.sample, LMPolicy.sampling_options, config.engine.rollout)  # every path
     check_engine(config)  # the DeepSpeed settings
@@ -126,7 +135,8 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     pre.settings, pre.task_rewards_n, pre.turn_tokens, pre.n = settings, len(rewards), sp.max_tokens, sp.n
     pre.warnings = [w for w in (system_turn_warning(model.tokenizer, task.train_rows),
                                 sampling_warning(getattr(sp, "temperature", 1.0), sp.n),
-                                filter_bias_warning(run, config.engine.overlap)) if w] + pre.warnings
+                                filter_bias_warning(run, config.engine.overlap, config.engine.max_staleness))
+                    if w] + pre.warnings
     _check_run_dir(pre, config, bundle.name, resume, force_resume, dry_run)
     return pre
 
