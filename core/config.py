@@ -229,9 +229,11 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def load_config(path: str | None = None, algo: str | None = None, overrides: list[str] = ()) -> Config:
-    """Read YAML (if any), apply ``--algo`` and ``key=value`` overrides, validate."""
-    tree: dict[str, Any] = {}
+def load_config(path: str | None = None, algo: str | None = None, overrides: list[str] = (),
+                tree: dict[str, Any] | None = None) -> Config:
+    """Read YAML (if any) or start from ``tree`` (a config mapping, e.g. a ported TRL config), apply
+    ``--algo`` and ``key=value`` overrides, validate."""
+    tree = dict(tree or {})
     if path:
         p = Path(path)
         if p.is_dir():
