@@ -40,6 +40,9 @@ class ModelSettings(Section):
                              "default SmolLM2-135M-Instruct (converted once into a local cache)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training dtype; fp32 on CPU")
     trust_remote_code: bool = Field(False, description="run code shipped inside the model folder")
+    teacher: str | None = Field(None, description="on-policy distillation (--algo distill): the teacher's "
+                                "causal-LM folder (or Hub id), with the student's tokenizer; loaded frozen like "
+                                "the reference (sharded like it at ZeRO 3), its log-probs fill ref_logprobs")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters (PEFT) instead of every weight: "
                                       "{r, alpha, target_modules, dropout}; {} for PEFT's defaults")
 
