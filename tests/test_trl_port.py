@@ -159,6 +159,7 @@ ROWS = [
     ({}, "train.report_to", []),                                      # report_to 'none'
     ({"report_to": ["tensorboard"]}, "train.report_to", ["tensorboard"]),
     ({"report_to": "wandb"}, "train.report_to", ["wandb"]),
+    ({"report_to": ["none"]}, "train.report_to", []),
     ({"log_completions": True, "logging_steps": 5}, "train.log_completions_every", 5),
     ({"logging_steps": 5}, "train.log_completions_every", 0),
     ({"eval_strategy": "steps", "eval_steps": 25}, "train.eval_every", 25),
@@ -307,3 +308,25 @@ def test_ported_loss_equals_trl_compute_loss(kw):
         lo, go, _ = ta.ours({**spec, "clip": {**spec["clip"], **f32}}, ta.make_case())
     lt_same, gt_same, _ = ta.trl(kw, ta.make_case(), advantages=ao)
     assert abs(lo - lt_same) <= 1e-12 and float((go - gt_same).abs().max()) <= 1e-12
+
+
+def test_dry_run_prints_each_keys_source(tmp_path, monkeypatch, capsys):
+    from _engine_helpers import tiny_model
+
+    monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "cache"))
+    rows = tmp_path / "d.jsonl"
+    rows.write_text("".join(f'{{"prompt": "what is {i} + 1?", "answer": "{i + 1}"}}\n' for i in range(8)))
+    f = tmp_path / "grpo.yaml"
+    f.write_text(yaml.safe_dump({"loss_type": "grpo", "beta": 0.04, "learning_rate": 2e-6, "num_generations": 4,
+                                 "per_device_train_batch_size": 8, "max_completion_length": 12, "use_cpu": True}))
+    args = ["train", "--trl-config", str(f), "--dry-run", f"model.path={tiny_model()}", f"data.path={rows}",
+            "rewards=[{use: answer_match}]", f"output_dir={tmp_path / 'run'}", "train.lr=5e-6"]
+    assert cli.main(args) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["train"]["lr"] == 5e-6 and out["train"]["prompts_per_step"] == 2  # 8 completions / 4
+    assert out["algorithm"]["slots"]["reduce"]["components"][0]["use"] == "seq_mean_token_mean"
+    src = out["from_trl"]["set"]
+    assert src["train.lr"] == "command line (train.lr) over TRL learning_rate=2e-06"
+    assert src["algorithm.kl"] == "TRL beta=0.04, use_bias_correction_kl=True (default)"
+    assert out["from_trl"]["ignored"] == {"use_cpu": IGNORED["use_cpu"]}
+    assert not (tmp_path / "run").exists()

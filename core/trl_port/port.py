@@ -218,8 +218,8 @@ def _bookkeeping(r: _Reader, tree: dict) -> None:
     if r("data_seed") is not None:
         _set(r, tree, "data.seed", r("data_seed"), "data_seed")
     report = r("report_to")
-    report = [] if report in ("none", None) else ([report] if isinstance(report, str) else list(report))
-    if report in (["none"], ["all"], "all") or any(x not in ("tensorboard", "wandb") for x in report):
+    report = [x for x in ([report] if isinstance(report, str) else list(report or [])) if x != "none"]
+    if any(x not in ("tensorboard", "wandb") for x in report):
         r.refuse("report_to", "policyzoo reports to tensorboard and wandb", "name them: report_to: [tensorboard]")
     _set(r, tree, "train.report_to", report, "report_to")
     log = r("logging_steps")
