@@ -143,6 +143,7 @@ ROWS = [
     ({"lr_scheduler_type": "constant_with_warmup"}, "train.lr_scheduler_type", "constant"),
     ({"warmup_steps": 5}, "train.warmup_steps", 5),
     ({"warmup_steps": 0.1}, "train.warmup_ratio", 0.1),
+    ({"warmup_ratio": 0.05}, "train.warmup_ratio", 0.05),              # transformers < 5's key
     ({"weight_decay": 0.01}, "train.weight_decay", 0.01),
     ({"adam_beta1": 0.8}, "train.adam_beta1", 0.8),
     ({"adam_beta2": 0.99}, "train.adam_beta2", 0.99),
@@ -219,7 +220,9 @@ REFUSALS = [
     ({"off_policy_mask_threshold": 0.5, "importance_sampling_level": "sequence"}, "off_policy_mask_threshold"),
     ({"loss_type": "grpo", "entropy_coef": 0.01}, "entropy_coef"),
     ({"entropy_coef": 0.01, "gradient_accumulation_steps": 2}, "entropy_coef"),
-    ({"max_prompt_length": 256}, "max_prompt_length"),                 # not a TRL 1.16 key
+    ({"max_prompt_length": 256}, "max_prompt_length"),                 # TRL < 1.0's key: prompts never cut
+    ({"warmup_ratio": 0.1, "warmup_steps": 5}, "warmup_ratio"),
+    ({"max_completion_len": 64}, "max_completion_len"),                 # a typo
     ({"lr_scheduler_kwargs": {"num_cycles": 2}}, "lr_scheduler_kwargs"),
     ({"vllm_tensor_parallel_size": 2}, "vllm_tensor_parallel_size"),
 ]

@@ -228,3 +228,13 @@ REFUSED: dict[str, str] = {
                                    "docs/agents.md)",
     "log_completions_hub_repo": _HUB,
 }
+
+#: keys of older TRL / transformers versions that GRPO configs still carry: ``{key: policyzoo key}``
+#: (mapped) or ``{key: None}`` with the reason in ``LEGACY_REFUSED``
+LEGACY: dict[str, str] = {
+    "warmup_ratio": "train.warmup_ratio (transformers < 5; now warmup_steps < 1)",
+}
+LEGACY_REFUSED: dict[str, str] = {
+    "max_prompt_length": "TRL < 1.0 truncated prompts to it from the left; policyzoo never truncates a prompt "
+                         "(data.on_long_prompt drops or refuses a prompt that does not fit the context)",
+}

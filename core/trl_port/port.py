@@ -22,7 +22,7 @@ import yaml
 
 from ..errors import ConfigError, did_you_mean
 from .algorithm import algorithm
-from .keys import DEFAULTS, IGNORED, REFUSED, TRL_VERSION
+from .keys import DEFAULTS, IGNORED, LEGACY, LEGACY_REFUSED, REFUSED, TRL_VERSION
 
 
 @dataclass
@@ -90,7 +90,7 @@ class _Reader:
         self.origins: dict[str, str] = {}
 
     def __call__(self, key: str) -> Any:
-        return self.given[key] if key in self.given else DEFAULTS[key]
+        return self.given[key] if key in self.given else DEFAULTS.get(key)
 
     def src(self, *keys: str) -> str:
         return ", ".join(f"{k}={self(k)!r}" + ("" if k in self.given else " (default)") for k in keys)
@@ -110,11 +110,14 @@ def port_trl(cfg: Any, world_size: int | None = None) -> Port:
     1.16 GRPOConfig key, and for one set to a value policyzoo cannot honour (the reason named)."""
     given = given_keys(cfg)
     for key in given:
-        if key not in DEFAULTS:
+        if key in LEGACY_REFUSED:
+            raise ConfigError(f"TRL config: {key}", f"{key}={given[key]!r} cannot be honoured: {LEGACY_REFUSED[key]}",
+                              f"remove {key} (TRL {TRL_VERSION} has no such key)")
+        if key not in DEFAULTS and key not in LEGACY:
             raise ConfigError(f"TRL config: {key}", f"{key} is not a key of TRL {TRL_VERSION}'s GRPOConfig"
                               f"{did_you_mean(key, DEFAULTS)}",
-                              "remove it (TRL 1.x dropped max_prompt_length; warmup_ratio is warmup_steps < 1; "
-                              "script arguments such as model_name_or_path go to model.path)")
+                              "remove it (script arguments such as model_name_or_path go to model.path, "
+                              "dataset_name to data.path)")
     r = _Reader(given)
     for key, why in REFUSED.items():
         if key in given and given[key] != DEFAULTS[key]:
@@ -195,6 +198,11 @@ def _schedule(r: _Reader, tree: dict, port: Port) -> None:
     if kind not in kinds:
         r.refuse("lr_scheduler_type", f"policyzoo's schedules are {', '.join(kinds)}")
     _set(r, tree, f"{t}.lr_scheduler_type", kinds[kind], "lr_scheduler_type")
+    if "warmup_ratio" in r.given:  # an older config's key: the same schedule as warmup_steps < 1
+        if "warmup_steps" in r.given:
+            r.refuse("warmup_ratio", "it and warmup_steps both set the warm-up", "keep one of them")
+        _set(r, tree, f"{t}.warmup_ratio", float(r.given["warmup_ratio"]), "warmup_ratio")
+        port.notes.append("warmup_ratio is transformers < 5's key (warmup_steps < 1 now); mapped to train.warmup_ratio")
     warm = r("warmup_steps")
     if 0 < warm < 1:
         _set(r, tree, f"{t}.warmup_ratio", float(warm), "warmup_steps")
