@@ -333,3 +333,19 @@ def test_dry_run_prints_each_keys_source(tmp_path, monkeypatch, capsys):
     assert src["algorithm.kl"] == "TRL beta=0.04, use_bias_correction_kl=True (default)"
     assert out["from_trl"]["ignored"] == {"use_cpu": IGNORED["use_cpu"]}
     assert not (tmp_path / "run").exists()
+
+
+def test_python_api_takes_the_ported_config(tmp_path):
+    from policyzoo.api import build_config
+
+    def brevity(completions, **kw):
+        return [-len(c) / 100 for c in completions]
+
+    tree = policyzoo.from_trl(GRPOConfig(output_dir=str(tmp_path / "out"), loss_type="dr_grpo", beta=0.0,
+                                         learning_rate=3e-6, max_steps=4, num_generations=4,
+                                         per_device_train_batch_size=4, use_cpu=True, report_to=[]))
+    config = build_config(config=tree, rewards=[brevity], **{"train.lr": 1e-5})  # an override wins
+    assert config.train.lr == 1e-5 and config.train.steps == 4 and config.train.prompts_per_step == 1
+    assert config.output_dir == str(tmp_path / "out")
+    assert config.algorithm["reduce"] == {"use": "token_sum_norm", "constant": 512.0}  # max_completion_length
+    assert config.rewards[0]["use"] == "function"
