@@ -5,6 +5,7 @@ Public API::
     from policyzoo import hookimpl, use, Bundle, assemble
     from policyzoo.contract import Sample, Env, Reward, Filter, KL, Baseline, Ratio, Clip, Term, Reduce
     from policyzoo import train, Trainer        # the Python twin of `policyzoo train` (policyzoo.api)
+    from policyzoo import from_trl              # a TRL GRPOConfig as a policyzoo config (policyzoo.trl_port)
 
 A component derives from its slot's base class (:mod:`policyzoo.contract`, also importable from
 here). Where things are: ``docs/engine.md`` ("Where things are").
@@ -41,11 +42,12 @@ from .contract import (
                        use,
 )
 from .errors import ConfigError, DataError, PluginError, UserError
+from .trl_port import from_trl
 
 __version__ = "0.1.0"
 __all__ = [
     "KL", "Advantages", "Baseline", "Bundle", "Clip", "Component", "ConfigError", "DataError", "Env", "Episode",
     "Filter", "Importance", "Keep", "Observation", "Params", "PluginError", "Ratio", "Reduce", "Reward", "Rollout",
     "Run", "Sample", "StepBatch", "StepTotals", "Surrogate", "Term", "Trainer", "Use", "UserError", "assemble",
-    "get_catalog", "hookimpl", "load_catalog", "resolve_algorithm", "train", "use",
+    "from_trl", "get_catalog", "hookimpl", "load_catalog", "resolve_algorithm", "train", "use",
 ]

@@ -116,7 +116,18 @@ def cmd_train(args, out: Console) -> None:
         overrides.append(f"output_dir={args.output_dir}")
     if args.max_steps is not None:
         overrides.append(f"train.steps={args.max_steps}")
-    if args.resume and not (args.config or args.algo):
+    port = None
+    if args.trl_config:
+        from .errors import ConfigError
+        from .trl_port import port_trl
+
+        if args.config or args.algo:
+            raise ConfigError("--trl-config", "a TRL config sets the whole algorithm and training keys, so it "
+                              "cannot be combined with --config or --algo", "drop --config/--algo; change single "
+                              "keys with key=value overrides (they win over the TRL config)")
+        port = port_trl(args.trl_config)
+        config = load_config(None, None, overrides, tree=port.tree)
+    elif args.resume and not (args.config or args.algo):
         from policyzoo.engine.run.train import config_from_run_dir
 
         config = config_from_run_dir(args.resume, overrides)
@@ -128,7 +139,11 @@ def cmd_train(args, out: Console) -> None:
         from policyzoo.engine.run.preload import preload
 
         pre = preload(config, args.resume, args.force_resume, dry_run=True)
-        out.print(yaml.safe_dump(pre.resolved, sort_keys=False))
+        resolved = pre.resolved
+        if port is not None:  # where each key came from: the TRL config, its defaults, or the command line
+            given = dict(item.split("=", 1) for item in overrides if "=" in item)
+            resolved = {**resolved, "from_trl": port.report(given)}
+        out.print(yaml.safe_dump(resolved, sort_keys=False))
         err = Console(stderr=True, soft_wrap=True)
         for line in pre.resume_lines:
             err.print(line, markup=False, highlight=False)
@@ -297,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
                        + config_help())
     t.add_argument("--algo", help="a zoo name, e.g. grpo")
     t.add_argument("--config", help="a YAML config file")
+    t.add_argument("--trl-config", metavar="FILE", help="a TRL GRPOConfig as YAML, ported key by key (TRL's "
+                   "defaults for keys it does not give; key=value overrides win; --dry-run shows each key's source)")
     t.add_argument("--output-dir", help="the run directory (default runs/<algo>-<time>)")
     t.add_argument("--max-steps", type=int)
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")

@@ -40,6 +40,9 @@ class ModelSettings(Section):
                              "default SmolLM2-135M-Instruct (converted once into a local cache)")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training dtype; fp32 on CPU")
     trust_remote_code: bool = Field(False, description="run code shipped inside the model folder")
+    teacher: str | None = Field(None, description="on-policy distillation (--algo distill): the teacher's "
+                                "causal-LM folder (or Hub id), with the student's tokenizer; loaded frozen like "
+                                "the reference (sharded like it at ZeRO 3), its log-probs fill ref_logprobs")
     lora: LoraSettings | None = Field(None, description="train LoRA adapters (PEFT) instead of every weight: "
                                       "{r, alpha, target_modules, dropout}; {} for PEFT's defaults")
 
@@ -238,9 +241,11 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def load_config(path: str | None = None, algo: str | None = None, overrides: list[str] = ()) -> Config:
-    """Read YAML (if any), apply ``--algo`` and ``key=value`` overrides, validate."""
-    tree: dict[str, Any] = {}
+def load_config(path: str | None = None, algo: str | None = None, overrides: list[str] = (),
+                tree: dict[str, Any] | None = None) -> Config:
+    """Read YAML (if any) or start from ``tree`` (a config mapping, e.g. a ported TRL config), apply
+    ``--algo`` and ``key=value`` overrides, validate."""
+    tree = dict(tree or {})
     if path:
         p = Path(path)
         if p.is_dir():

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UserError
+from .step import needs_reference
 
 #: model types whose MLP is two matrices (up, down) rather than gated (gate, up, down)
 UNGATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "phi", "starcoder2", "gpt_bigcode", "falcon"}
@@ -271,7 +272,7 @@ def fitting_settings(m: Shape, s: Sizes, o: Options, budget: int) -> list[tuple[
 def options_for(config, run, shape: Shape) -> Options:
     """The planner's options for a resolved run configuration (which models the algorithm needs)."""
     kl, lo = run.kl, config.model.lora
-    return Options(dtype=config.model.dtype, need_ref=kl is not None, need_critic=run.baseline.needs_values,
+    return Options(dtype=config.model.dtype, need_ref=needs_reference(run), need_critic=run.baseline.needs_values,
                    old_logprobs=config.train.updates_per_batch > 1 or (kl is not None and kl.params.placement ==
                                                                       "reward"),
                    updates=config.train.updates_per_batch, share_prompt=config.engine.share_prompt,

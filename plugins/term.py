@@ -12,6 +12,11 @@
   ``target``, towards less otherwise, within ``[coef_min, coef_max]``; the bonus is applied only
   while the last step's entropy is at or below the target (0 on the first step, as TRL's ``inf``
   start).
+* ``distill``: on-policy distillation's reverse KL to a teacher (``model.teacher``): per sampled token
+  the k1 estimate sg(log pi - log pi_teacher) weighted by the ratio, so its gradient is the policy
+  gradient with advantage -(log pi - log pi_teacher) per token (Agarwal et al. 2024, GKD,
+  arXiv:2306.13649, with lambda = 1 and the reverse KL; Thinking Machines' on-policy distillation
+  recipe, 2025: per-token reverse KL as the advantage).
 """
 
 from __future__ import annotations
@@ -97,4 +102,35 @@ class EntropyAdaptive(Entropy):
         self._last = None if state["last_entropy"] is None else float(state["last_entropy"])
 
 
-COMPONENTS = (Entropy, EntropyAdaptive)
+class Distill(Term):
+    """On-policy distillation: per-token term ``sg(logprobs - ref_logprobs) x ratio [B, T]``, 0 where
+    masked, with the teacher's log-probs as ``ref_logprobs`` (``model.teacher``: the reference the
+    step scores is the teacher).
+
+    The value on-policy (ratio 1) is k1 = log pi(y_t) - log pi_T(y_t), the per-token reverse-KL
+    estimate on the sampled token (its token mean is the ``term/distill`` metric, nats); the
+    gradient is ``k1 x grad ratio`` = ``k1 x r grad log pi``: the policy gradient with the
+    per-token advantage -k1 (importance weighted by the ratio slot's ratio off-policy), whose
+    expectation under the student's samples is the gradient of the per-token reverse KL
+    KL(pi || pi_T) (the score-function form; the k1 value itself in the loss would give a zero
+    expected gradient). Needs ``ref_logprobs`` (``needs_ref``): raises ValueError without them.
+    Source: Agarwal et al. 2024, On-Policy Distillation of Language Models (GKD, arXiv:2306.13649),
+    the reverse-KL on-policy case (TRL ``GKDTrainer`` with ``lmbda=1``, ``beta=1``, there as the full
+    vocabulary divergence); Lu & Thinking Machines 2025, "On-Policy Distillation" (per-token reverse
+    KL on the sampled token as the advantage)."""
+
+    name = "distill"
+    needs_ref = True
+
+    class Params(Term.Params):
+        coef: float = Field(1.0, ge=0, description="weight of the reverse KL to the teacher in the loss")
+
+    @hookimpl
+    def term(self, logprobs, ref_logprobs, ratio, response_mask):
+        if ref_logprobs is None:
+            raise ValueError("the distill term needs the teacher's log-probs: set model.teacher")
+        k1 = (logprobs - ref_logprobs).detach()
+        return torch.where(response_mask, k1 * ratio, torch.zeros_like(ratio))
+
+
+COMPONENTS = (Entropy, EntropyAdaptive, Distill)

@@ -117,6 +117,12 @@ CASES = {
                                                                         "data.name=gsm8k"], "model.path")],
     "fit_prompts": [("over-long prompt", lambda t, m: [f"data.path={_rows(t, LONG)}",
                                                         "data.on_long_prompt=error"], "data")],
+    "check_teacher": [("distill term without a teacher", lambda t, m: ["algorithm.term=[{use: distill}]"],
+                       "algorithm.term"),
+                      ("teacher with another vocabulary", lambda t, m: ["algorithm.term=[{use: distill}]",
+                                                                        "algorithm.kl=null",
+                                                                        f"model.teacher={_swapped_vocab(t)}"],
+                       "model.teacher")],
     "raise:str(resume)": [("resume without checkpoint", lambda t, m: ([], str((t / "empty-run").mkdir() or
                                                                             t / "empty-run"))[0:2], "empty-run")],
     "check_resume": [("resume past train.steps", lambda t, m: (["train.steps=2"], str(_checkpoint(t))), "step-2")],
@@ -139,6 +145,20 @@ def _live(tmp_path):
     run = _checkpoint(tmp_path).rename(tmp_path / "live-run")
     (run / "run.pid").write_text(json.dumps({"pid": os.getppid(), "host": os.uname().nodename, "started": "now"}))
     return run
+
+
+def _swapped_vocab(tmp_path):
+    """A copy of the tiny model whose tokenizer gives two tokens each other's ids."""
+    import shutil
+
+    folder = tmp_path / "swapped-vocab"
+    shutil.copytree(tiny_model(), folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[10:12]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    return folder
 
 
 def _no_template(tmp_path):

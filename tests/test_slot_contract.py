@@ -188,7 +188,7 @@ def test_zoo_bundles_state_only_what_differs_from_their_parent():
     children = [m.BUNDLE for m in zoo.MODULES if m.BUNDLE.parent]
     assert {b.name for b in children} == {"cispo", "dapo", "dr_grpo", "gspo", "reinforce_pp", "luspo", "gmpo", "dppo",
                                           "clip_cov", "kl_cov", "reinforce_pp_baseline", "gpg", "gdpo", "remax",
-                                          "opo"}
+                                          "opo", "distill"}
     for raw in children:
         parent = cat.bundle(raw.parent)
         for slot, mine in raw.slots().items():

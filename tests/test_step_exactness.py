@@ -14,7 +14,8 @@ from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo", "luspo", "gmpo", "dppo"]
+BUNDLES = ["ppo", "grpo", "rloo", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo", "luspo", "gmpo", "dppo",
+           "distill"]
 # clip_cov and kl_cov select tokens by a statistic over each micro-batch (stated in their docstring),
 # so their micro-batch split changes the update; their exactness across ranks is tests/test_math_covariance_clips.py
 

@@ -5,6 +5,7 @@ from policyzoo.zoo import (
     cispo,
     clip_cov,
     dapo,
+    distill,
     dppo,
     dr_grpo,
     gdpo,
@@ -23,7 +24,7 @@ from policyzoo.zoo import (
 )
 
 MODULES = (ppo, grpo, rloo, reinforce_pp, dapo, dr_grpo, gspo, cispo, luspo, gmpo, dppo, clip_cov, kl_cov,
-           reinforce_pp_baseline, gpg, gdpo, remax, opo)
+           reinforce_pp_baseline, gpg, gdpo, remax, opo, distill)
 
 
 @hookimpl

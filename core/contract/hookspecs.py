@@ -160,7 +160,8 @@ class Spec:
         (times the ratio's weight) and the KL in loss placement, before the reduce. Args:
         ``logprobs [B, T]`` (with grad), ``entropy [B, T]`` (the trainer's per-token entropy in nats,
         with grad, when the component ``needs_entropy``; else None), ``ref_logprobs [B, T]`` (when a
-        ``kl`` component loads the reference; else None), ``ratio [B, T]`` (the ratio slot's, with
+        ``kl`` component or a term that ``needs_ref`` loads the reference -- the teacher with
+        ``model.teacher``; else None), ``ratio [B, T]`` (the ratio slot's, with
         grad), ``advantages [B, T]`` (constants), ``response_mask [B, T]``."""
 
     @hookspec(firstresult=True)

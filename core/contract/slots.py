@@ -296,11 +296,13 @@ class Term(Component):
     entropy term. Declared: the parameter ``coef`` (the coefficient; the step reads it through the
     accessor :attr:`coef`, which a controller overrides to read its state) and ``needs_entropy``
     (True: the trainer computes the per-token entropy *with* gradient and passes it as ``entropy``;
-    otherwise no component pays for that graph). The metric ``term/<name>`` is the unscaled term's
-    token mean."""
+    otherwise no component pays for that graph) and ``needs_ref`` (True: the step scores the
+    reference -- the teacher with ``model.teacher`` -- and passes its log-probs as ``ref_logprobs``,
+    as it does for a ``kl`` component). The metric ``term/<name>`` is the unscaled term's token mean."""
 
     slot = "term"
     needs_entropy: ClassVar[bool] = False
+    needs_ref: ClassVar[bool] = False
 
     class Params(Component.Params):
         coef: float = Field(0.0, description="coefficient of the term in the loss (the step adds coef x term)")

@@ -14,8 +14,8 @@ real engine and the bandit test bed both run it unchanged.
 
 from .advantages import masked_mean, prepare
 from .collect import SEED_STRIDE, ShortfallError, StepSettings, collect, round_seed, step_seed
-from .learn import learn, train_step
+from .learn import learn, needs_reference, train_step
 from .loss import loss_terms, micro_loss, step_totals
 
 __all__ = ["SEED_STRIDE", "ShortfallError", "StepSettings", "collect", "learn", "loss_terms", "masked_mean",
-           "micro_loss", "prepare", "round_seed", "step_seed", "step_totals", "train_step"]
+           "micro_loss", "needs_reference", "prepare", "round_seed", "step_seed", "step_totals", "train_step"]

@@ -70,6 +70,12 @@ def update_state(run, metrics: dict, collective) -> None:
             comp.update(metrics=dict(metrics), collective=collective)
 
 
+def needs_reference(run) -> bool:
+    """Whether the run reads reference log-probs: a ``kl`` component, or a ``term`` that declares
+    ``needs_ref`` (the distillation term reads the teacher through the same slot)."""
+    return run.kl is not None or any(getattr(t, "needs_ref", False) for t in run.term)
+
+
 def _score(run, policy, rollout: Rollout, rewards, metrics: dict, settings: StepSettings, reward_components,
            greedy_rewards) -> tuple[StepBatch, torch.Tensor | None]:
     """Score the batch with frozen models, only what the chosen components need; returns the
@@ -80,7 +86,7 @@ def _score(run, policy, rollout: Rollout, rewards, metrics: dict, settings: Step
         scored = (policy.logprobs(rollout, grad=False)[0] if (settings.updates_per_batch > 1 or kl_in_reward or pi2)
                   else None)
         sum_pi_squared = policy.sum_pi_squared(rollout) if pi2 else None
-        ref = policy.ref_logprobs(rollout) if run.kl is not None else None
+        ref = policy.ref_logprobs(rollout) if needs_reference(run) else None
         values = policy.values(rollout, grad=False) if run.baseline.needs_values else None
     # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
     # log-probs detached, so the first ratio is exactly 1 without a second forward.

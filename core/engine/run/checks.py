@@ -15,6 +15,10 @@ sampling settings, made before any model loads (errors) or at start-up and durin
   responses: every group has reward std 0, every advantage is 0, nothing is learned.
 * :class:`ZeroSignalWatch`: the same seen during the run (``zero_std_frac`` 1.0 for several
   steps in a row), whatever its cause.
+* :func:`check_teacher`: ``model.teacher`` (on-policy distillation) is a model folder whose
+  tokenizer has the student's vocabulary (the same token for every id: the teacher scores the
+  student's token ids as they are), and the run has a component that reads it (a ``term`` with
+  ``needs_ref``); such a term without a teacher is refused too.
 * :func:`policyzoo.engine.run.preload.preload` calls every one of them, with the other checks a run
   makes before any weights load.
 * :func:`filter_bias_warning`: a sampling filter (top_p, top_k, min_p, repetition_penalty) with a
@@ -28,7 +32,7 @@ from typing import Callable
 
 from policyzoo.contract import SAMPLING_OPTIONS
 from policyzoo.data import fit_prompt_lengths
-from policyzoo.engine.models import ModelError
+from policyzoo.engine.models import ModelError, resolve_model
 from policyzoo.errors import ConfigError, DataError
 
 #: below this temperature, samples of one prompt are expected to coincide (warned with G > 1)
@@ -191,3 +195,38 @@ def check_sampling_options(sample, honoured: frozenset, engine: str) -> None:
             raise ConfigError(f"algorithm.sample.{key}", f"{key} = {value} but the {engine} engine takes no {key}",
                               f"set algorithm.sample.{key}: {'[]' if key == 'stop' else off}, or use an engine that "
                               "supports it")
+
+
+def check_teacher(config, run, student) -> object | None:
+    """The teacher's checked :class:`~policyzoo.engine.models.ModelInfo` (None without
+    ``model.teacher``). Raises :class:`ConfigError` at ``model.teacher`` when its tokenizer's
+    vocabulary (token -> id) differs from the student's ``student.tokenizer``, or when no component
+    reads the teacher; at ``algorithm.term`` when a term ``needs_ref`` and no teacher is set;
+    :class:`~policyzoo.engine.models.ModelError` for a bad folder (as ``model.path``)."""
+    readers = [t.name for t in run.term if getattr(t, "needs_ref", False)]
+    path = config.model.teacher
+    if path is None:
+        if readers:
+            raise ConfigError("algorithm.term", f"the term {readers[0]!r} distils from a teacher, but model.teacher "
+                              "is not set (the reference would be the initial policy itself)",
+                              "set model.teacher to the teacher's model folder (same tokenizer as model.path)")
+        return None
+    if not readers:
+        raise ConfigError("model.teacher", "a teacher is set but no component reads it",
+                          "add the distillation term (algorithm.term: [{use: distill}], or --algo distill), or "
+                          "drop model.teacher")
+    if run.kl is not None:
+        raise ConfigError("model.teacher", f"with a teacher the reference log-probs are the teacher's, so the kl "
+                          f"component {run.kl.name!r} would measure the KL to the teacher, not to the initial policy",
+                          "set algorithm.kl to null (the distill bundle does), or drop model.teacher")
+    teacher = resolve_model(path, config.model.trust_remote_code, where="model.teacher")
+    mine, theirs = student.tokenizer.get_vocab(), teacher.tokenizer.get_vocab()
+    if mine != theirs:
+        differ = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: (kv[1], kv[0]))
+        tok, idx = differ[0]
+        side = "the student's" if mine.get(tok) == idx else "the teacher's"
+        raise ConfigError("model.teacher", f"the teacher's tokenizer has another vocabulary than the student's "
+                          f"({len(mine)} vs {len(theirs)} tokens; e.g. {tok!r} is id {idx} only in {side}): the "
+                          "teacher would score other tokens than the student sampled",
+                          "distil from a teacher with the student's tokenizer (the same model family)")
+    return teacher

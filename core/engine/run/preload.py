@@ -31,6 +31,7 @@ from .checks import (
     check_answers,
     check_chat_template,
     check_sampling_options,
+    check_teacher,
     filter_bias_warning,
     fit_prompts,
     sampling_warning,
@@ -71,6 +72,7 @@ class PreLoad:
     resume_lines: list[str] = field(default_factory=list)
     lr_plan: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    teacher: object = None
 
 
 def preload(config, resume: str | None = None, force_resume: bool = False, dry_run: bool = False) -> PreLoad:
@@ -132,6 +134,7 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     sp = run.sample.params
     model = resolve_model(config.model.path, config.model.trust_remote_code)  # folder, config, tokenizer
     pre = _fit_model(config, task, run, model)
+    pre.teacher = check_teacher(config, run, model)  # same vocabulary, someone reads it
     pre.settings, pre.task_rewards_n, pre.turn_tokens, pre.n = settings, len(rewards), sp.max_tokens, sp.n
     pre.warnings = [w for w in (system_turn_warning(model.tokenizer, task.train_rows),
                                 sampling_warning(getattr(sp, "temperature", 1.0), sp.n),

@@ -14,6 +14,7 @@ from policyzoo.engine.report.tracking import Tracker
 from policyzoo.engine.rollout.engines import HFRollout, VLLMRollout
 from policyzoo.engine.rollout.tensor_parallel import start_rollout
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
+from policyzoo.step import needs_reference
 
 from .checks import ZeroSignalWatch
 from .loop import RunLoop
@@ -57,7 +58,8 @@ class Session(RunLoop):
                                                         c.engine.gpu_memory_utilization, c.engine.vllm_sleep))
             self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
                                    weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
-                                   need_ref=self.run.kl is not None,
+                                   need_ref=needs_reference(self.run),
+                                   ref_path=None if self.teacher is None else str(self.teacher.path),
                                    need_critic=bool(getattr(self.run.baseline, "needs_values", False)),
                                    critic_lr=c.engine.critic_lr or 10 * c.train.lr,
                                    trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt,

@@ -14,7 +14,8 @@
   count real tokens only, so padding changes no logit. By default (``share_prompt``) each distinct
   prompt runs once and only the responses run per row (``policyzoo.engine.trainer.prefix``): same
   log-probs and gradients, G times fewer prompt FLOPs.
-* The reference model (only when a ``kl`` component is active) is a frozen copy of the initial
+* The reference model (only when a ``kl`` component or a term with ``needs_ref`` is active) is a
+  frozen teacher from ``model.teacher`` (``ref_path``: on-policy distillation), or a frozen copy of the initial
   weights; the critic (only for baselines that ``need_values``) is the same transformer with a
   scalar value head (zero-initialised, so every first value is 0) trained by its own engine.
 * Options: LoRA adapters (``model.lora``, ``policyzoo.engine.trainer.lora``: the reference is then the base
@@ -57,6 +58,7 @@ class Trainer(TrainerIO):
     score_tokens: int | None = None  #: token budget of the no-grad scoring chunks (set by ``__init__``)
     autocast = False  #: bf16 autocast in the scoring forwards (set by ``__init__``)
     lora = False  #: the policy is a PEFT model with LoRA adapters (set by ``__init__``)
+    teacher = False  #: the reference is a teacher from model.teacher (set by ``__init__``)
     dtype = "float32"  #: the weights' dtype (``model.dtype``; set by ``__init__``)
     #: max and mean |shared - per-row| log-prob of the start-up check and its tolerance (None: not run)
     share_prompt_check: dict | None = None
@@ -65,7 +67,7 @@ class Trainer(TrainerIO):
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
                  score_rows: int = 16, share_prompt: bool = True, lora=None, gradient_checkpointing: bool = False,
                  autocast: bool = False, deepspeed_config: str | dict | None = None, seed: int = 0,
-                 score_tokens: int | None = None,
+                 score_tokens: int | None = None, ref_path: str | None = None,
                  betas: tuple[float, float] = BETAS, eps: float = 1e-8, schedule: str = "constant",
                  warmup_steps: int = 0, total_steps: int = 1):
         from transformers import AutoModelForCausalLM
@@ -100,8 +102,11 @@ class Trainer(TrainerIO):
         self.trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)  # ZeRO 3: partitioned
         self.engine = initialize(model, trainable, policy_cfg, sched)
         self.ref = None
-        if need_ref and not self.lora:  # with LoRA the reference is the base model (adapter off)
-            self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
+        #: the reference is another model: a teacher (model.teacher, on-policy distillation)
+        self.teacher = ref_path is not None
+        if need_ref and (self.teacher or not self.lora):  # with LoRA the reference is the base model (adapter off)
+            self.ref = AutoModelForCausalLM.from_pretrained(ref_path or path, dtype=tdtype,
+                                                            trust_remote_code=trust_remote_code)
             self.ref.eval().requires_grad_(False)
             self.ref = sharded.reference_engine(self.ref, policy_cfg) if zero3 else self.ref.to(self.device)
         self.critic = None
@@ -120,7 +125,8 @@ class Trainer(TrainerIO):
 
     def models_loaded(self) -> list[str]:
         """The models this run holds, for the summary (with LoRA the reference is the base model)."""
-        ref = ["reference (base model, adapter off)" if self.lora else "reference"] if self._need_ref else []
+        name = "teacher" if self.teacher else "reference (base model, adapter off)" if self.lora else "reference"
+        ref = [name] if self._need_ref else []
         return ["policy"] + ref + (["critic"] if self.critic is not None else [])
 
     # ---------------------------------------------------------------------------- scoring
@@ -217,7 +223,7 @@ class Trainer(TrainerIO):
     def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
         if not self._need_ref:
             raise RuntimeError("ref_logprobs called but no kl component is active (no reference model loaded)")
-        if self.lora:  # the base model: the adapter switched off
+        if self.lora and not self.teacher:  # the base model: the adapter switched off
             with self.engine.module.disable_adapter():
                 return self._chunked(lambda r: self._logprobs(self.engine, r, False)[0], rollout)
         return self._chunked(lambda r: self._logprobs(self.ref, r, False)[0], rollout)
