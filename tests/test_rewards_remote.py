@@ -97,17 +97,23 @@ def test_remote_reward_batches_rows_and_reads_the_rewards(serve):
     assert len(s.requests) == 2  # the same requests again: answered from the cache
 
 
-def test_concurrency_is_limited(serve):
+def in_pairs(value: float):
+    """A reply that comes only once a second request is in flight too (each waits for a partner up to
+    60 s, then the barrier breaks and the answer is a 500): requests served one after the other fail."""
     pair = threading.Barrier(2)
 
-    def in_pairs(body):  # each request waits for a second one in flight (60 s, then the barrier breaks: a 500)
+    def reply(body):
         try:
             pair.wait(60)
         except threading.BrokenBarrierError:
             return 500, "alone", 0.0
-        return 200, json.dumps({"rewards": [0.0] * len(body["completions"])}), 0.0
+        return 200, json.dumps({"rewards": [value] * len(body["completions"])}), 0.0
 
-    s = serve(in_pairs)
+    return reply
+
+
+def test_concurrency_is_limited(serve):
+    s = serve(in_pairs(0.0))
     RemoteReward(url=s.url, batch_size=1, max_concurrency=2, cache_size=0).reward(rollout=rollout(list("abcdef")))
     assert len(s.requests) == 6 and s.most == 2
 
@@ -198,16 +204,7 @@ def test_group_judge_scores_each_group_in_one_request(serve):
 def test_remote_components_run_concurrently_in_the_step(serve):
     import policyzoo
 
-    both = threading.Barrier(2)
-
-    def meet(body):  # answers only once the other component's request is in flight too (else a 500 after 60 s)
-        try:
-            both.wait(60)
-        except threading.BrokenBarrierError:
-            return 500, "alone", 0.0
-        return 200, json.dumps({"rewards": [1.0] * len(body["completions"])}), 0.0
-
-    s = serve(meet)
+    s = serve(in_pairs(1.0))  # the two components' requests answer only when both are in flight
     run = policyzoo.assemble("grpo", rewards=tuple(policyzoo.use("remote_reward", url=s.url + f"/{k}", cache_size=0,
                                                                  retries=0) for k in range(2)))
     out = run.call_each("reward", rows=1, rollout=rollout(["a"]))
