@@ -77,8 +77,10 @@ class Trainer(TrainerIO):
         check_stage(zero_stage, dtype, lora)
         self.info, self.stage, self.pad_id, self.dtype = info, zero_stage, info.pad_token_id, dtype
         self.score_rows, self.score_tokens = score_rows, score_tokens
-        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing
-        self.share_prompt = share_prompt and not gradient_checkpointing
+        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing; at ZeRO 3
+        #: on several ranks too: it runs one forward per length group, a count that differs between ranks,
+        #: and every ZeRO-3 forward gathers weights with all ranks (a rank would wait forever)
+        self.share_prompt = share_prompt and not gradient_checkpointing and not (zero_stage == 3 and world_size() > 1)
         #: bf16 compute over fp32 weights (policyzoo.engine.trainer.compute)
         self.autocast = autocast
         set_thread_device()
@@ -193,15 +195,19 @@ class Trainer(TrainerIO):
         if self.score_tokens:
             costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, rollout.response_mask.sum(-1).tolist())]
             bounds = token_budget_bounds(costs, self.score_tokens)
-            if self.stage == 3 and self.world > 1:  # ZeRO 3 gathers weights per forward: every rank as many
-                most = max(gather(len(bounds)))
-                if most > len(bounds):
-                    cuts = [round(i * len(rollout) / most) for i in range(most + 1)]
-                    bounds = list(zip(cuts[:-1], cuts[1:]))
         else:
             bounds = [(k, min(k + self.score_rows, len(rollout))) for k in range(0, len(rollout), self.score_rows)]
+        real = len(bounds)
+        if self.stage == 3 and self.world > 1:  # ZeRO 3 gathers weights per forward: every rank runs as many
+            most = max(gather(len(bounds)))
+            if self.score_tokens and most > len(bounds):  # smaller chunks where the rows allow it
+                n = min(most, len(rollout))
+                cuts = [round(i * len(rollout) / n) for i in range(n + 1)]
+                bounds = list(zip(cuts[:-1], cuts[1:]))
+                real = len(bounds)
+            bounds += [(0, 1)] * (most - len(bounds))  # then padding forwards of one row (outputs dropped)
         rows = torch.arange(len(rollout))
-        outs = [fn(rollout.select((rows >= lo) & (rows < hi))) for lo, hi in bounds]
+        outs = [fn(rollout.select((rows >= lo) & (rows < hi))) for lo, hi in bounds][:real]
         if isinstance(outs[0], tuple):
             return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
         return torch.cat(outs)
