@@ -136,8 +136,12 @@ class RunLoop:
         m.update(lr=lr, tokens_seen=self.state["tokens_seen"], epoch=self.epoch())
         self.rundir.log(m)
         self.tracker.log(m)
-        if seen:
-            self.tracker.log_completions(step, completion_rows(seen[0], self.run.reward_labels))
+        if on_batch is not None:  # every rank's rows, in rank order (a rank that kept none sends none)
+            rows = completion_rows(seen[0], self.run.reward_labels) if seen else []
+            with dist.phase(f"step {step}, gathering the completions"):
+                rows = [dict(row, rank=r) if dist.world_size() > 1 else row
+                        for r, part in enumerate(dist.gather(rows)) for row in part]
+            self.tracker.log_completions(step, rows)
         self.skips = self.skips + 1 if m.get("skipped") else 0
         if (w := self.watch.update(m)) is not None:
             self.warn(f"step {step}: {w}")

@@ -286,10 +286,16 @@ class Trainer(TrainerIO):
         return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
 
     def step(self, skip: bool = False) -> dict:
-        """Apply the accumulated gradients once. Returns ``grad_norm`` (before clipping) or
+        """Apply the accumulated gradients once. Returns ``grad_norm`` (before clipping; the norm of
+        the gradient averaged over ranks, at every ZeRO stage: at stage 0, where DeepSpeed averages
+        inside ``step()``, the average is taken first and ``step()`` told not to repeat it) or
         ``{"skipped": 1}`` (weights untouched) when ``skip`` is given or a loss or gradient was
         not finite, on this rank or any other (the flag is agreed over ranks first)."""
         engines = [e for e in (self.engine, self.critic) if e is not None]
+        reduced = self.stage == 0 and self.world > 1
+        if reduced:  # ZeRO 0 averages inside step(): average first, so the norm is the global one
+            for e in engines:
+                e.buffered_allreduce_fallback(grads=None)
         norms = [self._grad_norm(e) for e in engines]
         bad = skip or bool(self._nonfinite) or not all(bool(torch.isfinite(n)) for n in norms)
         if any_rank(bad):
@@ -297,7 +303,14 @@ class Trainer(TrainerIO):
             return {"skipped": 1}
         pre = float(norms[0]) if self.stage == 0 else None
         for e in engines:
-            e.step()
+            if reduced:  # already averaged: step() must not average again
+                e.enable_backward_allreduce, saved = False, e.enable_backward_allreduce
+                try:
+                    e.step()
+                finally:
+                    e.enable_backward_allreduce = saved
+            else:
+                e.step()
         out = {"skipped": 0}
         norm = pre if pre is not None else self.engine.get_global_grad_norm()
         if norm is not None:
