@@ -110,6 +110,8 @@ class EngineSettings(Section):
                                          "accepts; null: by model.dtype, 1e-3 for float32 (SmolLM2 measured up to "
                                          "6e-5, one missed sync moves it by >1e-2), 0.25 for bfloat16")
     sync_timeout_s: float = Field(300.0, gt=0, description="seconds a weight sync may take before the run stops")
+    collective_timeout_s: float = Field(600.0, gt=0, description="seconds a rank may wait for the others in a "
+                                        "collective before the run stops with an error naming the rank and phase")
     threads: int | None = Field(None, ge=1, description="torch/OpenMP threads (null: all cores)")
     kv_cache_gb: float = Field(1.0, gt=0, description="vLLM KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only)")

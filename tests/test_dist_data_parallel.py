@@ -25,6 +25,10 @@ pytestmark = pytest.mark.engine_group  # several ranks, each a DeepSpeed engine:
 DP_SETTINGS = ["train.steps=2", "engine.rollout=transformers", "engine.threads=1"]
 
 
+def completions(out) -> list[dict]:
+    return [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+
+
 def _train(out, nproc: int, *extra: str) -> None:
     cmd = train_cmd(out, *DP_SETTINGS, *extra)
     # python -m policyzoo.cli ... -> python -m torch.distributed.run --nproc_per_node N -m policyzoo.cli ...
@@ -46,8 +50,9 @@ def one_rank(tmp_path_factory):
 
 # ZeRO 3 with a token budget: each rank's 8 rows cost 244 or 245 prompt + 12 response tokens, so
 # 600 tokens hold 2 rows: 4 micro-batches per rank, each rank's gradients exact
-@pytest.mark.parametrize("stage, extra", [(2, []), (3, []), (3, ["train.max_tokens_per_micro_batch=600"])],
-                         ids=["zero2", "zero3", "zero3-token-budget"])
+# ZeRO 0: DeepSpeed averages the gradients inside step(); grad_norm must still be the global norm
+@pytest.mark.parametrize("stage, extra", [(0, []), (2, []), (3, []), (3, ["train.max_tokens_per_micro_batch=600"])],
+                         ids=["zero0", "zero2", "zero3", "zero3-token-budget"])
 def test_two_ranks_equal_one_rank_on_the_whole_batch(tmp_path, one_rank, stage, extra):
     out = tmp_path / f"two-z{stage}"
     _train(out, 2, f"engine.zero_stage={stage}", *extra)
@@ -70,6 +75,15 @@ def test_two_ranks_equal_one_rank_on_the_whole_batch(tmp_path, one_rank, stage, 
         assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-6)
     assert json.loads((out / "plugins.json").read_text())[0]["distribution"] == "policyzoo"
     assert [r["micro_batches"] for r in m2] == ([4, 4] if extra else [1, 1])
+    # completions.jsonl holds every rank's rows: steps 1 and 2 (first and last) x 2 prompts x 8 samples,
+    # the same rows as one rank's run (rank 0 holds prompt 0's group, rank 1 prompt 1's)
+    c1, c2 = completions(one_rank), completions(out)
+    assert len(c1) == len(c2) == 2 * 2 * 8
+    assert sorted(c["rank"] for c in c2) == [0] * 16 + [1] * 16
+
+    def key(c):
+        return c["step"], c["prompt"], c["completion"], round(c["reward"], 6)
+    assert sorted(map(key, c2)) == sorted(map(key, c1))
 
 
 def test_a_zero_0_checkpoint_of_one_rank_continues_on_two(tmp_path):

@@ -189,7 +189,7 @@ CASE_LIST = [(site, label, setup, where) for site, cases in CASES.items() for la
 @pytest.mark.parametrize("site,label,setup,where", CASE_LIST, ids=[f"{c[0]}-{c[1]}" for c in CASE_LIST])
 def test_the_real_run_and_the_dry_run_refuse_alike(site, label, setup, where, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(dist, "init", lambda: None)  # joining a process group is no check
+    monkeypatch.setattr(dist, "init", lambda timeout_s=600.0: None)  # joining a process group is no check
     got = setup(tmp_path, monkeypatch)
     overrides, resume = got if isinstance(got, tuple) else (got, None)
     data = [] if any(o.startswith("data.") for o in overrides) else [f"data.path={_rows(tmp_path, GOOD, 'good.jsonl')}"]

@@ -72,8 +72,8 @@ class FakeLLM:
 
 def fake_engine() -> VLLMRollout:
     eng = object.__new__(VLLMRollout)  # the real request building and packing, no vLLM started
-    eng.info = SimpleNamespace(eos_token_ids=[2], pad_token_id=2)
-    eng.tokenizer = None
+    eng.info = SimpleNamespace(eos_token_ids=[2], pad_token_id=2, undecodable_ids=())
+    eng.tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: f"r{ids[0]}" if ids else "")
     eng.llm = FakeLLM()
     eng.sleeper = SimpleNamespace(for_sampling=lambda: None)
     eng.encode = lambda rows: ([r["ids"] for r in rows], [r["prompt"] for r in rows])

@@ -7,6 +7,7 @@ conventions every hook follows are stated there.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -151,10 +152,15 @@ class Collective:
     ``sum(x)``: elementwise sum of ``x`` (same shape on every rank) over the ranks.
     ``gather(x)``: ``x`` of every rank concatenated along dim 0, in rank order (shapes may differ
     in dim 0 only). ``world_size``: the number of ranks; ``rank``: this process's index in that
-    order (0 .. world_size - 1), so a rank can find its own rows in a gathered tensor."""
+    order (0 .. world_size - 1), so a rank can find its own rows in a gathered tensor.
+    ``phase(name)``: a context manager naming the phase of the step for the collectives inside it
+    (the engine names it in the error of a collective that times out); a no-op here."""
 
     world_size: int = 1
     rank: int = 0
+
+    def phase(self, name: str):
+        return contextlib.nullcontext()
 
     def sum(self, x: Tensor) -> Tensor:
         return x

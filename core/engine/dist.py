@@ -17,6 +17,10 @@ each step's prompts. The contract that makes N ranks equal one rank with the who
   is reduced with MAX, so every rank skips the same optimizer step (no rank waits in a collective
   the others never enter).
 * **Metrics** are gathered to every rank and merged (:func:`merge_metrics`); rank 0 writes them.
+* **No hangs.** Before every collective of the step the ranks agree on the work each will do
+  (``policyzoo.step.agree``); what can still wait (a rank stuck or dead) is bounded by the process
+  group's timeout ``engine.collective_timeout_s``, which :func:`phase` turns into a
+  :class:`CollectiveTimeout` naming the rank and the phase of the step.
 
 With one rank (no launcher) every function here is the identity.
 """
@@ -24,6 +28,8 @@ With one rank (no launcher) every function here is the identity.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from datetime import timedelta
 
 from policyzoo.contract.ground import Collective
 from policyzoo.errors import UserError
@@ -41,6 +47,18 @@ class DistError(UserError):
     """Ranks of one run disagree (e.g. a plugin missing on one of them)."""
 
 
+class CollectiveTimeout(UserError):
+    """A rank waited longer than ``engine.collective_timeout_s`` in a collective (or its peer died)."""
+
+
+#: seconds a collective may wait (``engine.collective_timeout_s``, set by :func:`init`)
+TIMEOUT_S = [600.0]
+
+#: what the messages of a failed gloo/NCCL collective hold (torch raises a plain RuntimeError for gloo)
+_COLLECTIVE_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset", "NCCL",
+                        "Broken pipe", "ProcessGroup")
+
+
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
@@ -55,15 +73,49 @@ def _dist():
     return dist if world_size() > 1 and dist.is_available() and dist.is_initialized() else None
 
 
-def init() -> None:
-    """Join the process group of the launcher (gloo on CPU, NCCL on GPU); no-op for one rank."""
+def init(timeout_s: float = 600.0) -> None:
+    """Join the process group of the launcher (gloo on CPU, NCCL on GPU) with a collective timeout
+    of ``timeout_s`` seconds (``engine.collective_timeout_s``); no-op for one rank."""
+    TIMEOUT_S[0] = float(timeout_s)
     if world_size() <= 1:
         return
     import deepspeed
     import torch
 
     set_thread_device()  # NCCL binds each rank's communicator to the current device
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                               timeout=timedelta(seconds=timeout_s))
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """True for the error of a collective that timed out or lost its peer (gloo's RuntimeError,
+    NCCL's ``DistBackendError``)."""
+    if type(error).__name__ in ("DistBackendError", "DistNetworkError", "DistStoreError"):
+        return True
+    return isinstance(error, RuntimeError) and any(k in str(error) for k in _COLLECTIVE_FAILURES)
+
+
+@contextmanager
+def phase(name: str):
+    """Name the phase of the step for the collectives inside: a collective that times out (or
+    whose peer died) in it becomes a :class:`CollectiveTimeout` naming this rank and ``name``.
+    The innermost phase names it; nothing is written by the failed step, so the last checkpoint
+    stays the last complete one."""
+    try:
+        yield
+    except CollectiveTimeout:
+        raise
+    except Exception as e:  # noqa: BLE001 - only collective failures are converted
+        if not is_collective_failure(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CollectiveTimeout(
+            f"rank {rank()} of {world_size()}, {name}",
+            f"a collective with the other ranks failed after waiting up to engine.collective_timeout_s = "
+            f"{TIMEOUT_S[0]:g} s ({first[:200]}): another rank is stuck, died, or ran different work",
+            "no partial step was written: the last checkpoint is intact, resume with policyzoo train --resume "
+            "RUN_DIR; see the other ranks' messages for the cause; if one phase legitimately takes longer on "
+            "one rank (a slow reward or environment), raise engine.collective_timeout_s") from e
 
 
 def barrier() -> None:
@@ -122,6 +174,9 @@ class DistCollective(Collective):
     @property
     def world_size(self) -> int:
         return world_size()
+
+    def phase(self, name: str):
+        return phase(name)
 
     @property
     def rank(self) -> int:

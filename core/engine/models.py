@@ -107,6 +107,14 @@ class ModelInfo:
     eos_token_ids: list[int]
     pad_token_id: int
     architecture: str
+    #: the model's output vocabulary (``config.json``'s ``vocab_size``; 0: unknown, taken as the tokenizer's)
+    vocab_size: int = 0
+
+    @property
+    def undecodable_ids(self) -> list[int]:
+        """Ids the model can sample but its tokenizer cannot decode (``vocab_size`` > ``len(tokenizer)``);
+        both rollout engines mask them at the logits."""
+        return list(range(len(self.tokenizer), self.vocab_size)) if self.vocab_size > len(self.tokenizer) else []
 
 
 #: ``org/name`` as the Hub spells repository ids (a relative path of two parts reads the same:
@@ -188,7 +196,8 @@ def resolve_model(path: str | None, trust_remote_code: bool = False, where: str 
                          "set eos_token_id in config.json")
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
     ctx = int(cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048)
-    return ModelInfo(folder, tok, ctx, eos_ids, int(pad), archs[0])
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size") or 0
+    return ModelInfo(folder, tok, ctx, eos_ids, int(pad), archs[0], int(vocab))
 
 
 def end_of_sequence_ids(folder: Path, cfg: dict, tok, where: str = "model.path") -> list[int]:

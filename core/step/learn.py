@@ -16,6 +16,7 @@ import torch
 
 from policyzoo.contract import Rollout, StepBatch
 
+from . import agree
 from .advantages import prepare
 from .collect import StepSettings, collect
 from .loss import micro_loss, needs_entropy_grad, step_totals
@@ -39,25 +40,39 @@ def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
     Rows sampled by older weights than the trainer's (``rollout.policy_lag`` > 0, see
     ``engine.overlap``) are off-policy: their ``old_logprobs`` are the sampler's
     ``rollout_logprobs`` (the behaviour policy's), so the ratio and clip components correct for
-    the lag (for the on-policy first update the ratio is exactly 1 instead)."""
-    if len(rollout) == 0:  # train_on_fewer with nothing kept: no update, the run goes on
-        return {**metrics, "skipped": 1, "skip_reason": "no rows kept by the filters", "rows": 0}
+    the lag (for the on-policy first update the ratio is exactly 1 instead).
+
+    On several ranks every collective is preceded by an agreement on the work (:mod:`.agree`): a
+    step where some rank kept no row is skipped on every rank."""
+    c = policy.collective
+    with agree.phase(c, "agreeing on the rows kept (after sampling)"):
+        counts = agree.row_counts(c, len(rollout))
+    if min(counts) == 0:  # train_on_fewer with nothing kept (on some rank): no update, the run goes on
+        empty = [r for r, n in enumerate(counts) if n == 0]
+        where = "" if len(counts) == 1 else f" on rank {', '.join(map(str, empty))}"
+        return {**metrics, **(_batch_metrics(rollout, rewards) if len(rollout) else {"rows": 0}), "skipped": 1,
+                "skip_reason": f"no rows kept by the filters{where}"}
     t0 = time.perf_counter()
-    batch, scored = _score(run, policy, rollout, rewards, metrics, settings, reward_components, greedy_rewards)
-    batch, adv_metrics = prepare(run, batch, scored, policy.collective)
+    with agree.phase(c, "scoring with frozen models"):
+        batch, scored = _score(run, policy, rollout, rewards, metrics, settings, reward_components, greedy_rewards)
+    with agree.phase(c, "advantages"):
+        batch, adv_metrics = prepare(run, batch, scored, c)
     metrics.update(adv_metrics)
     if on_batch is not None:
         on_batch(batch)
-    totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
+    with agree.phase(c, "summing the loss normalisers"):
+        totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
     _update(run, policy, batch, totals, metrics, settings)
     metrics["time_train"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     if not metrics["skipped"]:
-        metrics.update(policy.sync())
+        with agree.phase(c, "weight sync"):
+            metrics.update(policy.sync())
     metrics["time_sync"] = time.perf_counter() - t0
     metrics.update(_batch_metrics(rollout, rewards))
     if not metrics["skipped"]:
-        update_state(run, {**metrics, "tokens": int(rollout.response_mask.sum())}, policy.collective)
+        with agree.phase(c, "updating stateful components"):
+            update_state(run, {**metrics, "tokens": int(rollout.response_mask.sum())}, c)
     return metrics
 
 
@@ -102,62 +117,76 @@ def _score(run, policy, rollout: Rollout, rewards, metrics: dict, settings: Step
     return batch, scored
 
 
-def _micro_batches(batch: StepBatch, settings: StepSettings, collective) -> list[StepBatch]:
-    """The micro-batches of one pass: by token budget or by count; with a budget on several ranks,
-    every rank runs as many as the rank that needs the most (ZeRO 3, collectives in the clip)."""
+def _micro_batches(batch: StepBatch, settings: StepSettings, collective) -> tuple[list[StepBatch], int]:
+    """The micro-batches of one pass (by token budget or by count) and how many are real: on several
+    ranks every rank runs as many as the rank that runs most, padded (:func:`agree.equal_micro_batches`)."""
     budget = settings.max_tokens_per_micro_batch
     micro = batch.split_tokens(budget) if budget else batch.split(min(settings.micro_batches, len(batch)))
-    if budget and collective.world_size > 1:
-        most = int(collective.gather(torch.tensor([len(micro)])).max())
-        if most > len(micro):
-            micro = batch.split(min(most, len(batch)))
-    return micro
+    return agree.equal_micro_batches(micro, batch, collective)
 
 
 def _update(run, policy, batch: StepBatch, totals, metrics: dict, settings: StepSettings) -> None:
     """Each pass over the batch is one optimizer step; micro-batches accumulate exactly. A
-    non-finite reward, log-prob or loss skips the whole update: gradients are discarded and the
-    weights stay as they were (the engine's ``optimizer_step(skip=True)`` guarantees it)."""
+    non-finite reward, log-prob or loss (on any rank) skips the whole update: gradients are
+    discarded and the weights stay as they were (the engine's ``optimizer_step(skip=True)``)."""
     sums: Counter = Counter()
     counts: Counter = Counter()
-    fault = _bad_rows("rewards", torch.isinf(batch.rewards), batch.rollout)
-    micro = _micro_batches(batch, settings, policy.collective)
-    n_micro = metrics["micro_batches"] = len(micro)
+    c = policy.collective
+    with agree.phase(c, "agreeing on the micro-batches"):
+        fault = _bad_rows("rewards", torch.isinf(batch.rewards), batch.rollout)
+        ranks = agree.any_fault(c, fault is not None)
+        fault = agree.fault_record(ranks, fault, "rewards") if ranks else None
+        micro, n_micro = _micro_batches(batch, settings, c)
+    metrics["micro_batches"] = n_micro
     for _ in range(settings.updates_per_batch):
-        for mb in micro if fault is None else []:
-            fault = _accumulate(run, policy, mb, totals, n_micro, sums, counts)
+        for i, mb in enumerate(micro if fault is None else []):
+            with agree.phase(c, f"update, micro-batch {i + 1} of {len(micro)}"):
+                fault = _accumulate(run, policy, mb, totals, n_micro, sums, counts, padding=i >= n_micro)
             if fault is not None:
                 break
         if fault is not None:
-            metrics.update(policy.optimizer_step(skip=True), skipped=1, **fault)
+            with agree.phase(c, "optimizer step (skipped)"):
+                metrics.update(policy.optimizer_step(skip=True), skipped=1, **fault)
             break
-        metrics.update(policy.optimizer_step())
+        with agree.phase(c, "optimizer step"):
+            metrics.update(policy.optimizer_step())
     for k in sums:  # token-weighted means over the step (loss: sum of micro-batch losses)
         metrics[k] = sums[k] / counts[k] if counts[k] else 0.0
     metrics.setdefault("skipped", 0)
 
 
-def _accumulate(run, policy, mb: StepBatch, totals, n_micro: int, sums: Counter, counts: Counter) -> dict | None:
+def _accumulate(run, policy, mb: StepBatch, totals, n_micro: int, sums: Counter, counts: Counter,
+                padding: bool = False) -> dict | None:
     """Forward, loss and backward of one micro-batch; adds its metric sums. Returns the skip record
-    when a log-prob or the loss is not finite (nothing is accumulated then), else None."""
+    when a log-prob or the loss is not finite on this rank or another (agreed before any backward,
+    so every rank stops at the same micro-batch; nothing is accumulated then), else None. A
+    ``padding`` micro-batch (:func:`agree.padding`) runs the same calls and back-propagates zero."""
     # entropy with grad only when a term needs it (the flag is passed only then: policies without it keep working)
     logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True,
                                         **({"entropy_grad": True} if needs_entropy_grad(run) else {}))
     fault = _bad_rows("logprobs", (~torch.isfinite(logprobs.detach()) & mb.response_mask).any(-1), mb.rollout)
-    if fault is not None:
-        return fault
-    loss, mb_sums = micro_loss(run, mb, logprobs, totals, entropy, policy.collective)
+    # the loss runs even after a bad log-prob (on zeros there): its collectives (clip_cov, kl_cov) run on every rank
+    lp = logprobs if fault is None else torch.where(torch.isfinite(logprobs), logprobs, 0.0)
+    loss, mb_sums = micro_loss(run, mb, lp, totals, entropy, policy.collective)
+    values = policy.values(mb.rollout, grad=True) if run.baseline.needs_values else None
     value_loss = None
-    if run.baseline.needs_values:
-        value_loss = run.baseline.value_loss(values=policy.values(mb.rollout, grad=True), old_values=mb.values,
-                                             returns=mb.returns, response_mask=mb.response_mask, totals=totals)
+    if values is not None:
+        value_loss = run.baseline.value_loss(values=values, old_values=mb.values, returns=mb.returns,
+                                             response_mask=mb.response_mask, totals=totals)
         mb_sums["value_loss"] = (float(value_loss.detach()), 1.0 / n_micro)
-    if not all(math.isfinite(float(x.detach())) for x in (loss, value_loss) if x is not None):
-        return _bad_rows("loss", torch.ones(len(mb), dtype=torch.bool), mb.rollout)
-    mb_sums["loss"] = (float(loss.detach()), 1.0 / n_micro)  # sum over micro-batches, mean over updates
-    for k, (v, c) in mb_sums.items():
-        sums[k] += v
-        counts[k] += c
+    if padding:  # the same forward and backward as a real micro-batch, with a gradient of exactly 0
+        loss = 0.0 * torch.where(torch.isfinite(logprobs), logprobs, 0.0).sum()
+        value_loss = None if values is None else 0.0 * values.sum()
+    elif fault is None and not all(math.isfinite(float(x.detach())) for x in (loss, value_loss) if x is not None):
+        fault = _bad_rows("loss", torch.ones(len(mb), dtype=torch.bool), mb.rollout)
+    ranks = agree.any_fault(policy.collective, fault is not None)
+    if ranks:
+        return agree.fault_record(ranks, fault, "log-probs or loss")
+    if not padding:
+        mb_sums["loss"] = (float(loss.detach()), 1.0 / n_micro)  # sum over micro-batches, mean over updates
+        for k, (v, c) in mb_sums.items():
+            sums[k] += v
+            counts[k] += c
     policy.backward(loss, value_loss)
     return None
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from policyzoo.contract import LOCAL, Collective
+from policyzoo.engine import dist as pz_dist
 from policyzoo.engine.process import free_port
 
 
@@ -43,26 +44,30 @@ def advantages(comp, rewards, group_ids, response_mask, token_rewards=None, valu
     return comp.chain(out, rewards, response_mask, collective)
 
 
-def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, folder: str) -> None:
+def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, folder: str, timeout_s: float) -> None:
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    pz_dist.TIMEOUT_S[0] = timeout_s  # named in a CollectiveTimeout, as engine.collective_timeout_s is
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
     try:
         torch.save(fn(rank, world, *args), Path(folder) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def on_ranks(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
+def on_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, timeout_s: float = 600.0) -> list[Any]:
     """``[fn(0, world, *args), fn(1, world, *args), ...]``, each computed in its own process of a
-    gloo group of ``world`` ranks. ``fn`` must be importable (a module-level function); results
-    travel through ``torch.save``. A failing rank raises in the caller
+    gloo group of ``world`` ranks whose collectives wait at most ``timeout_s`` seconds (then raise,
+    as with ``engine.collective_timeout_s``). ``fn`` must be importable (a module-level function);
+    results travel through ``torch.save``. A failing rank raises in the caller
     (``torch.multiprocessing.ProcessRaisedException``)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_entry, args=(world, free_port(), fn, args, folder), nprocs=world, join=True)
+        mp.spawn(_entry, args=(world, free_port(), fn, args, folder, timeout_s), nprocs=world, join=True)
         return [torch.load(Path(folder) / f"{r}.pt", weights_only=False) for r in range(world)]

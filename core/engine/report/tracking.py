@@ -15,9 +15,10 @@ non-numeric values (``eval_example``, ``skip_reason``) stay in the file only.
 Completions: at the first and last step and every ``train.log_completions_every`` steps, one JSON line
 per sampled row goes to
 ``RUN_DIR/completions.jsonl`` (``step``, ``prompt``, ``completion``, ``reward``, one ``reward/<label>`` key per
-reward component, as in the metrics, ``advantage``, ``group``), and the same rows as a table to each
+reward component, as in the metrics, ``advantage``, ``group``; under data parallel every rank's rows, gathered,
+with ``rank``: group ids count per rank), and the same rows as a table to each
 tracker (TensorBoard: a markdown table under the text tag ``completions``; W&B: a ``wandb.Table``).
-Only rank 0 writes, its own share of the rows under data parallel.
+Only rank 0 writes.
 """
 
 from __future__ import annotations

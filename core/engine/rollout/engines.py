@@ -37,6 +37,7 @@ from policyzoo.contract.policy import Generated
 from policyzoo.engine import device
 from policyzoo.step.episodes import encode_prompt
 
+from .finish import finish, text_stop
 from .vllm_options import Sleeper, llm_kwargs
 
 SEED_MOD = 2**62
@@ -114,8 +115,7 @@ class VLLMRollout(_Base):
         its global index ``first_index + i``, see the module docstring)."""
         from vllm import SamplingParams
 
-        extra = dict(top_k=top_k or -1, min_p=min_p, repetition_penalty=repetition_penalty, stop=list(stop) or None,
-                     include_stop_str_in_output=True)
+        extra = self._options(top_k, min_p, repetition_penalty, stop)
         return [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
                                stop_token_ids=list(self.info.eos_token_ids),
                                seed=request_seed(seed, first_index + i, n), **extra) for i in range(count)]
@@ -124,29 +124,34 @@ class VLLMRollout(_Base):
         """vLLM ``SamplingParams`` of :meth:`greedy` (temperature 0, one response)."""
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=list(self.info.eos_token_ids))
+        extra = {"allowed_token_ids": list(range(len(self.tokenizer)))} if self.info.undecodable_ids else {}
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=list(self.info.eos_token_ids),
+                              **extra)
 
     def pack(self, rows: list[dict], prompt_ids: list[list[int]], texts: list[str], outs, n: int, max_tokens: int,
-             temperature: float, first_index: int = 0) -> Rollout:
-        """The :class:`Rollout` of vLLM's ``outs`` for ``rows`` (one ``RequestOutput`` per prompt)."""
+             temperature: float, first_index: int = 0, stop: list[str] = ()) -> Rollout:
+        """The :class:`Rollout` of vLLM's ``outs`` for ``rows`` (one ``RequestOutput`` per prompt); each
+        response cut by :func:`~.finish.finish` (its text is the decoding of its trained ids)."""
         responses, lps, trunc, comps = [], [], [], []
         for out in outs:
             for c in sorted(out.outputs, key=lambda c: c.index):
-                toks = list(c.token_ids)
+                toks, text, done, cut = finish(self.tokenizer, list(c.token_ids), self.info.eos_token_ids, stop,
+                                               max_tokens)
                 responses.append(toks)
                 lps.append([d[t].logprob for d, t in zip(c.logprobs, toks)])
-                trunc.append(c.finish_reason == "length")
-                comps.append(c.text)
+                trunc.append(not done and (cut or c.finish_reason == "length"))
+                comps.append(text)
         return build_rollout(prompt_ids, responses, lps, trunc, rows, texts, comps, n, self.info.pad_token_id,
                              temperature, max_tokens, first_index)
 
     def pack_greedy(self, rows: list[dict], prompt_ids: list[list[int]], texts: list[str], outs,
                     max_tokens: int) -> Rollout:
         """The :class:`Rollout` of :meth:`greedy` from vLLM's ``outs`` (no log-probs, temperature 1)."""
-        responses = [list(o.outputs[0].token_ids) for o in outs]
-        return build_rollout(prompt_ids, responses, [[] for _ in outs],
-                             [o.outputs[0].finish_reason == "length" for o in outs], rows, texts,
-                             [o.outputs[0].text for o in outs], 1, self.info.pad_token_id, 1.0, max_tokens)
+        eos = list(self.info.eos_token_ids)
+        done = [finish(self.tokenizer, list(o.outputs[0].token_ids), eos, [], max_tokens) for o in outs]
+        trunc = [not d[2] and (d[3] or o.outputs[0].finish_reason == "length") for d, o in zip(done, outs)]
+        return build_rollout(prompt_ids, [d[0] for d in done], [[] for _ in outs], trunc, rows, texts,
+                             [d[1] for d in done], 1, self.info.pad_token_id, 1.0, max_tokens)
 
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                  top_p: float = 1.0, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
@@ -156,7 +161,7 @@ class VLLMRollout(_Base):
         params = self.sampling_params(len(rows), n, max_tokens, temperature, seed, top_p, first_index, top_k, min_p,
                                       repetition_penalty, stop)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
-        return self.pack(rows, prompt_ids, texts, outs, n, max_tokens, temperature, first_index)
+        return self.pack(rows, prompt_ids, texts, outs, n, max_tokens, temperature, first_index, stop)
 
     def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
                         seeds: list[int], top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
@@ -169,18 +174,25 @@ class VLLMRollout(_Base):
 
         self.sleeper.for_sampling()
         eos = list(self.info.eos_token_ids)
-        extra = dict(top_k=top_k or -1, min_p=min_p, repetition_penalty=repetition_penalty, stop=list(stop) or None,
-                     include_stop_str_in_output=True)
+        extra = self._options(top_k, min_p, repetition_penalty, stop)
         params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=m, logprobs=0, seed=s,
                                  stop_token_ids=eos, **extra) for m, s in zip(max_tokens, seeds)]
         outs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], params, use_tqdm=False)
         res = []
-        for out in outs:
+        for out, m in zip(outs, max_tokens):
             c = out.outputs[0]
-            toks = list(c.token_ids)
-            res.append(Generated(toks, [d[t].logprob for d, t in zip(c.logprobs, toks)], c.text,
-                                 c.finish_reason != "length"))
+            toks, text, done, _ = finish(self.tokenizer, list(c.token_ids), eos, stop, m)
+            res.append(Generated(toks, [d[t].logprob for d, t in zip(c.logprobs, toks)], text,
+                                 done or c.finish_reason != "length"))
         return res
+
+    def _options(self, top_k: int, min_p: float, repetition_penalty: float, stop: list[str]) -> dict:
+        """vLLM's sampling options; ids the tokenizer cannot decode are never sampled (``allowed_token_ids``)."""
+        extra = dict(top_k=top_k or -1, min_p=min_p, repetition_penalty=repetition_penalty, stop=list(stop) or None,
+                     include_stop_str_in_output=True)
+        if self.info.undecodable_ids:
+            extra["allowed_token_ids"] = list(range(len(self.tokenizer)))
+        return extra
 
     def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
         """One greedy (temperature 0) response per prompt, for held-out evaluation."""
@@ -287,10 +299,10 @@ class HFRollout(_Base):
         dev = self.model.device
         responses, lps, trunc, comps = [], [], [], []
         eos = set(self.info.eos_token_ids)
-        stops = {"stop_strings": list(stop), "tokenizer": self.tokenizer} if stop else {}
         for i, ids in enumerate(prompt_ids):
             torch.manual_seed(request_seed(seed, first_index + i, n))
             x = torch.tensor([ids], device=dev)
+            stops = self._options(stop, len(ids))
             out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
                                       temperature=None if greedy else temperature, top_p=None if greedy else top_p,
                                       top_k=None if greedy else (top_k or None),
@@ -301,15 +313,12 @@ class HFRollout(_Base):
                                       output_scores=True, return_dict_in_generate=True)
             gen = out.sequences[:, len(ids):].cpu()
             scores = torch.stack(out.scores, 1).float().log_softmax(-1).cpu() if out.scores else None
-            for j in range(gen.shape[0]):
-                toks = gen[j].tolist()
-                stop = next((k for k, t in enumerate(toks) if t in eos), None)
-                length = len(toks) if stop is None else stop + 1
-                toks = toks[:length]
+            for j in range(gen.shape[0]):  # finished rows are padded after their end: finish() drops it
+                toks, text, _, cut = finish(self.tokenizer, gen[j].tolist(), eos, stop, max_tokens)
                 responses.append(toks)
-                lps.append([] if scores is None else scores[j, torch.arange(length), torch.tensor(toks)].tolist())
-                trunc.append(stop is None and length >= max_tokens)
-                comps.append(self.tokenizer.decode(toks, skip_special_tokens=True))
+                lps.append([] if scores is None else scores[j, torch.arange(len(toks)), torch.tensor(toks)].tolist())
+                trunc.append(cut)
+                comps.append(text)
         return build_rollout(prompt_ids, responses, lps, trunc, rows, texts, comps, n, self.info.pad_token_id,
                              temperature, max_tokens, first_index)
 
@@ -323,9 +332,9 @@ class HFRollout(_Base):
         """One continuation per context, one ``generate`` call each (seeded with ``seeds[i]``);
         ``temperature`` 0 is greedy; sampling options and log-probs as in :meth:`generate`."""
         eos, res = list(self.info.eos_token_ids), []
-        stops = {"stop_strings": list(stop), "tokenizer": self.tokenizer} if stop else {}
         for ids, m, seed in zip(contexts, max_tokens, seeds):
             torch.manual_seed(seed)
+            stops = self._options(stop, len(ids))
             x = torch.tensor([ids], device=self.model.device)
             greedy = temperature == 0
             out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
@@ -336,14 +345,19 @@ class HFRollout(_Base):
                                       max_new_tokens=m, eos_token_id=eos, **stops,
                                       pad_token_id=self.info.pad_token_id, output_scores=True,
                                       return_dict_in_generate=True)
-            toks = out.sequences[0, len(ids):].cpu().tolist()
-            stop = next((k for k, t in enumerate(toks) if t in eos), None)
-            toks = toks if stop is None else toks[:stop + 1]
+            toks, text, done, _ = finish(self.tokenizer, out.sequences[0, len(ids):].cpu().tolist(), eos, stop, m)
             lp = torch.stack(out.scores, 1)[0, :len(toks)].float().log_softmax(-1).cpu() if out.scores else None
             res.append(Generated(toks, [] if lp is None else lp[torch.arange(len(toks)), torch.tensor(toks)].tolist(),
-                                 self.tokenizer.decode(toks, skip_special_tokens=True),
-                                 stop is not None or bool(stops) and len(toks) < m))  # EOS or a stop string
+                                 text, done))  # EOS or a stop string
         return res
+
+    def _options(self, stop: list[str], start: int) -> dict:
+        """``generate``'s stop strings (matched in the decoded text from position ``start``, as vLLM
+        does), and ids the tokenizer cannot decode suppressed at the logits."""
+        out = {"stopping_criteria": text_stop(self.tokenizer, list(stop), start)} if stop else {}
+        if self.info.undecodable_ids:
+            out["suppress_tokens"] = self.info.undecodable_ids
+        return out
 
     @torch.no_grad()
     def load_weights(self, named_tensors) -> None:

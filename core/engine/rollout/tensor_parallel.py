@@ -132,7 +132,7 @@ def run_requests(engine, requests: list[dict]) -> list:
         else:
             args = req["args"]
             result.append(engine.pack(req["rows"], prompt_ids, texts, outs[a:b], args["n"], args["max_tokens"],
-                                      args["temperature"], args.get("first_index", 0)))
+                                      args["temperature"], args.get("first_index", 0), args.get("stop", ())))
     return result
 
 

@@ -123,9 +123,14 @@ class RunLoop:
             else:
                 m = train_step(self.run, self.policy, next_prompts, seed=step_seed(c.train.seed, step),
                                settings=self.settings, on_batch=on_batch)
-        except UserError as e:  # a reward or component error: say which step it stopped
+        except UserError as e:  # a reward or component error, a collective timeout: say which step it stopped
             _at_step(e, f"step {step}")
             raise
+        except Exception as e:  # a collective failed outside a named phase (e.g. in a component)
+            if not dist.is_collective_failure(e):
+                raise
+            with dist.phase(f"step {step}"):
+                raise
         if c.engine.trim_memory:
             t_trim = time.perf_counter()
             trim_heap()
@@ -137,15 +142,20 @@ class RunLoop:
                  rollout_tokens_per_s=delta["tokens"] / delta["seconds"] if delta["seconds"] > 0 else 0.0)
         if getattr(self.rollout, "kv_cache_gib", None) is not None:  # vLLM on a GPU
             m["gpu_kv_cache_gib"] = self.rollout.kv_cache_gib
-        m = dist.merge_metrics(dist.gather(m))  # every rank holds the merged record
+        with dist.phase(f"step {step}, merging the metrics"):
+            m = dist.merge_metrics(dist.gather(m))  # every rank holds the merged record
         self.stop_requested = bool(m.pop("stop_requested"))
         self.state["step"] = step
         self.state["tokens_seen"] += int(m["rollout_tokens"] + m["prompt_tokens"])
         m.update(lr=lr, tokens_seen=self.state["tokens_seen"], epoch=self.epoch())
         self.rundir.log(m)
         self.tracker.log(m)
-        if seen:
-            self.tracker.log_completions(step, completion_rows(seen[0], self.run.reward_labels))
+        if on_batch is not None:  # every rank's rows, in rank order (a rank that kept none sends none)
+            rows = completion_rows(seen[0], self.run.reward_labels) if seen else []
+            with dist.phase(f"step {step}, gathering the completions"):
+                rows = [dict(row, rank=r) if dist.world_size() > 1 else row
+                        for r, part in enumerate(dist.gather(rows)) for row in part]
+            self.tracker.log_completions(step, rows)
         self.skips = self.skips + 1 if m.get("skipped") else 0
         if (w := self.watch.update(m)) is not None:
             self.warn(f"step {step}: {w}")
@@ -219,7 +229,8 @@ class RunLoop:
     def save(self, export: bool = False) -> Path:
         """A complete checkpoint of the current step (with ``export``: also a save_pretrained export
         in its ``hf/`` folder); returns its folder."""
-        folder = self._save(self.state["step"], self.state["batches"], export=export)
+        with dist.phase(f"checkpoint of step {self.state['step']}"):
+            folder = self._save(self.state["step"], self.state["batches"], export=export)
         self.last_saved = self.state["step"]
         return folder
 

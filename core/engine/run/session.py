@@ -34,7 +34,7 @@ class Session(RunLoop):
         self = cls()
         self.console = Console(stderr=True, quiet=dist.rank() != 0, soft_wrap=True)
         self.config = config
-        dist.init()  # join the launcher's process group (no-op for one rank)
+        dist.init(config.engine.collective_timeout_s)  # join the launcher's process group (no-op for one rank)
         pre = preload(config, resume, force_resume)  # every check before weights load (also --dry-run's)
         for line in pre.resume_lines:
             self.console.print(line, markup=False, highlight=False)

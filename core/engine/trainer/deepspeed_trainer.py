@@ -79,8 +79,10 @@ class Trainer(TrainerIO):
         check_stage(zero_stage, dtype, lora)
         self.info, self.stage, self.pad_id, self.dtype = info, zero_stage, info.pad_token_id, dtype
         self.score_rows, self.score_tokens = score_rows, score_tokens
-        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing
-        self.share_prompt = share_prompt and not gradient_checkpointing
+        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing; at ZeRO 3
+        #: on several ranks too: it runs one forward per length group, a count that differs between ranks,
+        #: and every ZeRO-3 forward gathers weights with all ranks (a rank would wait forever)
+        self.share_prompt = share_prompt and not gradient_checkpointing and not (zero_stage == 3 and world_size() > 1)
         #: bf16 compute over fp32 weights (policyzoo.engine.trainer.compute)
         self.autocast = autocast
         set_thread_device()
@@ -199,15 +201,19 @@ class Trainer(TrainerIO):
         if self.score_tokens:
             costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, rollout.response_mask.sum(-1).tolist())]
             bounds = token_budget_bounds(costs, self.score_tokens)
-            if self.stage == 3 and self.world > 1:  # ZeRO 3 gathers weights per forward: every rank as many
-                most = max(gather(len(bounds)))
-                if most > len(bounds):
-                    cuts = [round(i * len(rollout) / most) for i in range(most + 1)]
-                    bounds = list(zip(cuts[:-1], cuts[1:]))
         else:
             bounds = [(k, min(k + self.score_rows, len(rollout))) for k in range(0, len(rollout), self.score_rows)]
+        real = len(bounds)
+        if self.stage == 3 and self.world > 1:  # ZeRO 3 gathers weights per forward: every rank runs as many
+            most = max(gather(len(bounds)))
+            if self.score_tokens and most > len(bounds):  # smaller chunks where the rows allow it
+                n = min(most, len(rollout))
+                cuts = [round(i * len(rollout) / n) for i in range(n + 1)]
+                bounds = list(zip(cuts[:-1], cuts[1:]))
+                real = len(bounds)
+            bounds += [(0, 1)] * (most - len(bounds))  # then padding forwards of one row (outputs dropped)
         rows = torch.arange(len(rollout))
-        outs = [fn(rollout.select((rows >= lo) & (rows < hi))) for lo, hi in bounds]
+        outs = [fn(rollout.select((rows >= lo) & (rows < hi))) for lo, hi in bounds][:real]
         if isinstance(outs[0], tuple):
             return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
         return torch.cat(outs)
@@ -286,10 +292,16 @@ class Trainer(TrainerIO):
         return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
 
     def step(self, skip: bool = False) -> dict:
-        """Apply the accumulated gradients once. Returns ``grad_norm`` (before clipping) or
+        """Apply the accumulated gradients once. Returns ``grad_norm`` (before clipping; the norm of
+        the gradient averaged over ranks, at every ZeRO stage: at stage 0, where DeepSpeed averages
+        inside ``step()``, the average is taken first and ``step()`` told not to repeat it) or
         ``{"skipped": 1}`` (weights untouched) when ``skip`` is given or a loss or gradient was
         not finite, on this rank or any other (the flag is agreed over ranks first)."""
         engines = [e for e in (self.engine, self.critic) if e is not None]
+        reduced = self.stage == 0 and self.world > 1
+        if reduced:  # ZeRO 0 averages inside step(): average first, so the norm is the global one
+            for e in engines:
+                e.buffered_allreduce_fallback(grads=None)
         norms = [self._grad_norm(e) for e in engines]
         bad = skip or bool(self._nonfinite) or not all(bool(torch.isfinite(n)) for n in norms)
         if any_rank(bad):
@@ -297,7 +309,14 @@ class Trainer(TrainerIO):
             return {"skipped": 1}
         pre = float(norms[0]) if self.stage == 0 else None
         for e in engines:
-            e.step()
+            if reduced:  # already averaged: step() must not average again
+                e.enable_backward_allreduce, saved = False, e.enable_backward_allreduce
+                try:
+                    e.step()
+                finally:
+                    e.enable_backward_allreduce = saved
+            else:
+                e.step()
         out = {"skipped": 0}
         norm = pre if pre is not None else self.engine.get_global_grad_norm()
         if norm is not None:
