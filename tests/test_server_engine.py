@@ -59,7 +59,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """``host:port`` of one rollout server for the module (a port taken meanwhile: started again)."""
+    """``host:port`` of one rollout server for the module (a port taken meanwhile: started again);
+    ``POLICYZOO_TEST_SERVER=host:port`` reuses a server already started with `policyzoo serve`."""
+    if os.environ.get("POLICYZOO_TEST_SERVER"):
+        yield os.environ["POLICYZOO_TEST_SERVER"]
+        return
     log = tmp_path_factory.mktemp("serve") / "server.log"
     for _ in range(3):
         proc, address = _start(log)
