@@ -122,3 +122,38 @@ def test_the_serve_command_is_vllms_module_entry_point_with_the_extension():
     env = serve_env("10.0.0.5", 2.6, base={})
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["POLICYZOO_SERVER_HOST"] == "10.0.0.5"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"  # whole GiB
+
+
+def test_sampling_splits_whole_groups_between_servers_in_prompt_order(monkeypatch):
+    """Three prompts, n = 2, two servers (a mock transport): the first server gets prompts 0 and 1,
+    the second prompt 2; each request carries its prompt's seed; the rollout keeps prompt order."""
+    import httpx
+    from _engine_helpers import tiny_model
+
+    from policyzoo.engine.models import resolve_model
+    from policyzoo.engine.rollout import server as server_mod
+    from policyzoo.engine.rollout.engines import request_seed
+
+    seen = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((request.url.port, body["seed"], body["model"]))
+        first = body["seed"] % 100  # two samples, ids from the seed so the order can be checked
+        return httpx.Response(200, json={"choices": [
+            {"index": j, "text": "t", "token_ids": [first + j, 2], "finish_reason": "stop",
+             "logprobs": {"token_logprobs": [-1.0, -0.5]}} for j in (1, 0)]})
+
+    monkeypatch.setattr(server_mod.ServerGroup, "open", lambda self: None)
+    info = resolve_model(str(tiny_model()), False)
+    servers = [server_mod.Server("http://127.0.0.1:1001", "a", 1, wire.GLOO_BACKEND),
+               server_mod.Server("http://127.0.0.1:1002", "b", 1, wire.GLOO_BACKEND)]
+    rollout = server_mod.ServerRollout(info, servers, 10, 10)
+    rollout.client = httpx.Client(transport=httpx.MockTransport(reply))
+    rows = [{"prompt": f"q{i}"} for i in range(3)]
+    out = rollout.generate(rows, 2, 4, 1.0, seed=7, first_index=10)
+    seeds = [request_seed(7, 10 + i, 2) for i in range(3)]  # global prompt index: first_index + i
+    assert sorted(seen) == sorted([(1001, seeds[0], "a"), (1001, seeds[1], "a"), (1002, seeds[2], "b")])
+    assert out.response_ids[:, 0].tolist() == [s % 100 + j for s in seeds for j in (0, 1)]  # prompt, then sample
+    assert out.group_ids.tolist() == [10, 10, 11, 11, 12, 12]
+    assert out.rollout_logprobs[0].tolist() == [-1.0, -0.5] and not out.truncated.any()
