@@ -157,3 +157,34 @@ def test_sampling_splits_whole_groups_between_servers_in_prompt_order(monkeypatc
     assert out.response_ids[:, 0].tolist() == [s % 100 + j for s in seeds for j in (0, 1)]  # prompt, then sample
     assert out.group_ids.tolist() == [10, 10, 11, 11, 12, 12]
     assert out.rollout_logprobs[0].tolist() == [-1.0, -0.5] and not out.truncated.any()
+
+
+class _FakeGroup:
+    """A server's weight group that records the control requests and the broadcasts."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.posts, self.sent, self.fail_at = [], [], fail_at
+
+    def post(self, path, body):
+        self.posts.append((path, body and body["update_info"]["names"]))
+
+    def broadcast(self, t):
+        if self.fail_at is not None and len(self.sent) == self.fail_at:
+            raise RuntimeError("Connection reset by peer")
+        self.sent.append(t)
+
+
+def test_a_push_reaches_every_server_chunk_by_chunk():
+    from policyzoo.engine.rollout.weight_push import push
+
+    w = [("a", torch.ones(4)), ("b", torch.ones(4)), ("c", torch.ones(4))]  # 16 bytes each; 32 a chunk: [a b] [c]
+    groups = [_FakeGroup(), _FakeGroup()]
+    assert push(groups, iter(w), chunk_bytes=32) == 3
+    for g in groups:  # each server: start, one update per chunk naming its tensors, finish; every tensor once
+        assert g.posts == [("/start_weight_update", None), ("/update_weights", ["a", "b"]),
+                           ("/update_weights", ["c"]), ("/finish_weight_update", None)]
+        assert [t.data_ptr() for t in g.sent] == [t.data_ptr() for _, t in w]
+    broken = [_FakeGroup(), _FakeGroup(fail_at=1)]
+    with pytest.raises(ServerError, match="broadcasting the weights failed: Connection reset") as e:
+        push(broken, iter(w), chunk_bytes=32)
+    assert "--resume" in str(e.value) and ("/finish_weight_update", None) not in broken[0].posts
