@@ -122,6 +122,13 @@ def test_the_serve_command_is_vllms_module_entry_point_with_the_extension():
     env = serve_env("10.0.0.5", 2.6, base={})
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["POLICYZOO_SERVER_HOST"] == "10.0.0.5"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"  # whole GiB
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # TP = 1: vLLM's own binding
+    # CPU, TP = 2 on cores 0-3: two disjoint sets; TP = 3 on 4 cores: 1 each; more workers than cores: unset
+    assert serve_env("h", base={}, tensor_parallel_size=2, cores=[3, 2, 1, 0])["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
+    assert serve_env("h", base={}, tensor_parallel_size=3, cores=[0, 1, 2, 3])["VLLM_CPU_OMP_THREADS_BIND"] == "0|1|2"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in serve_env("h", base={}, tensor_parallel_size=3, cores=[0, 1])
+    gpu_env = serve_env("h", base={}, tensor_parallel_size=2, on_cuda=True, cores=[0, 1])
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in gpu_env
 
 
 def test_sampling_splits_whole_groups_between_servers_in_prompt_order(monkeypatch):

@@ -51,14 +51,31 @@ def serve_command(model: str, host: str, port: int, *, tensor_parallel_size: int
     return cmd + list(extra)
 
 
-def serve_env(host: str, kv_cache_gb: float = 1.0, base: dict | None = None) -> dict:
+def cpu_bind(cores: list[int], workers: int) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``workers`` CPU workers: the cores cut into contiguous,
+    disjoint sets (``"0,1|2,3"``); None when there are fewer cores than workers. vllm-cpu's own
+    ``auto`` binds one worker per NUMA node and refuses TP = 2 on a one-node machine."""
+    cores = sorted(cores)
+    if len(cores) < workers:
+        return None
+    size = len(cores) // workers
+    return "|".join(",".join(map(str, cores[i * size:(i + 1) * size])) for i in range(workers))
+
+
+def serve_env(host: str, kv_cache_gb: float = 1.0, base: dict | None = None, tensor_parallel_size: int = 1,
+              on_cuda: bool = False, cores: list[int] | None = None) -> dict:
     """The server's environment: vLLM's dev routes on, the host the workers' weight group binds, the
-    CPU KV cache (whole GiB, at least 1; a value already set is kept)."""
+    CPU KV cache (whole GiB, at least 1) and, on CPU with TP > 1, one core set per worker
+    (:func:`cpu_bind`); a value already set is kept."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["POLICYZOO_SERVER_HOST"] = host
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if not on_cuda and tensor_parallel_size > 1:
+        bind = cpu_bind(sorted(os.sched_getaffinity(0)) if cores is None else cores, tensor_parallel_size)
+        if bind:
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
     return env
 
 
@@ -67,10 +84,12 @@ def main(args) -> None:
     import torch
 
     model = resolve_model(args.model, False)  # the folder, checked (the default model converted) here
+    on_cuda = torch.cuda.is_available()
     cmd = serve_command(str(Path(model.path).resolve()), args.host, args.port,
                         tensor_parallel_size=args.tensor_parallel_size,
                         dtype=args.dtype, max_model_len=args.max_model_len, seed=args.seed,
                         served_model_name=args.served_model_name, weight_transfer=args.weight_transfer,
-                        on_cuda=torch.cuda.is_available(), extra=args.vllm_args)
+                        on_cuda=on_cuda, extra=args.vllm_args)
     print(" ".join(cmd), flush=True)
-    os.execve(sys.executable, cmd, serve_env(args.host, args.kv_cache_gb))
+    env = serve_env(args.host, args.kv_cache_gb, tensor_parallel_size=args.tensor_parallel_size, on_cuda=on_cuda)
+    os.execve(sys.executable, cmd, env)
