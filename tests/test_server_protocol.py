@@ -195,3 +195,21 @@ def test_a_push_reaches_every_server_chunk_by_chunk():
     with pytest.raises(ServerError, match="broadcasting the weights failed: Connection reset") as e:
         push(broken, iter(w), chunk_bytes=32)
     assert "--resume" in str(e.value) and ("/finish_weight_update", None) not in broken[0].posts
+
+
+def test_a_failed_group_init_is_raised_at_once_not_after_the_timeout():
+    """The server answers the init request with an error while the trainer waits for its workers
+    to join the gloo group (timeout 60 s): the error comes back at once (bound: 30 s, "did not hang")."""
+    import time
+
+    from policyzoo.engine.rollout.weight_push import ServerGroup
+
+    def post(path, body):
+        if path == "/init_weight_transfer_engine":
+            raise ServerError("rollout server x", "init_weight_transfer_engine answered HTTP 500")
+
+    g = ServerGroup("http://127.0.0.1:9", post, wire.GLOO_BACKEND, 1, timeout_s=60)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match="HTTP 500"):
+        g.open()
+    assert time.monotonic() - t0 < 30 and g.group is None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from .server_protocol import GLOO_BACKEND, ServerError, gloo_group
@@ -93,12 +94,32 @@ class ServerGroup:
                               f"start it with `policyzoo serve` (backend {GLOO_BACKEND} on CPU, nccl on CUDA)")
 
     def _rendezvous(self, info: dict, join) -> None:
-        with ThreadPoolExecutor(1) as ex:  # the workers block in the request until the group forms
-            request = ex.submit(self.post, "/init_weight_transfer_engine", {"init_info": info})
+        """The workers block in the init request until the group forms, and ``join`` blocks until
+        they come: both run in daemon threads, and a request that fails (a worker that cannot join)
+        is raised at once rather than after the group's timeout (the join thread ends with it, and
+        never holds the process at exit)."""
+        box: dict = {}
+        done = threading.Event()
+
+        def run(key, fn):
             try:
-                self.group = join()
-            finally:
-                request.result()
+                box[key] = fn()
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                box[key + "_error"] = e
+            done.set()
+
+        post = lambda: self.post("/init_weight_transfer_engine", {"init_info": info})  # noqa: E731
+        threads = [threading.Thread(target=run, args=(k, f), daemon=True, name=f"policyzoo-{k}")
+                   for k, f in (("request", post), ("group", join))]
+        for t in threads:
+            t.start()
+        while not ("request_error" in box or "group_error" in box or all(not t.is_alive() for t in threads)):
+            done.wait(1.0)
+            done.clear()
+        for key in ("request_error", "group_error"):
+            if key in box:
+                raise box[key]
+        self.group = box["group"]
 
     def broadcast(self, tensor) -> None:
         t = tensor.detach().contiguous()
