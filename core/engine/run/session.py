@@ -12,6 +12,7 @@ from policyzoo.engine.policy import LMPolicy, sync_tolerance
 from policyzoo.engine.process import captured_output
 from policyzoo.engine.report.tracking import Tracker
 from policyzoo.engine.rollout.engines import HFRollout, VLLMRollout
+from policyzoo.engine.rollout.server import ServerRollout
 from policyzoo.engine.rollout.tensor_parallel import start_rollout
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 from policyzoo.step import needs_reference
@@ -78,6 +79,9 @@ class Session(RunLoop):
         with captured_output(log, enabled=not self.verbose):
             if early is not None:
                 self.rollout = early.result()
+            elif c.engine.rollout == "server":  # the weight groups form here; the first push follows below
+                self.rollout = ServerRollout(self.model, self.servers, c.engine.server_timeout_s,
+                                             c.engine.sync_timeout_s)
             elif c.engine.rollout == "vllm":  # k > 1: this rank's share of a group's engine (tensor_parallel.py)
                 self.rollout = start_rollout(self.model, rollout_dtype, self.max_model_len, c.train.seed,
                                              c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
@@ -93,6 +97,8 @@ class Session(RunLoop):
         parts["rollout_engine_s"] = time.perf_counter() - t0 - sum(parts.values())
         self.share = c.train.prompts_per_step // dist.world_size()
         self.policy.first_index = dist.rank() * self.share
+        if self.resume_from is None and c.engine.rollout == "server":  # a server may hold other weights
+            self.policy.sync()
         if self.resume_from is not None:
             self.rundir.remove_partial()
             self.trainer.load(str(self.resume_from))
