@@ -180,3 +180,20 @@ def test_a_server_dying_mid_run_fails_the_step_and_resume_continues(server, tmp_
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_asynchronous_training_through_the_server_stays_within_the_bound(server, tmp_path):
+    # engine.max_staleness on the server path (issue 21 item 3): the sampler thread samples the coming
+    # steps through the server while the trainer trains; every push waits for the batch in flight (one
+    # engine lock), so each group has one version and the push is checked as in the synchronous run
+    out = tmp_path / "run"
+    proc = run_train(out, "train.steps=3", "engine.max_staleness=1", "train.log_completions_every=1",
+                     *_server_args(server), timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    train = metrics(out)
+    assert [r["step"] for r in train] == [1, 2, 3] and train[0]["policy_lag_max"] == 0  # nothing ahead of step 1
+    assert all(0 <= r["policy_lag_max"] <= 1 and r["sync_max_diff"] <= 1e-4 for r in train)
+    rows = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [1, 2, 3]
+    for r in rows:  # no update skipped: step k trains at version k - 1, so version + staleness = k - 1
+        assert 0 <= r["policy_lag"] <= 1 and r["policy_version"] + r["policy_lag"] == r["step"] - 1
