@@ -213,3 +213,35 @@ def test_a_failed_group_init_is_raised_at_once_not_after_the_timeout():
     with pytest.raises(ServerError, match="HTTP 500"):
         g.open()
     assert time.monotonic() - t0 < 30 and g.group is None
+
+
+def test_server_responses_follow_the_one_text_and_ids_rule(monkeypatch):
+    """A reply whose ids run past the end-of-sequence id and whose text is not their decoding (as a
+    server's own detokenisation may differ): the rollout keeps the ids up to and including the first
+    EOS, their log-probs, and the decoding of exactly those ids as the completion (rollout/finish.py)."""
+    import httpx
+    from _engine_helpers import tiny_model
+
+    from policyzoo.engine.models import resolve_model
+    from policyzoo.engine.rollout import server as server_mod
+
+    info = resolve_model(str(tiny_model()), False)
+    tok, eos = info.tokenizer, info.eos_token_ids[0]
+    ab, c = tok.encode("ab", add_special_tokens=False), tok.encode("c", add_special_tokens=False)
+    ids = ab + [eos] + c  # "ab", EOS, then a token the server should not have sent
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"choices": [
+            {"index": 0, "text": "server text", "token_ids": ids, "finish_reason": "length",
+             "logprobs": {"token_logprobs": [-0.5] * len(ids)}}]})
+
+    monkeypatch.setattr(server_mod.ServerGroup, "open", lambda self: None)
+    rollout = server_mod.ServerRollout(info, [server_mod.Server("http://127.0.0.1:1001", "a", 1, wire.GLOO_BACKEND)],
+                                       10, 10)
+    rollout.client = httpx.Client(transport=httpx.MockTransport(reply))
+    out = rollout.generate([{"prompt": "q"}], 1, len(ids), 1.0, seed=7)
+    kept = len(ab) + 1  # "a", "b", EOS
+    assert out.response_mask[0].sum().item() == kept and out.response_ids[0, :kept].tolist() == ab + [eos]
+    assert out.rollout_logprobs[0, :kept].tolist() == [-0.5] * kept
+    assert out.completions == [tok.decode(ab + [eos], skip_special_tokens=True)] == ["ab"]
+    assert not out.truncated[0]  # it ended at EOS, whatever the server's finish_reason said

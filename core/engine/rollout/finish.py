@@ -1,7 +1,8 @@
 """How every rollout engine ends a response: one rule for ids and text, whatever the engine did.
 
 The invariant (``tests/test_rollout_invariant.py``, on every engine and path: single-turn, multi-turn
-``generate_tokens``, overlap): the completion a reward reads is exactly
+``generate_tokens``, overlap; the rollout server's replies in ``tests/test_server_protocol.py``): the
+completion a reward reads is exactly
 ``tokenizer.decode(ids, skip_special_tokens=True)`` of the ids that are trained, and no trained id was
 not sampled. :func:`finish` applies it to the raw ids an engine returns:
 

@@ -33,6 +33,7 @@ from policyzoo.engine import dist
 
 from . import server_protocol as wire
 from .engines import NEXT_TOP_K, _Base, build_rollout, request_seed
+from .finish import finish
 from .server_protocol import ServerError
 from .weight_push import ServerGroup, push
 
@@ -132,14 +133,27 @@ class ServerRollout(_Base):
         return [j.result() for j in jobs]
 
     def _sample(self, prompt_ids, n, max_tokens, temperature, seeds, **options):
+        """Per prompt, its ``n`` choices as ``(ids, log-probs, truncated, text)``, each cut by
+        :func:`~.finish.finish` like the colocated engine's (the text is the decoding of the trained ids)."""
         eos = list(self.info.eos_token_ids)
+        allowed = len(self.tokenizer) if getattr(self.info, "undecodable_ids", None) else None
         bodies = [wire.completion_request("", p, n=n, max_tokens=m, temperature=temperature, seed=s, eos_ids=eos,
-                                          **options) for p, m, s in zip(prompt_ids, max_tokens, seeds)]
+                                          allowed_ids=allowed, **options)
+                  for p, m, s in zip(prompt_ids, max_tokens, seeds)]
         try:
-            return [wire.parse_completion(r, n, temperature > 0) for r in self._map(bodies)]
+            replies = [wire.parse_completion(r, n, temperature > 0) for r in self._map(bodies)]
         except ValueError as e:
             raise ServerError("rollout server", f"a reply could not be read: {e}",
                               "start the servers with `policyzoo serve` of this policyzoo version") from e
+        stop = list(options.get("stop") or ())
+        out = []
+        for choices, m in zip(replies, max_tokens):
+            group = []
+            for ids, lps, trunc, _ in choices:
+                toks, text, done, cut = finish(self.tokenizer, ids, eos, stop, m)
+                group.append((toks, lps[:len(toks)], not done and (cut or trunc), text))
+            out.append(group)
+        return out
 
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                  top_p: float = 1.0, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,

@@ -94,9 +94,11 @@ def split_groups(n_prompts: int, n_servers: int) -> list[tuple[int, int]]:
 
 def completion_request(model: str, prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float,
                        seed: int | None, eos_ids: list[int], top_p: float = 1.0, top_k: int = 0,
-                       min_p: float = 0.0, repetition_penalty: float = 1.0, stop=()) -> dict:
+                       min_p: float = 0.0, repetition_penalty: float = 1.0, stop=(),
+                       allowed_ids: int | None = None) -> dict:
     """The ``/v1/completions`` body of one prompt's ``n`` samples (see the module docstring);
-    ``temperature`` 0 is greedy (no log-probs asked)."""
+    ``temperature`` 0 is greedy (no log-probs asked); ``allowed_ids``: only ids below it may be
+    sampled (a model whose vocabulary is larger than its tokenizer, as the colocated engine does)."""
     body = {"model": model, "prompt": list(prompt_ids), "n": n, "max_tokens": max_tokens,
             "temperature": temperature, "top_p": top_p, "top_k": top_k or -1, "min_p": min_p,
             "repetition_penalty": repetition_penalty, "stop_token_ids": list(eos_ids),
@@ -106,6 +108,8 @@ def completion_request(model: str, prompt_ids: list[int], *, n: int, max_tokens:
         body["logprobs"] = 0
     if seed is not None:
         body["seed"] = seed
+    if allowed_ids is not None:
+        body["allowed_token_ids"] = list(range(allowed_ids))
     return body
 
 
