@@ -108,6 +108,9 @@ CASES = {
     "check_device_options": [("vLLM sleep mode on CPU", lambda t, m: ["engine.vllm_sleep=1"], "engine.vllm_sleep")],
     "check_tensor_parallel": [("vLLM TP 2 on one rank", lambda t, m: ["engine.vllm_tensor_parallel_size=2"],
                                "engine.vllm_tensor_parallel_size")],
+    # the tiny model has 4 attention heads: 3 ranks sharing one engine 3 ways cannot shard them
+    "check_heads": [("vLLM TP 3 of 4 heads", lambda t, m: (m.setenv("WORLD_SIZE", "3"), [
+        "engine.vllm_tensor_parallel_size=3", "train.prompts_per_step=3"])[1], "engine.vllm_tensor_parallel_size")],
     "check_engine": [("missing DeepSpeed config", lambda t, m: [f"engine.deepspeed={t / 'ds.json'}"], "deepspeed")],
     "step_settings": [("clip params for the loss", lambda t, m: ["algorithm.reduce.use=no_such_reduce"], "algorithm")],
     "resolve_model": [("missing model folder", lambda t, m: [f"model.path={t / 'no-model'}"], "model.path")],

@@ -9,6 +9,7 @@ evaluation's other ranks take part with empty requests; and the refusals before 
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -217,3 +218,17 @@ def test_vllm_starts_sharded_under_the_external_launcher_on_every_platform():
     assert (gpu["distributed_executor_backend"], gpu["tensor_parallel_size"]) == ("external_launcher", 4)
     one = llm_kwargs(on_cuda=False, **common)  # k = 1: today's in-process engine, one per rank
     assert one["distributed_executor_backend"] == "uni" and "tensor_parallel_size" not in one
+
+
+@pytest.mark.parametrize("heads, kv, k, fits", [
+    (9, 3, 2, "[1, 3, 9]"),  # SmolLM2-135M: 9 heads, 3 kv heads; 2 divides neither -> refused, 1/3/9 listed
+    (32, 8, 3, "[1, 2, 4, 8, 16, 32]"),  # 16 and 32 replicate the 8 kv heads (16 % 8 == 0), 3 divides nothing
+])
+def test_tensor_parallel_size_must_shard_the_attention_heads(tmp_path, heads, kv, k, fits):
+    from policyzoo.engine.rollout.tensor_parallel import check_heads
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": heads, "num_key_value_heads": kv}))
+    with pytest.raises(ConfigError) as e:
+        check_heads(_engine(vllm_tensor_parallel_size=k), tmp_path)
+    assert e.value.where == "engine.vllm_tensor_parallel_size" and f"one of {fits}" in str(e.value)
+    check_heads(_engine(vllm_tensor_parallel_size=int(fits.strip("[]").split(", ")[-1])), tmp_path)  # k = heads fits

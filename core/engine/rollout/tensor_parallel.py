@@ -39,7 +39,9 @@ requests (:func:`follow_evaluation`).
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 from policyzoo.engine import dist
 from policyzoo.errors import ConfigError
@@ -92,6 +94,27 @@ def check_tensor_parallel(engine, world: int, *, env: bool, resamples: bool, loc
         if bad:
             raise ConfigError(key, f"{k}: every rank of a group must call the shared engine the same number of "
                               f"times, but {why}", fix)
+
+
+def check_heads(engine, model_path) -> None:
+    """Raise :class:`ConfigError` when ``engine.vllm_tensor_parallel_size`` k cannot shard the model's
+    attention (vLLM's own rule: the attention heads divide by k; the key/value heads divide by k, or
+    k by them when they are fewer and get replicated), before any weights load: vLLM would refuse
+    only after DeepSpeed started. ``model_path``: the folder holding ``config.json``."""
+    k, key = engine.vllm_tensor_parallel_size, "engine.vllm_tensor_parallel_size"
+    if k == 1:
+        return
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model's
+    heads = cfg.get("num_attention_heads")
+    kv = cfg.get("num_key_value_heads") or heads
+    if not heads:
+        return  # an architecture without the usual keys: vLLM checks it
+    fits = [d for d in range(1, heads + 1) if heads % d == 0 and (kv % d == 0 if kv >= d else d % kv == 0)]
+    if k not in fits:
+        raise ConfigError(key, f"{k} cannot shard the model's attention: {heads} attention heads and {kv} key/value "
+                          f"heads (the heads must divide by {k})",
+                          f"set {key} to one of {fits}, or use a model whose head count {k} divides")
 
 
 def local_world_size() -> int | None:

@@ -22,7 +22,7 @@ from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import check_vllm_threads
 from policyzoo.engine.report.tracking import check_trackers
 from policyzoo.engine.rollout.server import connect as connect_servers
-from policyzoo.engine.rollout.tensor_parallel import check_tensor_parallel, local_world_size
+from policyzoo.engine.rollout.tensor_parallel import check_heads, check_tensor_parallel, local_world_size
 from policyzoo.engine.rundir import ResumeError, RunDir
 from policyzoo.engine.trainer.dsconfig import check_engine
 from policyzoo.errors import ConfigError
@@ -135,6 +135,7 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     settings = step_settings(config, run)
     sp = run.sample.params
     model = resolve_model(config.model.path, config.model.trust_remote_code)  # folder, config, tokenizer
+    check_heads(config.engine, model.path)  # vLLM TP k must divide the attention heads
     pre = _fit_model(config, task, run, model)
     pre.teacher = check_teacher(config, run, model)  # same vocabulary, someone reads it
     if config.engine.rollout == "server":  # reachable, same versions, model and tokenizer: before any weights load
