@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from policyzoo.engine.process import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -80,12 +81,6 @@ def model_args(which: str) -> tuple[list[str], str]:
 
     path = str(resolve_model(None).path)  # the embedded default, converted once into the cache
     return [f"model.path={path}", "algorithm.sample.max_tokens=32"], path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(path: str, log: Path) -> tuple[subprocess.Popen, str]:
