@@ -365,6 +365,8 @@ def main(argv=None) -> dict:
         res["measured"] = split
         if "time_train" in split:
             res["train_over_ceiling"] = split["time_train"] / ceil["time_train"]
+        if "time_rollout" in split:  # the rollout over its bound (decode: the weights read once per decode step)
+            res["rollout_over_bound"] = split["time_rollout"] / ceil["time_rollout"]
         if a.summary_key and "time_train" in split:
             bf16 = (res["ceiling_bf16"]["train: forward+backward"] + res["ceiling_bf16"].get("reference forward", 0.0)
                     + res["ceiling_bf16"]["optimizer"])

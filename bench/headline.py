@@ -11,7 +11,9 @@ What runs, in order (``--dry-run`` prints it with the expected duration and runs
    (``--pair-median``);
 3. training over its fp32 FLOP ceiling (GSM8K, 128 tokens): per pair, a ``policyzoo train`` run and
    right after it ``bench/ceiling.py --metrics`` on that run (the ceiling measured on the same
-   machine state); the value is the median over ``--pairs`` pairs;
+   machine state); the value is the median over ``--pairs`` pairs. The same runs give the rollout
+   over its bound (``rollout_over_bound``: prefill at the matmul rate, and per decode step the
+   weights read once at the copy bandwidth) and each phase's median seconds;
 4. start-up to ready for the first step, cold and warm: per pair, the files of the installed
    packages and the model evicted from the page cache (``posix_fadvise(DONTNEED)``, no root
    needed: it drops clean cached pages, as after a boot), one policyzoo worker started (cold), then
@@ -59,6 +61,7 @@ README_ROWS = (
     ("step_ratio_gsm8k_128", "step time / TRL's, GSM8K, 128-token answers", "{:.2f}"),
     ("step_ratio_gsm8k_256", "step time / TRL's, GSM8K, 256-token answers", "{:.2f}"),
     ("train_over_ceiling", "training time / its fp32 FLOP ceiling (GSM8K, 128 tokens)", "{:.2f}"),
+    ("rollout_over_bound", "rollout time / its weight-read bound (GSM8K, 128 tokens)", "{:.2f}"),
     ("startup_s", "start-up to the first step, s (bench/step_vs_trl.py --record-startup)", "{:.1f}"),
     ("startup_cold_s", "start-up to the first step, cold (page cache dropped), s", "{:.1f}"),
     ("startup_warm_s", "start-up to the first step, warm, s", "{:.1f}"),
@@ -143,7 +146,7 @@ def execute(a, steps: list[dict]) -> None:
     import tempfile
 
     bench_summary.record("machine", machine_rates(), detail={"when": "start"})
-    ceiling_pairs, cold, warm = [], [], []
+    ceiling_pairs, rollout_pairs, phases, cold, warm = [], [], [], [], []
     for s in steps[1:-1]:
         print(f"== {s['what']} (~{s['minutes']} min)", flush=True)
         if s["what"].startswith("step_ratio"):
@@ -154,7 +157,10 @@ def execute(a, steps: list[dict]) -> None:
             shutil.rmtree(s["run"], ignore_errors=True)  # a fresh run, not a resume of the last one
             run(s["command"])
             print("$ python bench/ceiling.py " + " ".join(s["then"]), flush=True)
-            ceiling_pairs.append(ceiling.main(s["then"])["train_over_ceiling"])
+            res = ceiling.main(s["then"])
+            ceiling_pairs.append(res["train_over_ceiling"])
+            rollout_pairs.append(res["rollout_over_bound"])
+            phases.append({k: round(v, 3) for k, v in res["measured"].items()})
         else:
             roots = [p for p in (sys.prefix, os.environ.get("POLICYZOO_CACHE", str(ROOT / ".build"))) if p]
             evict_page_cache(roots)
@@ -165,6 +171,11 @@ def execute(a, steps: list[dict]) -> None:
     train = " ".join(next(s for s in steps if "then" in s)["command"])
     bench_summary.record("train_over_ceiling", round(statistics.median(ceiling_pairs), 2),
                          detail={**pairs, "per_pair": ceiling_pairs, "train_command": train})
+    bench_summary.record("rollout_over_bound", round(statistics.median(rollout_pairs), 2),
+                         detail={**pairs, "per_pair": rollout_pairs, "train_command": train,
+                                 "phase_medians_s": phases, "bound": "prefill at the fp32 matmul rate + the "
+                                 "weights read once per decode step at the copy bandwidth, decode steps = the "
+                                 "run's mean response length (fewer than the longest row's: the ratio errs high)"})
     bench_summary.record("startup_cold_s", round(statistics.median(cold), 1), detail={**pairs, "per_pair": cold})
     bench_summary.record("startup_warm_s", round(statistics.median(warm), 1), detail={**pairs, "per_pair": warm})
     start = json.loads(bench_summary.SUMMARY.read_text())["machine"]

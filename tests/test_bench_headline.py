@@ -73,10 +73,17 @@ def test_ceiling_gives_the_runs_training_over_its_ceiling_for_the_pairs(tmp_path
         f"{p} square {size}": 1e11 for p in ("fp32", "bf16")} | {
         f"{p} {ceiling.MODEL_SHAPE}": 1e11 for p in ("fp32", "bf16")} | {"copy bandwidth": 1e10})
     (tmp_path / "config.yaml").write_text("algorithm: grpo\n")
-    recs = [{"rows": 8, "sampled_rows": 8, "prompt_tokens": 800, "response_length_mean": 100.0, "time_train": t}
-            for t in (3.0, 5.0, 4.0)]
+    recs = [{"rows": 8, "sampled_rows": 8, "prompt_tokens": 800, "response_length_mean": 100.0, "time_train": t,
+             "time_rollout": r} for t, r in ((3.0, 20.0), (5.0, 12.0), (4.0, 14.0))]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     res = ceiling.main(["--P", "2", "--G", "4", "--threads", "2", "--metrics", str(tmp_path / "metrics.jsonl")])
     # the median training time (4.0 s) over the fp32 ceiling of training (forward+backward, reference, optimizer)
     assert res["train_over_ceiling"] == pytest.approx(4.0 / ceiling.train_ceiling(res))
     assert ceiling.train_ceiling(res) > 0
+    # the rollout's bound: decode reads the weights once per step, 100 steps x 134.5M parameters x 4 bytes
+    # at 10 GB/s = 100 x 0.538 GB / 10 GB/s = 5.38 s (its FLOPs at 100 GFLOP/s take far less), plus prefill
+    # at the matmul rate; the median rollout (14.0 s) over their sum
+    decode = res["ceiling_fp32"]["rollout: decode"]
+    assert decode == pytest.approx(100 * ceiling.SMOLLM2_135M.params * 4 / 1e10) and 5.3 < decode < 5.45
+    prefill = res["ceiling_fp32"]["rollout: prefill"]
+    assert res["rollout_over_bound"] == pytest.approx(14.0 / (prefill + decode))
