@@ -90,12 +90,26 @@ def plan(a) -> list[dict]:
     return steps
 
 
+def python_speed() -> float:
+    """Million iterations a second of a pure-Python loop (``sum(range(10**7))``, best of 5): the
+    interpreter's single-core speed. Start-up (imports) and vLLM's eager decode (Python between the
+    kernels of every layer) scale with it, not with the matmul rate or the bandwidth."""
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        sum(range(10**7))
+        best = min(best, time.perf_counter() - t)
+    return 10.0 / best
+
+
 def machine_rates() -> dict:
-    """fp32 GFLOP/s at the model's matmul shape and copy GB/s on 2 threads (best of 10)."""
+    """fp32 GFLOP/s at the model's matmul shape and copy GB/s on 2 threads (best of 10), and the
+    single-core Python speed (:func:`python_speed`)."""
     import ceiling
 
     r = ceiling.measure(2, 10, 1024)
-    return {"fp32_model_gflops": r[f"fp32 {ceiling.MODEL_SHAPE}"] / 1e9, "copy_gb_s": r["copy bandwidth"] / 1e9}
+    return {"fp32_model_gflops": r[f"fp32 {ceiling.MODEL_SHAPE}"] / 1e9, "copy_gb_s": r["copy bandwidth"] / 1e9,
+            "python_mops": python_speed()}
 
 
 def evict_page_cache(roots) -> int:
@@ -199,8 +213,10 @@ def readme_table(data: dict) -> str:
         lines.append(f"| {label} | {value} | {when} |")
     m = data.get("machine")
     if m:
-        lines.append(f"| machine: fp32 matmul GFLOP/s, copy GB/s | {m['value']['fp32_model_gflops']:.0f}, "
-                     f"{m['value']['copy_gb_s']:.1f} | {m.get('commit') or '?'}, {m['date'][:10]} |")
+        py = m["value"].get("python_mops")
+        lines.append(f"| machine: fp32 matmul GFLOP/s, copy GB/s{', Python M loop iterations/s' if py else ''} | "
+                     f"{m['value']['fp32_model_gflops']:.0f}, {m['value']['copy_gb_s']:.1f}"
+                     f"{f', {py:.0f}' if py else ''} | {m.get('commit') or '?'}, {m['date'][:10]} |")
     return "\n".join(lines)
 
 

@@ -168,8 +168,7 @@ def cmd_serve(args, out: Console) -> None:
 def cmd_plan(args, out: Console) -> None:
     """Tokens, FLOPs and memory of one step (``policyzoo.plan``), and with ``--from-run`` the
     measured time split of a run next to the FLOP split."""
-    from .assembly import Run, resolve_algorithm
-    from .plan import GiB, PlanError, Sizes, flops, load_shape, measured_split, memory, options_for
+    from .plan import GiB, PlanError, measured_split
 
     sizes, model, prompt, overrides, budget = [], None, None, [], None
     for item in args.items:
@@ -205,88 +204,10 @@ def cmd_plan(args, out: Console) -> None:
         from .config import load_config
 
         config = load_config(args.config, args.algo, overrides)
-    model = model or config.model.path  # model=PATH, else the config's model.path (a run's own), else the default
-    run = Run(resolve_algorithm(config.algorithm))
-    p, g, n = sizes or (config.train.prompts_per_step, run.sample.params.n, run.sample.params.max_tokens)
-    if split and sizes:
-        raise PlanError(" ".join(map(str, sizes)), "--from-run sets the run's measured times against the run's own "
-                        "sizes", "drop P G L with --from-run, or plan those sizes without it")
-    if split:
-        n = max(1, round(split["response_length_mean"]))
-        if prompt is None and split["prompt_length_mean"]:
-            prompt = max(1, round(split["prompt_length_mean"]))
-    prompt = prompt or 103
-    shape = load_shape(model)
-    opts = options_for(config, run, shape)
-    s = Sizes(p, g, n, prompt)
-    f = flops(shape, s, opts)
-    total = sum(f.values())
-    out.print(f"{model or 'embedded default'}: {shape.params / 1e6:.1f} M parameters, {shape.layers} layers; "
-              f"P={p} prompts x G={g} samples, {prompt} prompt + {n} response tokens; {opts.dtype}")
-    t = Table(title="FLOPs of one step")
-    for col in ("part", "GFLOP", "share"):
-        t.add_column(col, justify="right" if col != "part" else "left")
-    for k, v in f.items():
-        t.add_row(k, f"{v / 1e9:.2f}", f"{v / total:.1%}")
-    t.add_row("total", f"{total / 1e9:.2f}", "100%")
-    out.print(t)
-    mem = memory(shape, s, opts)
-    m = Table(title="memory, GiB (one rank)")
-    for col in ("model", "weights", "grads+optimizer", "activations", "kv cache", "total"):
-        m.add_column(col, justify="right" if col != "model" else "left")
-    for name, parts in mem.items():
-        m.add_row(name, *[f"{v / GiB:.3f}" for v in parts.values()], f"{sum(parts.values()) / GiB:.3f}")
-    out.print(m)
-    out.print(f"vLLM reserves engine.kv_cache_gb = {opts.kv_cache_gb:g} GiB for its KV cache.")
-    _print_fit(out, shape, s, opts, mem, budget)
-    if args.gpus or args.rollout_tp or args.rollout:
-        from .plan_placement import print_placement
+    from .plan_print import print_plan
 
-        print_placement(out, args.gpus, args.rollout_tp, args.rollout, config, opts.need_ref, shape.params)
-    if split:
-        roll = f["rollout prefill"] + f["rollout decode"]
-        train = total - roll
-        c = Table(title=f"measured split of {args.from_run} (median s per step) vs the FLOP split")
-        for col in ("part", "seconds", "share of time", "share of FLOPs", "GFLOP/s achieved"):
-            c.add_column(col, justify="right" if col != "part" else "left")
-        # with engine.overlap the rollout runs beside training: a step logs only its wait for it
-        hidden = config.engine.overlap != "none" or config.engine.max_staleness > 0
-        busy = split["train"] + (0.0 if hidden else split["rollout"])
-        for name, sec, fl in (("rollout", split["rollout"], roll), ("train", split["train"], train)):
-            if name == "rollout" and hidden:
-                c.add_row(name, f"{sec:.2f} (wait)", "-", f"{fl / total:.1%}", "-")
-                continue
-            c.add_row(name, f"{sec:.2f}", f"{sec / busy:.1%}" if busy else "-", f"{fl / total:.1%}",
-                      f"{fl / sec / 1e9:.1f}" if sec else "-")
-        c.add_row("sync", f"{split['sync']:.2f}", "-", "-", "-")
-        out.print(c)
-        if hidden:
-            out.print("engine.overlap / max_staleness: the rollout ran in the background while the previous step "
-                      "trained; its time is not on the step's clock, so it gets no rate here (plan a run without "
-                      "overlap to measure it).")
-
-
-def _print_fit(out: Console, shape, s, opts, mem: dict, budget: float | None) -> None:
-    """Whether one rank's total fits ``budget`` bytes (``memory=GiB``; default this machine's RAM)
-    and, when not, the settings that make it fit (``policyzoo.plan.fitting_settings``)."""
-    import os
-
-    from .plan import GiB, fitting_settings
-
-    where = f"memory={budget / GiB:g} GiB" if budget else "this machine's memory (memory=GiB for another)"
-    budget = budget or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    total = sum(sum(parts.values()) for parts in mem.values())
-    if total <= budget:
-        out.print(f"total {total / GiB:.3f} GiB fits in {where} ({budget / GiB:.1f} GiB).")
-        return
-    fits = fitting_settings(shape, s, opts, int(budget))
-    out.print(f"total {total / GiB:.3f} GiB does not fit in {where} ({budget / GiB:.1f} GiB); "
-              + ("settings that fit (add to the train command):" if fits else "no activation setting fits: the "
-                 "weights and optimizer state alone are too large; train a LoRA adapter (model.lora={r: 16}), "
-                 "offload or shard the optimizer state (engine.deepspeed, engine.zero_stage with more ranks), "
-                 "or plan a smaller model"))
-    for settings, size in fits:
-        out.print(f"  {settings}   ({size / GiB:.3f} GiB)")
+    print_plan(out, config, model or config.model.path, sizes, prompt, budget, split, args.from_run, args.gpus,
+               args.rollout_tp, args.rollout)
 
 
 def cmd_plot(args, out: Console) -> None:

@@ -1,7 +1,7 @@
 """The house by job, as rules on the imports (every module's AST, function-level imports counted).
 
 Layers, lowest first: ``errors`` <- ``contract`` <- ``step`` <- building a run (``catalog``, ``assembly``,
-``config``, ``data``, ``plan``; then ``plugins``/``zoo``, which import only the contract, errors and
+``config``, ``settings``, ``data``, ``plan``; then ``plugins``/``zoo``, which import only the contract, errors and
 data) <- ``engine`` <- the top (``api``, ``cli``, ``testing``, the package root). A module imports only
 its own layer or lower ones; inside the contract one direction (ground <- batch/policy/components <-
 slots <- hookspecs); inside the engine ``rollout/`` and ``trainer/`` never import each other, ``report/``
@@ -24,7 +24,7 @@ ROOTS = {"core": "policyzoo", "plugins": "policyzoo.plugins", "zoo": "policyzoo.
 #: the old public paths, kept one release as re-exports (nothing of the project imports them)
 DEPRECATED = {f"policyzoo.{m}" for m in ("hookspecs", "slots", "batch", "components", "policy", "stats", "runstate")}
 BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyzoo.conventions", "policyzoo.data",
-         "policyzoo.plan")
+         "policyzoo.plan", "policyzoo.settings")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
                   "slots": 2, "hookspecs": 3, "": 4}
 ROOMS = ("rollout", "trainer", "run", "report")

@@ -89,7 +89,7 @@ def test_a_template_that_adds_its_own_system_turn_is_reported(tmp_path):
 
 
 def test_generation_config_eos_ids_are_merged_and_stop_the_transformers_rollout(tmp_path):
-    from policyzoo.engine.rollout.engines import HFRollout
+    from policyzoo.engine.rollout.hf import HFRollout
 
     row = {"prompt": [{"role": "user", "content": "What is 2 + 3?"}], "answer": "5"}
     plain = HFRollout(resolve_model(str(tiny_model())), "float32")

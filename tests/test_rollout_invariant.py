@@ -81,7 +81,7 @@ def test_finish_cuts_at_the_token_holding_the_stop_string_for_ids_and_text_alike
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     from policyzoo.engine.models import resolve_model
-    from policyzoo.engine.rollout.engines import HFRollout
+    from policyzoo.engine.rollout.hf import HFRollout
 
     out = []
     for seed in (1, 2):

