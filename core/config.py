@@ -66,6 +66,13 @@ class Config(Section):
         return self
 
     @pydantic.model_validator(mode="after")
+    def _compile_needs_vllm(self):
+        if self.engine.vllm_compile and self.engine.rollout != "vllm":
+            raise ValueError(f"engine.vllm_compile compiles the colocated vLLM engine's forward, but engine.rollout is "
+                             f"{self.engine.rollout}: set engine.rollout=vllm, or drop engine.vllm_compile")
+        return self
+
+    @pydantic.model_validator(mode="after")
     def _bf16_needs_zero(self):
         if self.model.dtype == "bfloat16" and self.engine.zero_stage == 0:
             raise ValueError("model.dtype bfloat16 needs engine.zero_stage >= 1 (DeepSpeed's bf16 at ZeRO 0 "

@@ -7,8 +7,10 @@
   already joined (``"uni"`` would take local rank 0: every rank on GPU 0). CUDA graphs stay on
   (``enforce_eager=False``); ``gpu_memory_utilization`` is vLLM's share of the GPU (weights + KV
   cache); with ``engine.vllm_sleep`` vLLM is started with ``enable_sleep_mode=True``.
-* CPU: ``"uni"`` with ``enforce_eager=True`` (no graphs on CPU) and no chunked prefill (a prefill split
-  over two steps rewinds its seeded generator with ``Generator.set_offset``, which CPU generators lack).
+* CPU: ``"uni"`` with ``enforce_eager=True`` (the eager forward; ``engine.vllm_compile`` lets vLLM
+  compile it with torch.compile instead: minutes at start, a faster decode) and no chunked prefill (a
+  prefill split over two steps rewinds its seeded generator with ``Generator.set_offset``, which CPU
+  generators lack).
 * Tensor parallel (``tensor_parallel_size`` k > 1, ``engine.vllm_tensor_parallel_size``): ``external_launcher``
   on CPU too (vLLM's TP groups are consecutive ranks of the launcher's process group; gloo on CPU), each
   rank's worker holds one shard; see ``policyzoo.engine.rollout.tensor_parallel``.
@@ -28,7 +30,8 @@ from __future__ import annotations
 
 
 def llm_kwargs(*, on_cuda: bool, dtype: str, max_model_len: int, seed: int, tokenizer: str,
-               gpu_memory_utilization: float = 0.3, sleep_level: int = 0, tensor_parallel_size: int = 1) -> dict:
+               gpu_memory_utilization: float = 0.3, sleep_level: int = 0, tensor_parallel_size: int = 1,
+               compile_cpu: bool = False) -> dict:
     """Keyword arguments of ``vllm.LLM`` for this platform (see the module docstring)."""
     kwargs = dict(dtype=dtype, seed=seed, max_model_len=max_model_len, logprobs_mode="processed_logprobs",
                   trust_remote_code=False, tokenizer=tokenizer)
@@ -41,7 +44,7 @@ def llm_kwargs(*, on_cuda: bool, dtype: str, max_model_len: int, seed: int, toke
             kwargs["enable_sleep_mode"] = True
     else:
         kwargs.update(distributed_executor_backend="uni" if tensor_parallel_size == 1 else "external_launcher",
-                      enforce_eager=True, enable_chunked_prefill=False)
+                      enforce_eager=not compile_cpu, enable_chunked_prefill=False)
     return kwargs
 
 

@@ -57,7 +57,8 @@ class Session(RunLoop):
         with captured_output(log, enabled=not self.verbose):
             if c.engine.rollout == "vllm" and c.engine.parallel_start:  # vLLM starts while DeepSpeed initialises
                 early = Background(lambda: VLLMRollout(self.model, rollout_dtype, self.max_model_len, c.train.seed,
-                                                        c.engine.gpu_memory_utilization, c.engine.vllm_sleep))
+                                                        c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
+                                                        compile_cpu=c.engine.vllm_compile))
             self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
                                    weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
                                    need_ref=needs_reference(self.run),
@@ -86,7 +87,7 @@ class Session(RunLoop):
             elif c.engine.rollout == "vllm":  # k > 1: this rank's share of a group's engine (tensor_parallel.py)
                 self.rollout = start_rollout(self.model, rollout_dtype, self.max_model_len, c.train.seed,
                                              c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
-                                             c.engine.vllm_tensor_parallel_size)
+                                             c.engine.vllm_tensor_parallel_size, c.engine.vllm_compile)
             else:
                 self.rollout = HFRollout(self.model, rollout_dtype, c.model.trust_remote_code)
         for line in getattr(self.rollout, "notes", list)():  # vLLM sharded over ranks: its layout
