@@ -106,9 +106,8 @@ def main(argv=None) -> str:
     a = ap.parse_args(argv)
     if a.steps < 1:
         ap.error("--steps must be >= 1")
-    import subprocess
-
     import ceiling
+    import summary as bench_summary
     import torch
 
     import policyzoo
@@ -132,8 +131,7 @@ def main(argv=None) -> str:
              "sync": statistics.median(r["time_sync"] for r in recs),
              "step": statistics.median(r["time_step"] for r in recs)}
     phases = charge(prof.events())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = bench_summary._commit()
     header = (f"One GRPO step, GSM8K, P = 2 x G = 4, {a.max_tokens} response tokens, fp32, {a.threads} threads "
               f"(`python bench/profile_step.py {' '.join(argv if argv is not None else sys.argv[1:])}`, commit "
               f"{commit}). Machine: fp32 matmul {rates[f'fp32 {ceiling.MODEL_SHAPE}'] / 1e9:.0f} GFLOP/s at the "
