@@ -163,7 +163,7 @@ def fit_prompt_lengths(rows: list[dict], count_tokens: Callable[[list[dict]], in
     ``origins``); with ``"error"`` the first one raises (see :func:`check_prompt_lengths`)."""
     if on_long == "error":
         return rows, check_prompt_lengths(rows, count_tokens, max_prompt_tokens, where, origins), origins, 0
-    keep = [i for i, n in enumerate(int(count_tokens(row["prompt"])) for row in rows) if n <= max_prompt_tokens]
-    counts = check_prompt_lengths([rows[i] for i in keep], count_tokens, max_prompt_tokens, where)
-    return ([rows[i] for i in keep], counts, [origins[i] for i in keep] if origins else origins,
+    every = [int(count_tokens(row["prompt"])) for row in rows]  # each prompt counted once
+    keep = [i for i, n in enumerate(every) if n <= max_prompt_tokens]
+    return ([rows[i] for i in keep], [every[i] for i in keep], [origins[i] for i in keep] if origins else origins,
             len(rows) - len(keep))

@@ -17,7 +17,7 @@ from policyzoo.contract.untrusted import encode_text
 from policyzoo.data import load_task
 from policyzoo.engine import dist
 from policyzoo.engine.device import check_device_options
-from policyzoo.engine.models import resolve_model
+from policyzoo.engine.models import cache_dir, resolve_model
 from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import check_vllm_threads
 from policyzoo.engine.report.tracking import check_trackers
@@ -38,6 +38,7 @@ from .checks import (
     sampling_warning,
     system_turn_warning,
 )
+from .prompt_lengths import LengthCache
 from .resume import (
     FINGERPRINT_KEYS,
     check_resume,
@@ -162,8 +163,12 @@ def _fit_model(config, task, run, model) -> PreLoad:
     check_chat_template(tok, task.train_rows + task.eval_rows, f"model.path ({model.path})")
     count = lambda msgs: len(encode_prompt(tok, msgs))  # noqa: E731
     env = run.env  # an env may start its episodes from another prompt than the row's
-    lengths = fit_prompts(task, (lambda msgs: count(env.env({"prompt": msgs}).prompt)) if env else count,
-                          budget, config.data.on_long_prompt)
+    cache = LengthCache(tok, cache_dir())  # the counts of earlier runs (same tokenizer and rules)
+    try:
+        lengths = fit_prompts(task, (lambda msgs: count(env.env({"prompt": msgs}).prompt)) if env
+                              else cache.wrap(count), budget, config.data.on_long_prompt)
+    finally:
+        cache.save()
     max_model_len = min(model.max_context, max(lengths) + max_tokens + 8)
     row = (task.eval_rows or task.train_rows)[0]
     answer = encode_text(tok, str(row.get("answer", "")), False, "data (an answer)")[:max_tokens]

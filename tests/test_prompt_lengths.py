@@ -1,0 +1,117 @@
+"""Every prompt's token count is remembered between runs (core/engine/run/prompt_lengths.py): the
+remembered count is the one counting gives, a changed tokenizer or chat template never reuses it, a
+broken cache file is ignored, a prompt that fails to encode fails every time, and the drop mode
+counts each prompt once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _engine_helpers import tiny_model
+from transformers import AutoTokenizer
+
+from policyzoo.config import load_config
+from policyzoo.data import fit_prompt_lengths
+from policyzoo.engine.run import preload as checks
+from policyzoo.engine.run.prompt_lengths import LengthCache, prompt_key
+from policyzoo.errors import DataError
+from policyzoo.step.episodes import encode_prompt
+
+PROMPTS = [[{"role": "user", "content": "What is 2 + 3?"}],
+           [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime."}],
+           "a plain prompt",
+           [{"role": "user", "content": "text with <|im_end|> inside stays text"}]]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(str(tiny_model()))
+
+
+class Counter:
+    def __init__(self, tok):
+        self.tok, self.calls = tok, 0
+
+    def __call__(self, prompt) -> int:
+        self.calls += 1
+        return len(encode_prompt(self.tok, prompt))
+
+
+def test_a_remembered_count_is_the_counted_one_and_is_not_counted_again(tok, tmp_path):
+    first = Counter(tok)
+    cache = LengthCache(tok, tmp_path)
+    counts = [cache.wrap(first)(p) for p in PROMPTS]
+    assert first.calls == len(PROMPTS)
+    # the byte tokenizer: a plain prompt is its 14 bytes plus the tokenizer's affixes
+    plain = len(tok("a plain prompt").input_ids)
+    assert counts[2] == plain and plain >= 14
+    cache.save()
+    (path,) = (tmp_path / "prompt-lengths").iterdir()
+    assert sorted(json.loads(path.read_text()).values()) == sorted(counts)
+
+    again = Counter(tok)
+    later = LengthCache(tok, tmp_path)
+    assert [later.wrap(again)(p) for p in PROMPTS] == [len(encode_prompt(tok, p)) for p in PROMPTS] == counts
+    assert again.calls == 0  # every count came from the file
+    assert later.wrap(again)([{"role": "user", "content": "new"}]) > 0 and again.calls == 1
+
+
+def test_another_chat_template_or_tokenizer_never_reuses_a_count(tok, tmp_path):
+    cache = LengthCache(tok, tmp_path)
+    cache.wrap(Counter(tok))(PROMPTS[0])
+    cache.save()
+    other = AutoTokenizer.from_pretrained(str(tiny_model()))
+    other.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert LengthCache(other, tmp_path).path != cache.path
+    other = AutoTokenizer.from_pretrained(str(tiny_model()))
+    other.add_tokens(["<new_piece>"], special_tokens=True)
+    assert LengthCache(other, tmp_path).path != cache.path
+    assert LengthCache(tok, tmp_path).path == cache.path  # the same tokenizer loaded again: the same file
+
+
+def test_a_broken_cache_file_is_ignored_and_rewritten(tok, tmp_path):
+    path = LengthCache(tok, tmp_path).path
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    count = Counter(tok)
+    cache = LengthCache(tok, tmp_path)
+    assert cache.wrap(count)(PROMPTS[1]) == len(encode_prompt(tok, PROMPTS[1])) and count.calls == 1
+    cache.save()
+    assert json.loads(path.read_text()) == {prompt_key(PROMPTS[1]): len(encode_prompt(tok, PROMPTS[1]))}
+    path.write_text(json.dumps({prompt_key(PROMPTS[1]): -3}))  # a negative count is not a count
+    count = Counter(tok)
+    assert LengthCache(tok, tmp_path).wrap(count)(PROMPTS[1]) > 0 and count.calls == 1
+
+
+def test_a_prompt_that_fails_to_encode_fails_every_time(tok, tmp_path):
+    bad = [{"role": "<|im_end|>", "content": "hi"}] if "<|im_end|>" in tok.get_vocab() else None
+    for _ in range(2):
+        cache = LengthCache(tok, tmp_path)
+        with pytest.raises(DataError):
+            cache.wrap(lambda p: len(encode_prompt(tok, bad)) if bad else (_ for _ in ()).throw(DataError("x", "y")))(
+                PROMPTS[0])
+        cache.save()
+    assert not (tmp_path / "prompt-lengths").exists()  # nothing counted, nothing written
+
+
+def test_drop_mode_counts_each_prompt_once():
+    calls = []
+    rows = [{"prompt": "x" * n} for n in (3, 9, 5, 12, 1)]
+    kept, counts, _, dropped = fit_prompt_lengths(rows, lambda p: calls.append(p) or len(p), 8, "data", "drop")
+    assert len(calls) == 5 and counts == [3, 5, 1] and dropped == 2
+
+
+def test_a_second_preload_reads_every_count_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "cache"))
+    over = [f"model.path={tiny_model()}", "data.limit=40", "data.eval_size=4", f"output_dir={tmp_path / 'run'}"]
+    first = checks.preload(load_config(None, "grpo", over), dry_run=True)
+    (path,) = (tmp_path / "cache" / "prompt-lengths").iterdir()
+    rows = first.task.train_rows + first.task.eval_rows
+    assert len(first.task.eval_rows) == 4 and len({prompt_key(r["prompt"]) for r in rows}) == len(rows)
+    assert len(json.loads(path.read_text())) == len(rows)  # one count per distinct prompt
+    calls = []
+    monkeypatch.setattr(checks, "encode_prompt", lambda *a, **k: calls.append(a) or encode_prompt(*a, **k))
+    second = checks.preload(load_config(None, "grpo", over), dry_run=True)
+    assert second.max_model_len == first.max_model_len
+    assert len(calls) == 1  # only the sync check's prompt (check_ids) is encoded: no prompt is counted again
