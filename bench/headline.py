@@ -14,14 +14,16 @@ What runs, in order (``--dry-run`` prints it with the expected duration and runs
    machine state); the value is the median over ``--pairs`` pairs. The same runs give the rollout
    over its bound (``rollout_over_bound``: prefill at the matmul rate, and per decode step the
    weights read once at the copy bandwidth) and each phase's median seconds;
-4. start-up to ready for the first step, cold and warm: per pair, the files of the installed
-   packages and the model evicted from the page cache (``posix_fadvise(DONTNEED)``, no root
+4. start-up to ready for the first step, cold and warm (the prompt-length cache,
+   ``core/engine/run/prompt_lengths.py``, is a file: it stays, as after a boot): per pair, the files
+   of the installed packages and the model evicted from the page cache (``posix_fadvise(DONTNEED)``, no root
    needed: it drops clean cached pages, as after a boot), one policyzoo worker started (cold), then
    one more at once (warm); medians over ``--pairs`` pairs.
 
 Every entry records its command, the load averages before and after, the cores, the commit and the
 date (``bench/summary.py``); the ``machine`` entry holds the rates, so numbers from two machines
-can be compared. README's speed table is rendered from the file (``--readme``;
+can be compared. ``--only step_ratio|ceiling|startup`` runs one part and records only its entries
+(with the machine's rates). README's speed table is rendered from the file (``--readme``;
 ``tests/test_bench_headline.py`` keeps them equal). Timings are only meaningful on an idle
 machine: the script warns when the 1-minute load exceeds the cores.
 """
@@ -72,18 +74,18 @@ BEGIN, END = "<!-- speed table: bench/headline.py --readme -->", "<!-- end speed
 def plan(a) -> list[dict]:
     """The commands this run makes, each with its expected minutes on an idle machine."""
     steps = [{"what": "machine rates (fp32 matmul, copy bandwidth)", "command": "in-process", "minutes": 0.5}]
-    for key, tokens, n, extra, minutes in STEP_RATIOS:
+    for key, tokens, n, extra, minutes in STEP_RATIOS if a.only in (None, "step_ratio") else ():
         out = str(HERE / "results" / f"headline_{key}")
         steps.append({"what": key, "minutes": minutes, "command": [
             PY, str(HERE / "step_vs_trl.py"), "--steps", str(n), "--P", "2", "--G", "4", "--max-tokens", str(tokens),
             "--threads", "2", "--warmup", "1", *extra, "--out", out, "--summary-key", key, "--pair-median"]})
-    for i in range(a.pairs):
+    for i in range(a.pairs if a.only in (None, "ceiling") else 0):
         run = str(ROOT / "runs" / f"headline-ceiling-{i}")
         train = [str(Path(PY).parent / "policyzoo"), "train", "--algo", "grpo", "--output-dir", run, *CEILING_TRAIN]
         steps.append({"what": f"train_over_ceiling pair {i + 1}", "minutes": CEILING_PAIR_MIN, "command": train,
                       "run": run, "then": ["--P", "2", "--G", "4", "--threads", "2", "--metrics",
                                            f"{run}/metrics.jsonl"]})
-    for i in range(a.pairs):
+    for i in range(a.pairs if a.only in (None, "startup") else 0):
         steps.append({"what": f"start-up pair {i + 1} (cold, then warm)", "minutes": STARTUP_PAIR_MIN,
                       "command": "in-process: evict page cache, start a policyzoo worker twice"})
     steps.append({"what": "machine rates again", "command": "in-process", "minutes": 0.5})
@@ -182,16 +184,18 @@ def execute(a, steps: list[dict]) -> None:
                 for name, out in (("cold", cold), ("warm", warm)):  # a fresh run folder each: no resume
                     out.append(start_once(scratch, name))
     pairs = {"pairs": a.pairs}
-    train = " ".join(next(s for s in steps if "then" in s)["command"])
-    bench_summary.record("train_over_ceiling", round(statistics.median(ceiling_pairs), 2),
-                         detail={**pairs, "per_pair": ceiling_pairs, "train_command": train})
-    bench_summary.record("rollout_over_bound", round(statistics.median(rollout_pairs), 2),
-                         detail={**pairs, "per_pair": rollout_pairs, "train_command": train,
-                                 "phase_medians_s": phases, "bound": "prefill at the fp32 matmul rate + the "
-                                 "weights read once per decode step at the copy bandwidth, decode steps = the "
-                                 "run's mean response length (fewer than the longest row's: the ratio errs high)"})
-    bench_summary.record("startup_cold_s", round(statistics.median(cold), 1), detail={**pairs, "per_pair": cold})
-    bench_summary.record("startup_warm_s", round(statistics.median(warm), 1), detail={**pairs, "per_pair": warm})
+    if ceiling_pairs:
+        train = " ".join(next(s for s in steps if "then" in s)["command"])
+        bench_summary.record("train_over_ceiling", round(statistics.median(ceiling_pairs), 2),
+                             detail={**pairs, "per_pair": ceiling_pairs, "train_command": train})
+        bench_summary.record("rollout_over_bound", round(statistics.median(rollout_pairs), 2),
+                             detail={**pairs, "per_pair": rollout_pairs, "train_command": train,
+                                     "phase_medians_s": phases, "bound": "prefill at the fp32 matmul rate + the "
+                                     "weights read once per decode step at the copy bandwidth, decode steps = the "
+                                     "run's mean response length (fewer than the longest row's: the ratio errs high)"})
+    if cold:
+        bench_summary.record("startup_cold_s", round(statistics.median(cold), 1), detail={**pairs, "per_pair": cold})
+        bench_summary.record("startup_warm_s", round(statistics.median(warm), 1), detail={**pairs, "per_pair": warm})
     start = json.loads(bench_summary.SUMMARY.read_text())["machine"]
     bench_summary.record("machine", start["value"], detail={"at_end": machine_rates(), "load_at_start":
                                                            start["load_before"]})
@@ -230,6 +234,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its expected duration; run nothing")
     ap.add_argument("--pairs", type=int, default=3, help="pairs for the ceiling and start-up medians")
+    ap.add_argument("--only", choices=("step_ratio", "ceiling", "startup"),
+                    help="run one part (with the machine's rates before and after) and record only its entries")
     ap.add_argument("--readme", action="store_true", help="only rewrite README's speed table from summary.json")
     a = ap.parse_args(argv)
     if a.pairs < 1:

@@ -32,6 +32,25 @@ def test_dry_run_prints_the_plan_and_runs_nothing_heavy(monkeypatch, capsys):
     assert "expected: ~38.0 min" in out
 
 
+def test_only_one_part_plans_that_part_and_records_only_its_entries(monkeypatch, capsys):
+    headline.main(["--dry-run", "--pairs", "3", "--only", "startup"])
+    out = capsys.readouterr().out
+    assert out.count("start-up pair") == 3 and "step_ratio" not in out and "ceiling" not in out
+    # minutes: rates 0.5 + 3 start-up pairs x 1.5 + rates 0.5 = 5.5
+    assert "expected: ~5.5 min" in out
+    recorded = []
+    monkeypatch.setattr(headline, "machine_rates", lambda: {"fp32_model_gflops": 1.0})
+    monkeypatch.setattr(headline, "evict_page_cache", lambda roots: 0)
+    monkeypatch.setattr(headline, "start_once", lambda scratch, name: {"cold": 9.0, "warm": 4.0}[name])
+    monkeypatch.setattr(headline.bench_summary, "record", lambda key, value, **k: recorded.append((key, value)))
+    monkeypatch.setattr(headline.bench_summary.SUMMARY.__class__, "read_text",
+                        lambda self: json.dumps({"machine": {"value": {}, "load_before": [0, 0, 0]}}))
+    a = headline.argparse.Namespace(pairs=2, only="startup")
+    headline.execute(a, headline.plan(a))
+    assert [k for k, _ in recorded] == ["machine", "startup_cold_s", "startup_warm_s", "machine"]
+    assert dict(recorded[1:3]) == {"startup_cold_s": 9.0, "startup_warm_s": 4.0}
+
+
 def test_bad_pairs_is_refused():
     with pytest.raises(SystemExit):
         headline.main(["--dry-run", "--pairs", "0"])
