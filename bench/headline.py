@@ -22,8 +22,9 @@ What runs, in order (``--dry-run`` prints it with the expected duration and runs
 
 Every entry records its command, the load averages before and after, the cores, the commit and the
 date (``bench/summary.py``); the ``machine`` entry holds the rates, so numbers from two machines
-can be compared. ``--only step_ratio|ceiling|startup`` runs one part and records only its entries
-(with the machine's rates). README's speed table is rendered from the file (``--readme``;
+can be compared. ``--only step_ratio|ceiling|startup`` runs one part and records only its entries,
+each with the machine's rates before and after in its ``detail`` (the ``machine`` entry stays the
+full run's). README's speed table is rendered from the file (``--readme``;
 ``tests/test_bench_headline.py`` keeps them equal). Timings are only meaningful on an idle
 machine: the script warns when the 1-minute load exceeds the cores.
 """
@@ -133,9 +134,11 @@ def evict_page_cache(roots) -> int:
     return n
 
 
-def start_once(scratch: str, name: str) -> float:
+def start_once(scratch: str, name: str) -> tuple[float, dict]:
     """Seconds from launching a policyzoo worker (bench/workers.py, step_vs_trl's settings) to
-    ready for its first step; the worker is stopped again."""
+    ready for its first step, and the worker's own account (``startup_s``: from ``Session.prepare``
+    to ready, so the launch minus it is the interpreter, the imports and the config; ``startup_parts``);
+    the worker is stopped again."""
     import step_vs_trl
     from workers import add_common
 
@@ -145,11 +148,11 @@ def start_once(scratch: str, name: str) -> float:
     with open(os.path.join(scratch, "workers.log"), "a") as log:
         t0 = time.perf_counter()
         w = step_vs_trl.Worker("policyzoo", a, os.path.join(scratch, name), log)  # a new run folder
-        w.read()
+        ready = w.read()
         took = time.perf_counter() - t0
         w.ask("stop")
         w.proc.wait(timeout=120)
-    return took
+    return took, {"startup_s": ready.get("startup_s"), **(ready.get("startup_parts") or {})}
 
 
 def run(cmd: list[str]) -> None:
@@ -161,8 +164,10 @@ def execute(a, steps: list[dict]) -> None:
     import json
     import tempfile
 
-    bench_summary.record("machine", machine_rates(), detail={"when": "start"})
-    ceiling_pairs, rollout_pairs, phases, cold, warm = [], [], [], [], []
+    rates = machine_rates()
+    if a.only is None:  # a part alone leaves the full run's machine entry alone: its rates go into its entries
+        bench_summary.record("machine", rates, detail={"when": "start"})
+    ceiling_pairs, rollout_pairs, phases, cold, warm, start_parts = [], [], [], [], [], {}
     for s in steps[1:-1]:
         print(f"== {s['what']} (~{s['minutes']} min)", flush=True)
         if s["what"].startswith("step_ratio"):
@@ -182,7 +187,9 @@ def execute(a, steps: list[dict]) -> None:
             evict_page_cache(roots)
             with tempfile.TemporaryDirectory(prefix="policyzoo-start-") as scratch:
                 for name, out in (("cold", cold), ("warm", warm)):  # a fresh run folder each: no resume
-                    out.append(start_once(scratch, name))
+                    took, parts = start_once(scratch, name)
+                    out.append(took)
+                    start_parts.setdefault(name, []).append({k: round(v, 2) for k, v in parts.items() if v is not None})
     pairs = {"pairs": a.pairs}
     if ceiling_pairs:
         train = " ".join(next(s for s in steps if "then" in s)["command"])
@@ -194,8 +201,17 @@ def execute(a, steps: list[dict]) -> None:
                                      "weights read once per decode step at the copy bandwidth, decode steps = the "
                                      "run's mean response length (fewer than the longest row's: the ratio errs high)"})
     if cold:
-        bench_summary.record("startup_cold_s", round(statistics.median(cold), 1), detail={**pairs, "per_pair": cold})
-        bench_summary.record("startup_warm_s", round(statistics.median(warm), 1), detail={**pairs, "per_pair": warm})
+        for key, values, name in (("startup_cold_s", cold, "cold"), ("startup_warm_s", warm, "warm")):
+            bench_summary.record(key, round(statistics.median(values), 1), detail={
+                **pairs, "per_pair": values, "worker_parts_per_pair": start_parts[name], "parts_are": "startup_s: "
+                "Session.prepare to ready (the launch minus it: interpreter, imports, config); its parts: "
+                "trainer_s, share_prompt_check_s, rollout_engine_s (vLLM: its imports and its start), "
+                "resume_and_run_dir_s; Session.prepare itself is startup_s minus the parts"})
+    if a.only is not None:
+        keys = {"step_ratio": [k for k, *_ in STEP_RATIOS], "ceiling": ["train_over_ceiling", "rollout_over_bound"],
+                "startup": ["startup_cold_s", "startup_warm_s"]}[a.only]
+        bench_summary.add_detail(keys, {"machine": {"at_start": rates, "at_end": machine_rates()}})
+        return
     start = json.loads(bench_summary.SUMMARY.read_text())["machine"]
     bench_summary.record("machine", start["value"], detail={"at_end": machine_rates(), "load_at_start":
                                                            start["load_before"]})

@@ -58,18 +58,33 @@ def entry(value, argv: list[str] | None = None, detail: dict | None = None) -> d
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(), "detail": detail or {}}
 
 
+def add_detail(keys: list[str], extra: dict, path: Path = SUMMARY) -> None:
+    """Merge ``extra`` into the ``detail`` of each entry of ``keys`` that exists (e.g. the machine's
+    rates around a part of ``bench/headline.py --only``); the rest of each entry is kept."""
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    for key in keys:
+        if key in data:
+            data[key]["detail"] = {**data[key].get("detail", {}), **extra}
+    _write(data, path)
+
+
 def record(key: str, value, argv: list[str] | None = None, detail: dict | None = None,
            path: Path = SUMMARY) -> dict:
     """Set ``key`` in the summary file to ``value`` with its command, load and date; returns the
     entry. Other keys are kept; the write is atomic."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.is_file() else {}
     data[key] = entry(value, argv, detail)
+    _write(data, path)
+    print(f"summary: {key} = {value} -> {path}", flush=True)
+    return data[key]
+
+
+def _write(data: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".summary-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
-    print(f"summary: {key} = {value} -> {path}", flush=True)
-    return data[key]

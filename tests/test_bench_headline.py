@@ -41,14 +41,25 @@ def test_only_one_part_plans_that_part_and_records_only_its_entries(monkeypatch,
     recorded = []
     monkeypatch.setattr(headline, "machine_rates", lambda: {"fp32_model_gflops": 1.0})
     monkeypatch.setattr(headline, "evict_page_cache", lambda roots: 0)
-    monkeypatch.setattr(headline, "start_once", lambda scratch, name: {"cold": 9.0, "warm": 4.0}[name])
+    monkeypatch.setattr(headline, "start_once", lambda scratch, name: ({"cold": 9.0, "warm": 4.0}[name],
+                                                                             {"startup_s": 3.0, "trainer_s": None}))
     monkeypatch.setattr(headline.bench_summary, "record", lambda key, value, **k: recorded.append((key, value)))
-    monkeypatch.setattr(headline.bench_summary.SUMMARY.__class__, "read_text",
-                        lambda self: json.dumps({"machine": {"value": {}, "load_before": [0, 0, 0]}}))
+    monkeypatch.setattr(headline.bench_summary, "add_detail", lambda keys, extra: recorded.append((keys, extra)))
     a = headline.argparse.Namespace(pairs=2, only="startup")
     headline.execute(a, headline.plan(a))
-    assert [k for k, _ in recorded] == ["machine", "startup_cold_s", "startup_warm_s", "machine"]
-    assert dict(recorded[1:3]) == {"startup_cold_s": 9.0, "startup_warm_s": 4.0}
+    machine = {"machine": {"at_start": {"fp32_model_gflops": 1.0}, "at_end": {"fp32_model_gflops": 1.0}}}
+    # the full run's machine entry is left alone; the rates go into the part's own entries
+    assert recorded == [("startup_cold_s", 9.0), ("startup_warm_s", 4.0), (["startup_cold_s", "startup_warm_s"],
+                                                                          machine)]
+
+
+def test_add_detail_merges_into_existing_entries_only(tmp_path):
+    path = tmp_path / "summary.json"
+    summary.record("a", 1.5, argv=[], detail={"pairs": 2}, path=path)
+    summary.add_detail(["a", "missing"], {"machine": {"x": 1}}, path=path)
+    data = json.loads(path.read_text())
+    assert data["a"]["value"] == 1.5 and data["a"]["detail"] == {"pairs": 2, "machine": {"x": 1}}
+    assert "missing" not in data
 
 
 def test_bad_pairs_is_refused():
