@@ -152,7 +152,8 @@ def start_once(scratch: str, name: str) -> tuple[float, dict]:
         took = time.perf_counter() - t0
         w.ask("stop")
         w.proc.wait(timeout=120)
-    return took, {"startup_s": ready.get("startup_s"), **(ready.get("startup_parts") or {})}
+    return took, {"startup_s": ready.get("startup_s"), **(ready.get("startup_parts") or {}),
+                  "preload_s": ready.get("preload_s"), "prompt_counts_s": ready.get("prompt_counts_s")}
 
 
 def run(cmd: list[str]) -> None:
@@ -204,9 +205,10 @@ def execute(a, steps: list[dict]) -> None:
         for key, values, name in (("startup_cold_s", cold, "cold"), ("startup_warm_s", warm, "warm")):
             bench_summary.record(key, round(statistics.median(values), 1), detail={
                 **pairs, "per_pair": values, "worker_parts_per_pair": start_parts[name], "parts_are": "startup_s: "
-                "Session.prepare to ready (the launch minus it: interpreter, imports, config); its parts: "
-                "trainer_s, share_prompt_check_s, rollout_engine_s (vLLM: its imports and its start), "
-                "resume_and_run_dir_s; Session.prepare itself is startup_s minus the parts"})
+                "Session.prepare to ready (the launch minus it: interpreter, imports, config); preload_s: "
+                "Session.prepare (the checks before weights load; prompt_counts_s of it: the prompt-length "
+                "count), then trainer_s, share_prompt_check_s, rollout_engine_s (vLLM: its imports and its "
+                "start), resume_and_run_dir_s"})
     if a.only is not None:
         keys = {"step_ratio": [k for k, *_ in STEP_RATIOS], "ceiling": ["train_over_ceiling", "rollout_over_bound"],
                 "startup": ["startup_cold_s", "startup_warm_s"]}[a.only]

@@ -89,7 +89,8 @@ def policyzoo_worker(a) -> None:
         return rows
 
     emit({"ready": True, "startup_s": time.perf_counter() - t0, "rss_gib": mem.window(),
-          "startup_parts": s.startup_parts})
+          "startup_parts": s.startup_parts, "preload_s": s.preload_s,
+          "prompt_counts_s": s.prompt_counts.get("seconds")})
     step = 0
     while wait_command() == "step":
         step += 1

@@ -114,4 +114,7 @@ def test_a_second_preload_reads_every_count_from_the_cache(tmp_path, monkeypatch
     monkeypatch.setattr(checks, "encode_prompt", lambda *a, **k: calls.append(a) or encode_prompt(*a, **k))
     second = checks.preload(load_config(None, "grpo", over), dry_run=True)
     assert second.max_model_len == first.max_model_len
+    # the run's summary.json reports them: all counted the first time, all remembered the second
+    assert (first.prompt_counts["counted"], first.prompt_counts["remembered"]) == (len(rows), 0)
+    assert (second.prompt_counts["counted"], second.prompt_counts["remembered"]) == (0, len(rows))
     assert len(calls) == 1  # only the sync check's prompt (check_ids) is encoded: no prompt is counted again

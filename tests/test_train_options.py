@@ -43,6 +43,9 @@ def test_lora_checkpointing_autocast_token_budget_and_user_deepspeed_config(tmp_
     assert set(parts) == {"trainer_s", "share_prompt_check_s", "rollout_engine_s", "resume_and_run_dir_s"}
     assert min(parts.values()) >= 0 and sum(parts.values()) == pytest.approx(summary["startup_seconds"])
     assert summary["process_to_ready_seconds"] > summary["startup_seconds"]  # + interpreter start and imports
+    assert summary["process_to_ready_seconds"] > summary["startup_seconds"] + summary["preload_seconds"]
+    assert 0 <= summary["prompt_counts"]["seconds"] < summary["preload_seconds"]
+    assert summary["prompt_counts"]["counted"] + summary["prompt_counts"]["remembered"] >= 64  # data.limit 64
     # exported: the adapter, and a merged model that differs from the base where the adapter acts
     assert (out / "final" / "adapter" / "adapter_config.json").is_file()
     before = load_file(str(tiny_model() / "model.safetensors"))

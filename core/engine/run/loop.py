@@ -211,6 +211,8 @@ class RunLoop:
                                                                                        "eval_mean@"))},
                    "startup_seconds": self.startup_s,
                    "startup_parts": self.startup_parts, "process_to_ready_seconds": self.process_to_ready_s,
+                   "preload_seconds": getattr(self, "preload_s", None),
+                   "prompt_counts": getattr(self, "prompt_counts", {}),
                    "tokens_seen": self.state["tokens_seen"],
                    "models_loaded": self.trainer.models_loaded(), "trainable_params": self.trainer.trainable_params,
                    "peak_rss_gib": peak_rss_gib(), "zero_stage": self.trainer.stage,

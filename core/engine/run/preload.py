@@ -6,6 +6,7 @@ exactly what the run refuses before its models load (``tests/test_preflight.py``
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -76,6 +77,8 @@ class PreLoad:
     warnings: list[str] = field(default_factory=list)
     teacher: object = None
     servers: list = field(default_factory=list)  # engine.rollout: server, checked at connect
+    #: the prompt-length count: seconds, prompts counted, prompts remembered from earlier runs (prompt_lengths.py)
+    prompt_counts: dict = field(default_factory=dict)
 
 
 def preload(config, resume: str | None = None, force_resume: bool = False, dry_run: bool = False) -> PreLoad:
@@ -164,11 +167,13 @@ def _fit_model(config, task, run, model) -> PreLoad:
     count = lambda msgs: len(encode_prompt(tok, msgs))  # noqa: E731
     env = run.env  # an env may start its episodes from another prompt than the row's
     cache = LengthCache(tok, cache_dir())  # the counts of earlier runs (same tokenizer and rules)
+    t0 = time.perf_counter()
     try:
         lengths = fit_prompts(task, (lambda msgs: count(env.env({"prompt": msgs}).prompt)) if env
                               else cache.wrap(count), budget, config.data.on_long_prompt)
     finally:
         cache.save()
+    counts = {"seconds": time.perf_counter() - t0, "counted": cache.counted, "remembered": cache.remembered}
     max_model_len = min(model.max_context, max(lengths) + max_tokens + 8)
     row = (task.eval_rows or task.train_rows)[0]
     answer = encode_text(tok, str(row.get("answer", "")), False, "data (an answer)")[:max_tokens]
@@ -179,7 +184,7 @@ def _fit_model(config, task, run, model) -> PreLoad:
     if not fingerprint["algorithm"]["term"]["components"]:  # as checkpoints from before the term slot
         del fingerprint["algorithm"]["term"]
     return PreLoad(task, run, None, model, 0, 0, 0, max_tokens, max_model_len, check_ids, resolved, fingerprint,
-                   None, warnings=list(task.warnings))
+                   None, warnings=list(task.warnings), prompt_counts=counts)
 
 
 def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, dry_run: bool) -> None:

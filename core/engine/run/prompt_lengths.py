@@ -81,7 +81,8 @@ class LengthCache:
         digest = fingerprint(tokenizer)
         self.path = None if digest is None else Path(root) / "prompt-lengths" / f"{digest[:40]}.json"
         self.counts: dict[str, int] = {}
-        self.new = 0
+        self.new = 0  # counted since the last save
+        self.counted = self.remembered = 0  # prompts counted / found in the file, for the run's summary
         if self.path is not None and self.path.is_file():
             try:
                 data = json.loads(self.path.read_text(encoding="utf-8"))
@@ -101,6 +102,9 @@ class LengthCache:
             if n is None:
                 n = self.counts[key] = int(count(prompt))
                 self.new += 1
+                self.counted += 1
+            else:
+                self.remembered += 1
             return n
 
         return cached

@@ -37,7 +37,9 @@ class Session(RunLoop):
         self.console = Console(stderr=True, quiet=dist.rank() != 0, soft_wrap=True)
         self.config = config
         dist.init(config.engine.collective_timeout_s)  # join the launcher's process group (no-op for one rank)
+        t0 = time.perf_counter()
         pre = preload(config, resume, force_resume)  # every check before weights load (also --dry-run's)
+        self.preload_s = time.perf_counter() - t0
         for line in pre.resume_lines:
             self.console.print(line, markup=False, highlight=False)
         vars(self).update({k: v for k, v in vars(pre).items() if k != "resume_lines"})
