@@ -70,6 +70,42 @@ def test_another_chat_template_or_tokenizer_never_reuses_a_count(tok, tmp_path):
     assert LengthCache(tok, tmp_path).path == cache.path  # the same tokenizer loaded again: the same file
 
 
+def _tokenizer_folder(tmp_path, name: str, extra_special: bool):
+    """The tiny model's tokenizer with ``<tool_call>`` added as a plain (not special) token; with
+    ``extra_special`` the config also names it among the extra special tokens, so the untrusted-text
+    rules treat it as structure (text cannot form it)."""
+    import shutil
+
+    folder = tmp_path / name
+    folder.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny_model() / f, folder / f)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["added_tokens"].append({"id": 258, "content": "<tool_call>", "special": False, "normalized": False,
+                                 "lstrip": False, "rstrip": False, "single_word": False})
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    if extra_special:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config["extra_special_tokens"] = ["<tool_call>"]
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_a_token_named_special_only_in_the_config_gets_its_own_cache(tmp_path):
+    plain, special = _tokenizer_folder(tmp_path, "plain", False), _tokenizer_folder(tmp_path, "special", True)
+    prompt = [{"role": "user", "content": "<tool_call> What is 5 + 7?"}]
+    assert len(encode_prompt(plain, prompt)) > 0  # a plain added token: the text may hold it
+    with pytest.raises(DataError, match="control token"):  # structure: text forming it is refused
+        encode_prompt(special, prompt)
+    cache = LengthCache(plain, tmp_path / "cache")
+    cache.wrap(Counter(plain))(prompt)
+    cache.save()
+    later = LengthCache(special, tmp_path / "cache")
+    assert later.path != cache.path
+    with pytest.raises(DataError, match="control token"):  # refused with the cache too, as without it
+        later.wrap(Counter(special))(prompt)
+
+
 def test_a_broken_cache_file_is_ignored_and_rewritten(tok, tmp_path):
     path = LengthCache(tok, tmp_path).path
     path.parent.mkdir(parents=True)
@@ -79,9 +115,20 @@ def test_a_broken_cache_file_is_ignored_and_rewritten(tok, tmp_path):
     assert cache.wrap(count)(PROMPTS[1]) == len(encode_prompt(tok, PROMPTS[1])) and count.calls == 1
     cache.save()
     assert json.loads(path.read_text()) == {prompt_key(PROMPTS[1]): len(encode_prompt(tok, PROMPTS[1]))}
-    path.write_text(json.dumps({prompt_key(PROMPTS[1]): -3}))  # a negative count is not a count
-    count = Counter(tok)
-    assert LengthCache(tok, tmp_path).wrap(count)(PROMPTS[1]) > 0 and count.calls == 1
+    for wrong in (-3, True, 2.5, "7"):  # a negative, a boolean, a float, a string: no count
+        path.write_text(json.dumps({prompt_key(PROMPTS[1]): wrong}))
+        count = Counter(tok)
+        assert LengthCache(tok, tmp_path).wrap(count)(PROMPTS[1]) > 1 and count.calls == 1
+
+
+def test_counts_written_meanwhile_by_another_run_are_kept(tok, tmp_path):
+    one, two = LengthCache(tok, tmp_path), LengthCache(tok, tmp_path)  # two runs started together
+    one.wrap(Counter(tok))(PROMPTS[0])
+    two.wrap(Counter(tok))(PROMPTS[1])
+    one.save()
+    two.save()
+    assert set(json.loads(one.path.read_text())) == {prompt_key(PROMPTS[0]), prompt_key(PROMPTS[1])}
+    assert one.path.stat().st_mode & 0o777 == 0o644  # others sharing the cache may read it
 
 
 def test_a_prompt_that_fails_to_encode_fails_every_time(tok, tmp_path):

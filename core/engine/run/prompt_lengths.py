@@ -9,11 +9,14 @@ keeps the counts in ``CACHE/prompt-lengths/<fingerprint>.json`` (the cache of
 only the prompts it has not seen.
 
 The fingerprint covers everything a count depends on: the tokenizer's whole serialization (vocabulary,
-merges, added tokens, normalizer), its chat template and special tokens, the versions of
+merges, added tokens, normalizer), its chat template, the special strings the untrusted-text rules
+treat as structure (:func:`~policyzoo.contract.untrusted.rules_key`: named, extra and added special
+tokens with their ids and attributes), the versions of
 transformers, tokenizers and jinja2, and the source of the modules that encode a prompt. Any change
 gives another file, so a count is never reused under other rules. Only counts are kept: a prompt
 that fails to encode raises each time, as before. A file that cannot be read or written is
-ignored (the counts are computed as without a cache); files are replaced whole (``os.replace``).
+ignored (the counts are computed as without a cache); files are replaced whole (``os.replace``),
+merged with what another run wrote meanwhile.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def fingerprint(tokenizer) -> str | None:
         return None
     h = hashlib.sha256()
     for part in (serialized, json.dumps(getattr(tokenizer, "chat_template", None), sort_keys=True, default=repr),
-                 json.dumps(getattr(tokenizer, "special_tokens_map", {}), sort_keys=True, default=repr),
+                 untrusted.rules_key(tokenizer),  # every special string the rules treat as structure
+                 json.dumps(getattr(tokenizer, "special_tokens_map", {}), sort_keys=True, default=repr),  # bos_token...
                  type(tokenizer).__name__, *(_version(d) for d in ("transformers", "tokenizers", "jinja2")),
                  _source(untrusted), _source(episodes), _source(inspect.getmodule(fingerprint))):
         h.update(part.encode("utf-8", "surrogatepass"))
@@ -83,13 +87,19 @@ class LengthCache:
         self.counts: dict[str, int] = {}
         self.new = 0  # counted since the last save
         self.counted = self.remembered = 0  # prompts counted / found in the file, for the run's summary
-        if self.path is not None and self.path.is_file():
-            try:
-                data = json.loads(self.path.read_text(encoding="utf-8"))
-                if isinstance(data, dict):
-                    self.counts = {k: v for k, v in data.items() if isinstance(v, int) and v >= 0}
-            except (OSError, ValueError):
-                self.counts = {}
+        if self.path is not None:
+            self.counts = self._read(self.path)
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, int]:
+        """The file's counts; ``{}`` for a missing or unreadable file, entries that are no count left out."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        return {k: v for k, v in data.items() if type(v) is int and v >= 0}  # not bools, not negatives
 
     def wrap(self, count: Callable[[object], int]) -> Callable[[object], int]:
         """``count`` with the cache in front: a prompt seen before (same content) is not counted again."""
@@ -113,12 +123,14 @@ class LengthCache:
         """Write the counts when new ones were made (best effort: an unwritable cache is skipped)."""
         if self.path is None or not self.new:
             return
-        items = list(self.counts.items())[-MAX_ENTRIES:]  # insertion order: the oldest file entries first
+        merged = {**LengthCache._read(self.path), **self.counts}  # what a concurrent run wrote meanwhile stays
+        items = list(merged.items())[-MAX_ENTRIES:]  # insertion order: the oldest file entries first
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".lengths-", suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(dict(items), f, separators=(",", ":"))
+            os.chmod(tmp, 0o644)  # readable by others sharing the cache, as the converted model is
             os.replace(tmp, self.path)
         except OSError:
             try:
