@@ -232,6 +232,10 @@ def readme_table(data: dict) -> str:
         e = data.get(key)
         value = _fmt(e["value"], fmt) if e else "not measured yet (`make bench`)"
         when = f"{e.get('commit') or '?'}, {e['date'][:10]}" if e else ""
+        own = ((e or {}).get("detail") or {}).get("machine", {}).get("at_start")  # measured by --only
+        if own:  # not the machine row's run: its own rates
+            when += (f" (machine: {own['fp32_model_gflops']:.0f} GFLOP/s, {own['copy_gb_s']:.1f} GB/s, "
+                     f"{own['python_mops']:.0f} M/s)")
         lines.append(f"| {label} | {value} | {when} |")
     m = data.get("machine")
     if m:

@@ -85,6 +85,12 @@ def test_rounding_half_up_and_missing_entries():
                                                           "date": "2026-12-01T11:02:03Z"}})
     assert "| training time / its fp32 FLOP ceiling (GSM8K, 128 tokens) | 1.87 | abc1234, 2026-12-01 |" in table
     assert table.count("not measured yet") == len(headline.README_ROWS) - 1
+    own = {"machine": {"at_start": {"fp32_model_gflops": 284.6, "copy_gb_s": 20.86, "python_mops": 57.9}}}
+    table = headline.readme_table({"startup_warm_s": {"value": 16.54, "commit": "f1b690e", "date": "2026-12-02T08:33Z",
+                                                      "detail": own}})
+    # a part measured alone (--only) shows its own machine's rates: 284.6 -> 285, 20.86 -> 20.9, 57.9 -> 58
+    assert ("| start-up to the first step, warm, s | 16.5 | f1b690e, 2026-12-02 (machine: 285 GFLOP/s, 20.9 GB/s, "
+            "58 M/s) |") in table
 
 
 def test_evict_page_cache_advises_every_file(tmp_path):
