@@ -121,6 +121,17 @@ def test_a_broken_cache_file_is_ignored_and_rewritten(tok, tmp_path):
         assert LengthCache(tok, tmp_path).wrap(count)(PROMPTS[1]) > 1 and count.calls == 1
 
 
+def test_an_unwritable_cache_is_skipped(tok, tmp_path):
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the cache folder should be")
+    cache = LengthCache(tok, blocker)
+    count = Counter(tok)
+    assert cache.wrap(count)(PROMPTS[0]) == len(encode_prompt(tok, PROMPTS[0])) and count.calls == 1
+    cache.save()  # no error: the counts were made as without a cache
+    assert blocker.read_text() == "a file where the cache folder should be"
+    assert list(tmp_path.iterdir()) == [blocker]  # no temporary file left behind
+
+
 def test_counts_written_meanwhile_by_another_run_are_kept(tok, tmp_path):
     one, two = LengthCache(tok, tmp_path), LengthCache(tok, tmp_path)  # two runs started together
     one.wrap(Counter(tok))(PROMPTS[0])

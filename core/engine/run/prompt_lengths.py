@@ -125,6 +125,7 @@ class LengthCache:
             return
         merged = {**LengthCache._read(self.path), **self.counts}  # what a concurrent run wrote meanwhile stays
         items = list(merged.items())[-MAX_ENTRIES:]  # insertion order: the oldest file entries first
+        tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".lengths-", suffix=".tmp")
@@ -133,8 +134,6 @@ class LengthCache:
             os.chmod(tmp, 0o644)  # readable by others sharing the cache, as the converted model is
             os.replace(tmp, self.path)
         except OSError:
-            try:
+            if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
-            except (OSError, UnboundLocalError):
-                pass
         self.new = 0
