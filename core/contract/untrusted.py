@@ -107,14 +107,14 @@ def _info(tokenizer) -> _Info:
 
 def rules_key(tokenizer) -> str:
     """A canonical text of the special-token rules the encoders here apply to ``tokenizer``: its
-    special strings with their ids, the control ids, and every added token's attributes (content,
+    special strings with their ids, and every added token's attributes (content,
     special, lstrip, rstrip, normalized, single word). Two tokenizers with the same key (and the same
     vocabulary and template) encode every prompt alike; caches of counts key on it."""
     info = _info(tokenizer)
     added = sorted((s, bool(getattr(t, "special", False)), bool(getattr(t, "lstrip", False)),
                     bool(getattr(t, "rstrip", False)), bool(getattr(t, "normalized", False)),
                     bool(getattr(t, "single_word", False))) for s, t in info.added.items())
-    return repr((info.specials, sorted(info.ids.items()), sorted(info.control_ids), added))
+    return repr((info.specials, sorted(info.ids.items()), added))  # the control ids follow from these and unk
 
 
 @dataclass(frozen=True)

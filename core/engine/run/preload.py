@@ -167,13 +167,13 @@ def _fit_model(config, task, run, model) -> PreLoad:
     count = lambda msgs: len(encode_prompt(tok, msgs))  # noqa: E731
     env = run.env  # an env may start its episodes from another prompt than the row's
     cache = LengthCache(tok, cache_dir())  # the counts of earlier runs (same tokenizer and rules)
-    t0 = time.perf_counter()
+    rows, t0 = len(task.train_rows) + len(task.eval_rows), time.perf_counter()
     try:
         lengths = fit_prompts(task, (lambda msgs: count(env.env({"prompt": msgs}).prompt)) if env
                               else cache.wrap(count), budget, config.data.on_long_prompt)
     finally:
         cache.save()
-    counts = {"seconds": time.perf_counter() - t0, "counted": cache.counted, "remembered": cache.remembered}
+    counts = {"seconds": time.perf_counter() - t0, "counted": rows - cache.remembered, "remembered": cache.remembered}
     max_model_len = min(model.max_context, max(lengths) + max_tokens + 8)
     row = (task.eval_rows or task.train_rows)[0]
     answer = encode_text(tok, str(row.get("answer", "")), False, "data (an answer)")[:max_tokens]

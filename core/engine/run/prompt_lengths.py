@@ -86,7 +86,7 @@ class LengthCache:
         self.path = None if digest is None else Path(root) / "prompt-lengths" / f"{digest[:40]}.json"
         self.counts: dict[str, int] = {}
         self.new = 0  # counted since the last save
-        self.counted = self.remembered = 0  # prompts counted / found in the file, for the run's summary
+        self.remembered = 0  # prompts not counted: found in the file (or seen before in this run)
         if self.path is not None:
             self.counts = self._read(self.path)
 
@@ -112,7 +112,6 @@ class LengthCache:
             if n is None:
                 n = self.counts[key] = int(count(prompt))
                 self.new += 1
-                self.counted += 1
             else:
                 self.remembered += 1
             return n
