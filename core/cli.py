@@ -147,6 +147,8 @@ def cmd_train(args, out: Console) -> None:
         err = Console(stderr=True, soft_wrap=True)
         for line in pre.resume_lines:
             err.print(line, markup=False, highlight=False)
+        for line in pre.notes:
+            err.print(line, markup=False, highlight=False)
         for w in pre.warnings:
             err.print(f"warning: {w}", markup=False, highlight=False, style="yellow")
         err.print(f"dry run: every check before loading weights passed (model {pre.model.path}, "
@@ -181,7 +183,7 @@ def cmd_plan(args, out: Console) -> None:
             try:
                 budget = float(value) * GiB
             except ValueError:
-                raise PlanError(item, "memory= takes one rank's memory in GiB", "e.g. memory=80") from None
+                raise PlanError(item, "memory= takes one GPU's (or rank's) memory in GiB", "e.g. memory=80") from None
         elif key == "prompt":
             if not value.isdigit() or int(value) < 1:
                 raise PlanError(item, "prompt= takes the prompt's tokens per row, an integer >= 1", "e.g. prompt=150")
@@ -207,7 +209,7 @@ def cmd_plan(args, out: Console) -> None:
     from .plan_print import print_plan
 
     print_plan(out, config, model or config.model.path, sizes, prompt, budget, split, args.from_run, args.gpus,
-               args.rollout_tp, args.rollout)
+               args.rollout_tp, args.rollout, args.gpu, args.shape)
 
 
 def cmd_plot(args, out: Console) -> None:
@@ -264,12 +266,18 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--rollout-tp", type=int, help="GPUs one vLLM engine is sharded over "
                     "(engine.vllm_tensor_parallel_size)")
     pn.add_argument("--rollout", choices=["colocated", "server"], help="vLLM on the trainer's GPUs or on a server's")
+    pn.add_argument("--gpu", help="the GPU whose memory the verdict judges (h100-80gb, a100-80gb, h200-141gb, ...; "
+                    "default with --gpus: h100-80gb)")
+    pn.add_argument("--shape", help="a known model shape instead of model=PATH (qwen2.5-1.5b, qwen2.5-7b, "
+                    "llama-3.1-8b, llama-3.1-70b)")
     pn.add_argument("items", nargs="*", metavar="P G L | model=PATH | prompt=N | memory=GiB | key=value")
     pn.set_defaults(fn=cmd_plan)
     sv = sub.add_parser("serve", help="vLLM's OpenAI server as a rollout server for engine.rollout=server")
     sv.add_argument("--model", help="model folder or Hub id in the local cache (default: the embedded default)")
-    sv.add_argument("--host", default="127.0.0.1", help="address to bind (a private one: the weight routes are "
-                    "unauthenticated)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind; other than loopback only with a shared "
+                    "secret (--token-file or POLICYZOO_SERVER_TOKEN)")
+    sv.add_argument("--token-file", metavar="FILE", help="a file only you can read (chmod 600) holding the shared "
+                    "secret; every route then needs Authorization: Bearer <secret> (or set POLICYZOO_SERVER_TOKEN)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--tensor-parallel-size", type=int, default=1)
     sv.add_argument("--dtype", default="float32", help="as the trainer's model.dtype (engine.rollout_dtype)")
@@ -281,6 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--kv-cache-gb", type=float, default=1.0, help="CPU only: vLLM's KV cache, GiB")
     sv.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: arguments passed to vLLM unchanged")
     sv.set_defaults(fn=cmd_serve)
+    from policyzoo.data.gym import cmd_data
+
+    dt = sub.add_parser("data", help="the task names of a generated data source (data.name=reasoning_gym)")
+    dt.add_argument("source", choices=["reasoning_gym"])
+    dt.set_defaults(fn=cmd_data)
     pl = sub.add_parser("plot", help="draw a run's curves to a PNG")
     pl.add_argument("run_dir")
     pl.add_argument("--output", help="PNG path (default RUN_DIR/curves.png)")

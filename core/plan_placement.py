@@ -38,6 +38,7 @@ class Placement:
     rollout_bytes: int = 4  # r
     need_ref: bool = True
     streamed_sync: bool = True
+    grad_bytes: int = 4  # fp32 gradients (DeepSpeed's bf16 optimizer); 2 for the ZeRO paper's fp16 ones
 
 
 def check_placement(p: Placement) -> None:
@@ -62,7 +63,7 @@ def per_parameter(p: Placement) -> dict[str, dict[str, float]]:
     n, z, b = p.gpus, p.zero_stage, p.weight_bytes
     master = 4 if b < 4 else 0
     trainer = {"policy weights": b / n if z >= 3 else b,
-               "gradients": 4 / n if z >= 2 else 4,
+               "gradients": p.grad_bytes / n if z >= 2 else p.grad_bytes,
                "optimizer": (8 + master) / n if z >= 1 else 8 + master,
                "reference": (b / n if z >= 3 else b) if p.need_ref else 0.0,
                "vLLM copy": p.rollout_bytes / p.tp if p.mode == "colocated" else 0.0,
@@ -108,19 +109,17 @@ def placement_for(config, gpus: int | None, tp: int | None, mode: str | None, ne
                      rollout_bytes=DTYPE_BYTES[e.rollout_dtype or config.model.dtype], need_ref=need_ref)
 
 
-def print_placement(out, gpus: int | None, tp: int | None, mode: str | None, config, need_ref: bool,
-                    params: int) -> None:
+def print_placement(out, p: Placement, dtype: str, params: int) -> None:
     """Print the table of :func:`table_rows` and the totals of :func:`totals_by_mode` to the rich
-    console ``out``, for :func:`placement_for`'s placement and a model of ``params`` parameters."""
+    console ``out``, for the placement ``p`` (:func:`placement_for`) and a model of ``params`` parameters."""
     from rich.table import Table
 
-    p = placement_for(config, gpus, tp, mode, need_ref)
     t = Table(title=f"model state per GPU: {p.gpus} trainer GPUs, ZeRO {p.zero_stage}, rollout {p.mode} "
-              f"TP={p.tp}, {config.model.dtype}")
+              f"TP={p.tp}, {dtype}")
     for col in ("part", "bytes/param", "GiB"):
         t.add_column(col, justify="right" if col != "part" else "left")
     for row in table_rows(p, params):
         t.add_row(*row)
     out.print(t)
     out.print("trainer GPU, bytes/param: " + "; ".join(f"{k}: {v:.3g}" for k, v in totals_by_mode(p).items())
-              + " (activations and vLLM's KV cache come on top: see docs/distributed.md)")
+              + " (activations, KV cache and buffers: the next table)")

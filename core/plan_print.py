@@ -10,19 +10,26 @@ from rich.console import Console
 from rich.table import Table
 
 from .assembly import Run, resolve_algorithm
-from .plan import GiB, PlanError, Sizes, fitting_settings, flops, load_shape, memory, options_for
-from .plan_placement import print_placement
+from .plan import GiB, PlanError, Shape, Sizes, fitting_settings, flops, load_shape, memory, options_for
+from .plan_gpu import DEFAULT_GPU, Vllm, gpu_bytes, print_gpu_plan
+from .plan_placement import placement_for, print_placement
+from .plan_shapes import shape_config
 
 
 def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt: int | None,
                budget: float | None, split: dict | None, from_run: str | None = None, gpus: int | None = None,
-               rollout_tp: int | None = None, rollout: str | None = None) -> None:
-    """Print the plan of ``config``'s step for ``model`` (None: the embedded default): P G L from
-    ``sizes`` or the config, ``prompt`` tokens per row (default 103, or the run's mean), one rank's
-    memory ``budget`` in bytes (None: this machine's), and with ``split`` (a run's
-    :func:`~policyzoo.plan.measured_split`, from ``from_run``) the measured seconds per part.
+               rollout_tp: int | None = None, rollout: str | None = None, gpu: str | None = None,
+               shape_name: str | None = None) -> None:
+    """Print the plan of ``config``'s step for ``model`` (None: the embedded default; ``shape_name``: a shape
+    of :data:`~policyzoo.plan_shapes.SHAPES` instead): P G L from ``sizes`` or the config, ``prompt`` tokens
+    per row (default 103, or the run's mean), one GPU's or rank's memory ``budget`` in bytes (None: ``gpu``'s,
+    a name of :data:`~policyzoo.plan_gpu.GPUS`; with ``gpus`` and neither, the default GPU's; else this
+    machine's RAM), and with ``split`` (a run's :func:`~policyzoo.plan.measured_split`, from ``from_run``)
+    the measured seconds per part. With ``gpus``/``rollout_tp``/``rollout`` the verdict is per GPU
+    (:mod:`policyzoo.plan_gpu`), else one rank's.
 
-    Raises :class:`~policyzoo.plan.PlanError` when P G L are given with a run's split."""
+    Raises :class:`~policyzoo.plan.PlanError` when P G L are given with a run's split, or both ``budget``
+    and ``gpu``."""
     run = Run(resolve_algorithm(config.algorithm))
     p, g, n = sizes or (config.train.prompts_per_step, run.sample.params.n, run.sample.params.max_tokens)
     if split and sizes:
@@ -33,7 +40,13 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
         if prompt is None and split["prompt_length_mean"]:
             prompt = max(1, round(split["prompt_length_mean"]))
     prompt = prompt or 103
-    shape = load_shape(model)
+    if budget and gpu:
+        raise PlanError(f"--gpu {gpu} memory=", "both give one GPU's memory", "give one of them")
+    if shape_name:
+        cfg, source = shape_config(shape_name)
+        shape, model = Shape.from_config(cfg, source), f"{shape_name} (config.json of {source})"
+    else:
+        shape = load_shape(model)
     opts = options_for(config, run, shape)
     s = Sizes(p, g, n, prompt)
     f = flops(shape, s, opts)
@@ -47,17 +60,20 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
         t.add_row(k, f"{v / 1e9:.2f}", f"{v / total:.1%}")
     t.add_row("total", f"{total / 1e9:.2f}", "100%")
     out.print(t)
-    mem = memory(shape, s, opts)
-    m = Table(title="memory, GiB (one rank)")
-    for col in ("model", "weights", "grads+optimizer", "activations", "kv cache", "total"):
-        m.add_column(col, justify="right" if col != "model" else "left")
-    for name, parts in mem.items():
-        m.add_row(name, *[f"{v / GiB:.3f}" for v in parts.values()], f"{sum(parts.values()) / GiB:.3f}")
-    out.print(m)
-    out.print(f"vLLM reserves engine.kv_cache_gb = {opts.kv_cache_gb:g} GiB for its KV cache.")
-    print_fit(out, shape, s, opts, mem, budget)
-    if gpus or rollout_tp or rollout:
-        print_placement(out, gpus, rollout_tp, rollout, config, opts.need_ref, shape.params)
+    placed = bool(gpus or rollout_tp or rollout)
+    where = f"memory={budget / GiB:g} GiB" if budget else None
+    if gpu or (placed and not budget):
+        budget, source = gpu_bytes(gpu or DEFAULT_GPU)
+        where = gpu or DEFAULT_GPU
+        out.print(f"GPU memory: {where} = {budget / GiB:.1f} GiB ({source})" + ("" if gpu else
+                  "; the default GPU: --gpu NAME or memory=GiB for another"))
+    if placed:
+        place = placement_for(config, gpus, rollout_tp, rollout, opts.need_ref)
+        print_placement(out, place, config.model.dtype, shape.params)
+        print_gpu_plan(out, shape, s, opts, place, int(budget), where,
+                       Vllm(config.engine.gpu_memory_utilization, config.engine.vllm_sleep))
+    else:
+        print_rank(out, shape, s, opts, budget, where)
     if split:
         roll = f["rollout prefill"] + f["rollout decode"]
         train = total - roll
@@ -81,10 +97,25 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
                       "overlap to measure it).")
 
 
-def print_fit(out: Console, shape, s, opts, mem: dict, budget: float | None) -> None:
-    """Whether one rank's total fits ``budget`` bytes (``memory=GiB``; default this machine's RAM)
+def print_rank(out: Console, shape, s, opts, budget: float | None, where: str | None) -> None:
+    """One rank's memory table (every model of :func:`~policyzoo.plan.memory`, ZeRO not applied) and
+    whether it fits ``budget`` (:func:`print_fit`)."""
+    mem = memory(shape, s, opts)
+    m = Table(title="memory, GiB (one rank)")
+    for col in ("model", "weights", "grads+optimizer", "activations", "kv cache", "total"):
+        m.add_column(col, justify="right" if col != "model" else "left")
+    for name, parts in mem.items():
+        m.add_row(name, *[f"{v / GiB:.3f}" for v in parts.values()], f"{sum(parts.values()) / GiB:.3f}")
+    out.print(m)
+    out.print(f"vLLM reserves engine.kv_cache_gb = {opts.kv_cache_gb:g} GiB for its KV cache.")
+    print_fit(out, shape, s, opts, mem, budget, where)
+
+
+def print_fit(out: Console, shape, s, opts, mem: dict, budget: float | None, where: str | None = None) -> None:
+    """Whether one rank's total fits ``budget`` bytes (``where`` names it; default this machine's RAM)
     and, when not, the settings that make it fit (``policyzoo.plan.fitting_settings``)."""
-    where = f"memory={budget / GiB:g} GiB" if budget else "this machine's memory (memory=GiB for another)"
+    where = where or (f"memory={budget / GiB:g} GiB" if budget else "this machine's memory (memory=GiB or "
+                      "--gpu NAME for another)")
     budget = budget or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     total = sum(sum(parts.values()) for parts in mem.values())
     if total <= budget:

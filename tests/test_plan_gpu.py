@@ -1,0 +1,114 @@
+"""``policyzoo plan --gpus N``: the per-GPU verdict (``policyzoo.plan_gpu``) against hand arithmetic and the
+ZeRO paper's memory table, the known shapes (``policyzoo.plan_shapes``) and the named GPUs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from policyzoo.cli import main
+from policyzoo.plan import GiB, Options, Shape, Sizes
+from policyzoo.plan_gpu import Vllm, per_gpu, smallest_fits
+from policyzoo.plan_placement import Placement, per_parameter
+from policyzoo.plan_shapes import SHAPES
+
+
+def shape(name: str) -> Shape:
+    return Shape.from_config(SHAPES[name][0])
+
+
+def test_known_shapes_have_the_model_cards_parameter_counts():
+    # worked in policyzoo/plan_shapes.py's docstring: layers x (attention + MLP + 2 norms) + embedding(s) + norm
+    assert shape("qwen2.5-1.5b").params == 1_543_656_960  # 1.54B
+    assert shape("qwen2.5-7b").params == 7_615_487_488  # 7.61B
+    assert shape("llama-3.1-8b").params == 8_030_261_248  # 8.03B
+    assert shape("llama-3.1-70b").params == 70_553_706_496  # 70.6B
+
+
+def test_the_zero_papers_table():
+    # Rajbhandari et al. 2020 (arXiv:1910.02054), Fig. 1: 7.5B parameters, mixed-precision Adam K = 12, fp16
+    # weights and gradients (2 + 2 + 12 = 16 bytes per parameter), N = 64 GPUs, per GPU:
+    #   baseline 16 x 7.5e9 = 120 GB; P_os 2 + 2 + 12/64 = 4.1875 -> 31.4 GB; P_os+g 2 + 14/64 = 2.21875 -> 16.6 GB;
+    #   P_os+g+p 16/64 = 0.25 -> 1.875 GB (the paper's 1.9 GB)
+    psi, want = 7.5e9, {0: 120e9, 1: 31.40625e9, 2: 16.640625e9, 3: 1.875e9}
+    for z, total in want.items():
+        p = Placement(gpus=64, zero_stage=z, weight_bytes=2, rollout_bytes=2, need_ref=False, mode="server",
+                      grad_bytes=2)
+        t = per_parameter(p)["trainer GPU"]
+        assert t["policy weights"] + t["gradients"] + t["optimizer"] == pytest.approx(total / psi)
+    # this project's convention keeps fp32 gradients (4 bytes): 18 per parameter at ZeRO 0 -> 135 GB
+    t = per_parameter(Placement(gpus=64, weight_bytes=2, need_ref=False, mode="server"))["trainer GPU"]
+    assert sum(t.values()) * psi == 135e9
+
+
+QWEN7 = dict(gpus=8, zero_stage=3, weight_bytes=2, rollout_bytes=2, need_ref=True)
+
+
+def test_qwen7b_on_8_gpus_by_hand():
+    m, n = shape("qwen2.5-7b"), 7_615_487_488
+    budget = 80 * GiB  # 85_899_345_920
+    got = per_gpu(m, Sizes(4, 8, 256, 103), Options(dtype="bfloat16"), Placement(**QWEN7), budget)["trainer GPU"]
+    # ZeRO 3 over 8: weights 2/8 n, fp32 grads 4/8 n, m + v + fp32 master 12/8 n, reference 2/8 n
+    assert got["policy weights"] == got["reference"] == n // 4 == 1_903_871_872
+    assert got["gradients"] == n // 2 and got["optimizer"] == 3 * n // 2 == 11_423_231_232
+    # one rank's share: ceil(4 / 8) = 1 prompt x 8 samples. Activations (shared prompt): 103 + 8 x 255 = 2143 tokens x
+    # 28 layers x (4 x 3584 + 2 x 3584 + 2 x 512 + 3 x 18944 = 79_360) x 2 bytes = 9_523_834_880, plus fp32 logits and
+    # their log-softmax at 8 x 256 positions: 2 x 152_064 x 4 x 2048 = 2_491_416_576
+    assert got["activations"] == 9_523_834_880 + 2_491_416_576
+    # vLLM bf16 copy 2 n; KV 2 x 28 layers x 512 x 2 bytes = 57_344 per token x (103 + 8 x 256) = 123_346_944;
+    # the reserve fills vLLM's 0.3 x 80 GiB = 25_769_803_776 share: 25_769_803_776 - 15_230_974_976 - 123_346_944
+    assert got["vLLM copy"] == 2 * n and got["KV cache"] == 123_346_944
+    assert got["vLLM reserve"] == 10_415_481_856
+    assert got["sync buffer"] == 152_064 * 3584 * 2  # the embedding, gathered alone by the streamed push
+    # total 19_038_718_720 + 12_015_251_456 + 25_769_803_776 + 1_089_994_752 = 57_913_768_704 bytes = 53.94 GiB
+    assert sum(got.values()) == 57_913_768_704
+
+
+def test_the_cli_verdict_agrees_with_the_table(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(SHAPES["qwen2.5-7b"][0]))  # model.path may be the file
+    args = ["plan", f"model.path={tmp_path / 'config.json'}", "model.dtype=bfloat16", "engine.zero_stage=3",
+            "memory=80", "--gpus", "8"]
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # 57_913_768_704 bytes / 2^30 = 53.94 GiB (test above), in the table and in the verdict
+    assert "│ total │ 53.94 │" in out
+    assert "8 trainer GPUs colocated with TP 1 (ZeRO 3): 53.94 GiB on the fullest GPU, fits in memory=80 GiB" in out
+    assert "memory, GiB (one rank)" not in out and "does not fit" not in out
+    # without memory= the default GPU, said: H100 81_559 MiB / 1024 = 79.6 GiB
+    assert main(["plan", "--shape", "qwen2.5-7b", "model.dtype=bfloat16", "engine.zero_stage=3", "--gpus", "8"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "GPU memory: h100-80gb = 79.6 GiB" in out and "the default GPU" in out
+    assert "fits in h100-80gb (79.6 GiB)" in out
+
+
+def test_the_smallest_placement_that_fits_by_hand():
+    # Llama-3.1-70B, n = 70_553_706_496, bf16, ZeRO 3 with a reference: (2 + 4 + 12 + 2) / N = 20 / N per parameter;
+    # sync buffer 128_256 x 8192 x 2 = 2_101_346_304; 64 prompts of 1 token, G = 1, L = 1: activations and KV are
+    # ~50 MB; vLLM's share 1% of 80 GiB, below every copy: no reserve
+    m, budget = shape("llama-3.1-70b"), 80 * GiB  # 85_899_345_920
+    p = Placement(zero_stage=3, weight_bytes=2, rollout_bytes=2)
+    got = smallest_fits(m, Sizes(64, 1, 1, 1), Options(dtype="bfloat16"), p, budget, Vllm(0.01))
+    # colocated: N = 16, TP 8: 88_192_133_120 + 2/8 n 17_638_426_624 > budget; N = 32: 44_096_066_560 + 2_101_346_304
+    #   + copy 2/k n: TP 2 70_553_706_496 (no), TP 4 35_276_853_248 -> 81.47e9 + ~0.05e9 < 85.9e9 (yes)
+    # server: trainer N = 16 88.2e9 (no), N = 32 46.2e9 (yes); server GPU 2/k n: TP 1 141e9 (no), TP 2 70.6e9 (yes)
+    assert [(q.mode, q.gpus, q.tp, q.zero_stage) for q in got] == [("colocated", 32, 4, 3), ("server", 32, 2, 3)]
+
+
+def test_none_fits_names_the_gpus_that_would(capsys):
+    args = ["plan", "--shape", "llama-3.1-70b", "model.dtype=bfloat16", "engine.zero_stage=3", "--gpus", "8",
+            "--rollout-tp", "8", "--gpu", "h100-80gb"]
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # ZeRO 3 state 20/8 x 70.55e9 = 176.4e9 bytes = 164 GiB per GPU before activations: over 79.6 GiB
+    assert "does not fit in h100-80gb (79.6 GiB)" in out
+    assert "no placement of 8 GPUs fits: needs >= " in out and "colocated with TP" in out
+    assert "with train.gradient_checkpointing=true train.max_tokens_per_micro_batch=359" in out  # 103 + 256
+
+
+def test_unknown_names_are_user_errors(capsys):
+    assert main(["plan", "--shape", "gpt-9", "--gpus", "2"]) == 2
+    assert "qwen2.5-7b" in capsys.readouterr().err
+    assert main(["plan", "--gpu", "tpu-v5", "--gpus", "2"]) == 2
+    assert "h100-80gb" in capsys.readouterr().err
+    assert main(["plan", "--gpu", "h100-80gb", "memory=80"]) == 2
