@@ -289,6 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dir")
     pl.add_argument("--output", help="PNG path (default RUN_DIR/curves.png)")
     pl.set_defaults(fn=cmd_plot)
+    from policyzoo.data.gym import cmd_data
+
+    dt = sub.add_parser("data", help="the task names of a generated data source (data.name=reasoning_gym)")
+    dt.add_argument("source", choices=["reasoning_gym"])
+    dt.set_defaults(fn=cmd_data)
     return p
 
 
