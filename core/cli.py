@@ -272,8 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     pn.set_defaults(fn=cmd_plan)
     sv = sub.add_parser("serve", help="vLLM's OpenAI server as a rollout server for engine.rollout=server")
     sv.add_argument("--model", help="model folder or Hub id in the local cache (default: the embedded default)")
-    sv.add_argument("--host", default="127.0.0.1", help="address to bind (a private one: the weight routes are "
-                    "unauthenticated)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind; other than loopback only with a shared "
+                    "secret (--token-file or POLICYZOO_SERVER_TOKEN)")
+    sv.add_argument("--token-file", metavar="FILE", help="a file only you can read (chmod 600) holding the shared "
+                    "secret; every route then needs Authorization: Bearer <secret> (or set POLICYZOO_SERVER_TOKEN)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--tensor-parallel-size", type=int, default=1)
     sv.add_argument("--dtype", default="float32", help="as the trainer's model.dtype (engine.rollout_dtype)")
@@ -289,11 +291,6 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dir")
     pl.add_argument("--output", help="PNG path (default RUN_DIR/curves.png)")
     pl.set_defaults(fn=cmd_plot)
-    from policyzoo.data.gym import cmd_data
-
-    dt = sub.add_parser("data", help="the task names of a generated data source (data.name=reasoning_gym)")
-    dt.add_argument("source", choices=["reasoning_gym"])
-    dt.set_defaults(fn=cmd_data)
     return p
 
 

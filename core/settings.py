@@ -100,6 +100,11 @@ class EngineSettings(Section):
                                "host:port (policyzoo serve); prompts split between them in whole groups")
     server_timeout_s: float = Field(600.0, gt=0, description="with rollout: server, seconds one request to a "
                                     "rollout server may take before the step fails")
+    server_token_file: str | None = Field(None, description="with rollout: server, a file only you can read "
+                                          "(chmod 600) holding the servers' shared secret (policyzoo serve "
+                                          "--token-file), sent as Authorization: Bearer on every request; or set "
+                                          "POLICYZOO_SERVER_TOKEN. The run directory records the path, never the "
+                                          "secret")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
     sync_check: bool = Field(False, description="after each weight sync, compare vLLM and trainer logprobs")
     sync_tolerance: float | None = Field(None, gt=0, description="max |logprob difference| (nats) the sync check "

@@ -115,7 +115,9 @@ def test_the_serve_command_is_vllms_module_entry_point_with_the_extension():
     arg = dict(zip(cmd[3::1], cmd[4::1]))
     assert arg["--worker-extension-cls"] == EXTENSION and arg["--tensor-parallel-size"] == "2"
     assert json.loads(arg["--weight-transfer-config"]) == {"backend": wire.GLOO_BACKEND}  # CPU
-    assert arg["--logprobs-mode"] == "processed_logprobs" and "--enforce-eager" in cmd and cmd[-2:] == ["--foo", "1"]
+    assert arg["--logprobs-mode"] == "processed_logprobs" and "--enforce-eager" in cmd
+    assert cmd[-4:] == ["--foo", "1", "--host", "127.0.0.1"]  # the host last: no passed-through value replaces it
+    assert "--middleware" not in cmd  # no secret: no token middleware
     gpu = serve_command("/m", "0.0.0.0", 1, on_cuda=True)
     assert json.loads(dict(zip(gpu, gpu[1:]))["--weight-transfer-config"]) == {"backend": "nccl"}
     assert "--enforce-eager" not in gpu

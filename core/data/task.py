@@ -82,14 +82,6 @@ def load_task(data_config: DataSettings | dict | None = None) -> Task:
     :class:`~policyzoo.errors.DataError` for bad data (missing file, unknown format, missing
     column, empty data set, non-numeric answer of a numeric task), each naming where and why."""
     s = _settings(data_config)
-    if s.name == "reasoning_gym" and s.path is None:
-        from . import gym
-
-        return gym.load(s)
-    for key in ("tasks", "size", "task_settings"):
-        if getattr(s, key) is not None:
-            raise ConfigError(f"data.{key}", f"data.{key} applies to data.name: reasoning_gym, not to "
-                              f"{name_of(s)}", f"remove data.{key}, or set data.name=reasoning_gym")
     if s.path is not None:
         return _load_rows(s, f"data.path ({s.path})", lambda split: read_path(s.path, split), _plain_answer,
                           default_prompt_column="prompt", default_eval_split=None, system=None)

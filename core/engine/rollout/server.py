@@ -15,6 +15,9 @@ OpenAI-compatible server with policyzoo's worker extension) instead of vLLM in t
   with the server's workers (``weight_push``), then resets each server's prefix cache; other ranks only
   take part in the trainer's gather (ZeRO-3) and wait at a barrier. The sync check
   (``LMPolicy.check_now``) then scores through the server as through the colocated engine.
+* **The secret** (``server_auth``): with ``POLICYZOO_SERVER_TOKEN`` or ``engine.server_token_file``
+  set, every request (sampling, weight routes, sync check) carries ``Authorization: Bearer <secret>``;
+  a server answering 401/403 is refused with a :class:`ServerError` saying which token to set.
 * **Failures**: a server that stops answering raises :class:`ServerError` ("restart it, then
   ``--resume``"): the step fails, no checkpoint is written for it, the last one stays intact.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import torch
@@ -34,6 +37,7 @@ from policyzoo.engine import dist
 from . import server_protocol as wire
 from .engines import NEXT_TOP_K, EngineBase, build_rollout, request_seed
 from .finish import finish
+from .server_auth import auth_headers, refused, resolve_token
 from .server_protocol import ServerError
 from .weight_push import ServerGroup, push
 
@@ -45,12 +49,14 @@ CONNECT_TIMEOUT_S = 10.0
 
 @dataclass
 class Server:
-    """A checked server: its base URL, served model name, worker count and weight backend."""
+    """A checked server: its base URL, served model name, worker count, weight backend and the
+    shared secret sent to it (None: none; never shown in the repr)."""
 
     url: str
     model: str
     workers: int
     backend: str
+    token: str | None = field(default=None, repr=False)
 
 
 def _fail(url: str, what: str, e: Exception) -> ServerError:
@@ -65,6 +71,9 @@ def _call(client: httpx.Client, url: str, method: str, path: str, body=None, wha
         r = client.request(method, url + path, json=body)
     except httpx.HTTPError as e:
         raise _fail(url, what or f"{method} {path}", e) from e
+    if r.status_code in (401, 403):
+        sent = "authorization" in client.headers
+        raise refused(url, sent, ServerError)
     if r.status_code >= 400:
         raise ServerError(f"rollout server {url}", f"{what or path} answered HTTP {r.status_code}: {r.text[:300]}",
                           "start the server with `policyzoo serve` (it turns on the routes and the worker "
@@ -72,16 +81,19 @@ def _call(client: httpx.Client, url: str, method: str, path: str, body=None, wha
     return r.json() if r.content else None
 
 
-def connect(addresses: list[str], model_info, dtype: str, max_model_len: int) -> list[Server]:
-    """Check every server (see the module docstring); returns them in ``engine.servers`` order."""
+def connect(addresses: list[str], model_info, dtype: str, max_model_len: int,
+            token_file: str | None = None) -> list[Server]:
+    """Check every server (see the module docstring); returns them in ``engine.servers`` order, each
+    with the secret of ``token_file`` (``engine.server_token_file``) or ``POLICYZOO_SERVER_TOKEN``."""
     if not addresses:
         raise ServerError("engine.servers", "engine.rollout is server but no server is listed",
                           "set engine.servers=[HOST:PORT, ...] (servers started with `policyzoo serve`)")
     config = json.loads((model_info.path / "config.json").read_text())
     mine = {"versions": wire.installed_versions(), "model": wire.model_identity(config)}
     want = model_info.tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+    token = resolve_token(token_file, where="engine.server_token_file" if token_file else "the rollout server's token")
     out = []
-    with httpx.Client(timeout=CONNECT_TIMEOUT_S) as client:
+    with httpx.Client(timeout=CONNECT_TIMEOUT_S, headers=auth_headers(token)) as client:
         for address in addresses:
             url = wire.parse_address(address)
             models = _call(client, url, "GET", "/v1/models", what="listing the served models")
@@ -100,7 +112,7 @@ def connect(addresses: list[str], model_info, dtype: str, max_model_len: int) ->
                                   + "; ".join(problems), "start the server with the trainer's model folder, "
                                   f"--dtype {dtype} and the same policyzoo and vLLM versions (`policyzoo serve "
                                   f"--model {model_info.path}`)")
-            out.append(Server(url, name, int(ident["world_size"]), ident["weight_transfer"]))
+            out.append(Server(url, name, int(ident["world_size"]), ident["weight_transfer"], token))
     return out
 
 
@@ -111,7 +123,8 @@ class ServerRollout(EngineBase):
     def __init__(self, model_info, servers: list[Server], timeout_s: float, push_timeout_s: float):
         super().__init__(model_info)
         self.servers = servers
-        self.client = httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=256))
+        self.client = httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=256),
+                                   headers=auth_headers(servers[0].token if servers else None))
         self.pool = ThreadPoolExecutor(64, thread_name_prefix="policyzoo-server")
         self.groups = []
         if dist.rank() == 0:

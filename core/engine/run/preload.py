@@ -144,7 +144,7 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     pre.teacher = check_teacher(config, run, model)  # same vocabulary, someone reads it
     if config.engine.rollout == "server":  # reachable, same versions, model and tokenizer: before any weights load
         pre.servers = connect_servers(config.engine.servers, model, config.engine.rollout_dtype or config.model.dtype,
-                                      pre.max_model_len)
+                                      pre.max_model_len, token_file=config.engine.server_token_file)
     pre.settings, pre.task_rewards_n, pre.turn_tokens, pre.n = settings, len(rewards), sp.max_tokens, sp.n
     pre.warnings = [w for w in (system_turn_warning(model.tokenizer, task.train_rows),
                                 sampling_warning(getattr(sp, "temperature", 1.0), sp.n),
