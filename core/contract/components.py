@@ -70,6 +70,11 @@ class Component(ABC):
         """Cross-slot compatibility; raise :class:`ConfigError` with the fix. ``run`` is the
         :class:`~policyzoo.assembly.Run` with every chosen component."""
 
+    def notes(self) -> list[str]:
+        """Lines the dry run prints about this component (e.g. the memory a sandbox may hold); the
+        base has none."""
+        return []
+
     @property
     def stateful(self) -> bool:
         """True for a component that keeps state: its class overrides :meth:`update`."""

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from policyzoo.contract import Env, Episode, Observation
 from policyzoo.data.answers import extract_number
-from policyzoo.plugins.env.sandbox import check_sandbox, run_python
+from policyzoo.plugins.env.sandbox import SandboxError, check_sandbox, memory_bound, run_python
 
 CODE_SYSTEM = ("Solve the task by writing Python. Put your program in one ```python ... ``` block; it is run and "
                "you see its output (stdout and stderr). Fix it if it fails. When it works, reply without code: "
@@ -44,7 +44,7 @@ class CodeEpisode(Episode):
         tests = self.row.get("tests") or ""
         r = run_python(code + ("\n\n" + tests if tests else ""), timeout_s=p.timeout_s, cpu_s=p.cpu_s,
                        memory_mb=p.memory_mb, max_procs=p.max_procs, max_output_chars=p.max_output_chars,
-                       python=p.python)
+                       python=p.python, tmp_mb=p.tmp_mb, ro_paths=tuple(p.ro_paths))
         self.passed = bool(tests) and r.ok
         self.last_stdout = r.stdout
         status = ("timed out after {:g} s (killed)".format(p.timeout_s) if r.timed_out
@@ -92,15 +92,34 @@ class PythonSandbox(Env):
         stop_when_passed: bool = Field(True, description="end the episode when the row's tests pass")
         timeout_s: float = Field(5.0, gt=0, description="wall-clock seconds per run")
         cpu_s: int = Field(5, ge=1, description="CPU seconds per run")
-        memory_mb: int = Field(512, ge=32, description="address-space limit per process, MiB")
-        max_procs: int = Field(32, ge=1, description="processes the sandbox user may have (fork bombs stop here)")
-        max_output_chars: int = Field(2000, ge=1, description="stdout and stderr are cut to their last N characters")
+        memory_mb: int = Field(512, ge=32, description="memory per process, MiB: its address space plus /tmp")
+        tmp_mb: int = Field(64, ge=1, description="size of the private /tmp (a tmpfs in host memory), MiB; part "
+                            "of memory_mb (the address space gets memory_mb - tmp_mb)")
+        max_procs: int = Field(8, ge=1, description="processes and threads the sandbox user may have (fork bombs "
+                               "stop here)")
+        max_output_chars: int = Field(2000, ge=1, description="stdout and stderr: at most N bytes each are kept "
+                                      "while read (the head and the tail, with a marker saying how much was cut)")
         tool_role: str = Field("tool", description="chat role of the program's output")
         python: str | None = Field(None, description="interpreter inside the sandbox (None: /usr/bin/python3)")
+        ro_paths: list[str] = Field(default_factory=list, description="extra host paths bound read-only inside "
+                                    "(absolute; e.g. a venv with numpy); nothing else of the host is visible")
 
     def __init__(self, **params):
         super().__init__(**params)
-        check_sandbox(self.params.python)
+        if self.params.tmp_mb >= self.params.memory_mb:
+            raise SandboxError(f"env: {self.name}: tmp_mb", f"tmp_mb = {self.params.tmp_mb} must be smaller than "
+                               f"memory_mb = {self.params.memory_mb} (/tmp is part of the memory budget)",
+                               "lower tmp_mb or raise memory_mb")
+        check_sandbox(self.params.python, tuple(self.params.ro_paths))
+
+    def notes(self) -> list[str]:
+        p = self.params
+        b = memory_bound(p.memory_mb, p.tmp_mb, p.max_procs)
+        return [f"env {self.name}: each program holds at most {b['process']} MiB in one process (address space "
+                f"{p.memory_mb - p.tmp_mb} + /tmp {p.tmp_mb}) and {b['worst']} MiB if it forks up to max_procs = "
+                f"{p.max_procs}; episodes run one at a time per rank, so a host with k ranks holds at most "
+                f"k x {b['worst']} MiB of sandbox memory; read-only paths: the interpreter's (docs/security.md)"
+                + (f" and ro_paths {p.ro_paths}" if p.ro_paths else "")]
 
     def env(self, row):
         return CodeEpisode(row, self.params)

@@ -75,6 +75,7 @@ class PreLoad:
     resume_lines: list[str] = field(default_factory=list)
     lr_plan: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # the components' own lines for the dry run
     teacher: object = None
     servers: list = field(default_factory=list)  # engine.rollout: server, checked at connect
     #: the prompt-length count: seconds, prompts counted, prompts remembered from earlier runs (prompt_lengths.py)
@@ -150,6 +151,7 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
                                 sampling_warning(getattr(sp, "temperature", 1.0), sp.n),
                                 filter_bias_warning(run, config.engine.overlap, config.engine.max_staleness))
                     if w] + pre.warnings
+    pre.notes = [line for comp in run.components() for line in comp.notes()]
     _check_run_dir(pre, config, bundle.name, resume, force_resume, dry_run)
     return pre
 

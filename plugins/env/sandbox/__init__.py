@@ -1,23 +1,38 @@
 """Running untrusted Python (code a model wrote) in a bubblewrap sandbox.
 
 :func:`run_python` starts ``bwrap`` (Debian package ``bubblewrap``; ``make setup`` installs it)
-around a Python interpreter:
+around a Python interpreter. What it promises, each pinned by a test in ``tests/security/``
+(``docs/security.md`` has the threat model and the table):
 
+* **a minimal filesystem view**: an empty read-only root holding only the interpreter, its
+  standard library and the shared libraries it loads (:mod:`~policyzoo.plugins.env.sandbox.view`
+  lists them and why), plus the user's explicit ``ro_paths``; no ``$HOME``, no checkout, no run
+  directory, no ``/sys``; its own ``/proc`` (new PID namespace) and a minimal ``/dev``;
 * **no network**: new network namespace (``--unshare-all``: no interface but a down loopback);
-* **read-only filesystem view**: ``/`` bound read-only, a private empty ``/tmp`` (tmpfs, the
-  only writable place, gone after the run), fresh ``/dev`` and ``/proc``;
-* **separate process tree**: new PID namespace; ``--die-with-parent`` and a new session, and the
-  whole process group is killed at the wall-clock limit, so nothing outlives the call;
-* **limits** (``setrlimit`` before ``bwrap`` starts, inherited): CPU seconds, address space
-  (memory), processes (``RLIMIT_NPROC``: a fork bomb gets EAGAIN), file size; wall-clock
-  ``timeout_s``. When this process runs as root the sandbox runs as ``nobody`` (65534) --
-  root ignores ``RLIMIT_NPROC`` -- through an unprivileged user namespace; as another user the
-  process limit is that user's current count plus ``max_procs`` (the limit is per user).
+* **bounded memory**: ``/tmp`` is the only writable place, a tmpfs of ``tmp_mb`` MiB (bubblewrap's
+  ``--size``: a full ``/tmp`` is ``ENOSPC``); each process's address space is limited to
+  ``memory_mb - tmp_mb`` (``RLIMIT_AS``), so one process and its ``/tmp`` stay within ``memory_mb``;
+  a program that forks holds at most ``tmp_mb + max_procs * (memory_mb - tmp_mb)``
+  (:func:`memory_bound`);
+* **bounded output**: stdout and stderr are read as they arrive and only the head and the tail
+  (``max_output_chars`` bytes in all per stream) are kept (:mod:`~policyzoo.plugins.env.sandbox.capture`):
+  the trainer's memory does not grow with what a program prints;
+* **no secrets from the environment**: bubblewrap itself starts with an empty environment (so even
+  its ``/proc/1/environ`` holds nothing) and the program gets only ``PATH`` and ``HOME=/tmp``;
+  ``python -I`` ignores ``PYTHON*`` variables, the user site and the current directory;
+* **separate process tree**: new PID namespace (the trainer's processes are invisible, no signal
+  reaches them); ``--die-with-parent`` and a new session, and the whole process group is killed at
+  the wall-clock limit, so nothing outlives the call;
+* **limits** (``setrlimit`` before ``bwrap`` starts, inherited): CPU seconds, address space,
+  processes (``RLIMIT_NPROC``: a fork bomb gets EAGAIN), file size; wall-clock ``timeout_s``. When
+  this process runs as root the sandbox runs as ``nobody`` (65534) -- root ignores
+  ``RLIMIT_NPROC`` -- through an unprivileged user namespace; as another user the process limit is
+  that user's current count plus ``max_procs`` (the limit is per user).
 
 The result is a :class:`SandboxResult` (stdout, stderr, exit code, whether the limit killed it);
 the program's failure is data for the caller (an observation), never an exception here.
 :class:`SandboxError` is raised only when the sandbox itself cannot run (bubblewrap missing or
-refused by the kernel), with the fix.
+refused by the kernel, an interpreter that cannot be probed, a bad ``ro_paths`` entry), with the fix.
 """
 
 from __future__ import annotations
@@ -28,9 +43,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 from policyzoo.errors import UserError
+from policyzoo.plugins.env.sandbox.capture import Capture, read_until
 
 NOBODY = 65534
 
@@ -94,42 +111,66 @@ def _limits(cpu_s: int, memory_mb: int, max_procs: int, file_mb: int):
     return apply
 
 
-def command(code: str, python: str | None = None) -> list[str]:
+def memory_bound(memory_mb: int, tmp_mb: int, max_procs: int) -> dict:
+    """The sandbox's memory in MiB: ``process`` (one process's address space plus ``/tmp``, at most
+    ``memory_mb``) and ``worst`` (``max_procs`` processes each at its address-space limit, plus ``/tmp``)."""
+    return {"process": memory_mb, "worst": tmp_mb + max_procs * (memory_mb - tmp_mb)}
+
+
+def command(code: str, python: str | None = None, tmp_mb: int = 64, ro_paths: tuple[str, ...] = ()) -> list[str]:
     """The ``bwrap`` command line that runs ``code`` with ``python -I -c`` (isolated mode: no
-    user site, no PYTHON* variables, no current-directory import)."""
-    return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--unshare-all", "--unshare-net", "--die-with-parent", "--new-session", "--clearenv",
-            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--chdir", "/tmp",
-            python_path(python), "-I", "-c", code]
+    user site, no PYTHON* variables, no current-directory import) in the view of
+    :func:`~policyzoo.plugins.env.sandbox.view.view`, with a ``tmp_mb`` MiB ``/tmp``."""
+    from policyzoo.plugins.env.sandbox.view import check_ro_paths, view
+
+    exe = python_path(python)
+    # --as-pid-1: the program is the namespace's init, so bubblewrap's own reaper never outlives the
+    # call as a zombie (on a host whose init reaps no orphans they filled RLIMIT_NPROC after 6 runs)
+    return [shutil.which("bwrap") or "bwrap", *view(exe, check_ro_paths(ro_paths)),
+            "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
+            "--remount-ro", "/", "--unshare-all", "--unshare-net", "--as-pid-1", "--die-with-parent", "--new-session",
+            "--clearenv",
+            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--chdir", "/tmp", exe, "-I", "-c", code]
 
 
-def run_python(code: str, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, max_procs: int = 32,
-               file_mb: int = 1, max_output_chars: int = 2000, python: str | None = None) -> SandboxResult:
-    """Run ``code`` in the sandbox (module docstring); returns its :class:`SandboxResult`."""
-    proc = subprocess.Popen(command(code, python), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=_limits(cpu_s, memory_mb, max_procs, file_mb))
+def run_python(code: str, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, max_procs: int = 8,
+               file_mb: int = 1, max_output_chars: int = 2000, python: str | None = None, tmp_mb: int = 64,
+               ro_paths: tuple[str, ...] | list[str] = ()) -> SandboxResult:
+    """Run ``code`` in the sandbox (module docstring); returns its :class:`SandboxResult`.
+
+    ``memory_mb`` is one process's whole budget: ``tmp_mb`` of it is ``/tmp`` (must be smaller than
+    ``memory_mb``), the rest its address space. ``max_output_chars`` bounds each of stdout and stderr
+    while they are read (head and tail kept). Raises :class:`SandboxError` for ``tmp_mb >= memory_mb``
+    and a bad ``ro_paths`` entry."""
+    if not 0 < tmp_mb < memory_mb:
+        raise SandboxError(f"env: python_sandbox: tmp_mb = {tmp_mb}", f"/tmp must be a positive part of memory_mb "
+                           f"= {memory_mb} (the address space gets the rest)", "lower tmp_mb or raise memory_mb")
+    cmd = command(code, python, tmp_mb, tuple(ro_paths))
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
+                            preexec_fn=_limits(cpu_s, memory_mb - tmp_mb, max_procs, file_mb))
+    out, err = Capture(max_output_chars), Capture(max_output_chars)
     try:
-        out, err = proc.communicate(timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = proc.communicate()
-        timed_out = True
-    cut = max_output_chars
-    return SandboxResult(out.decode(errors="replace")[-cut:], err.decode(errors="replace")[-cut:], proc.returncode,
-                         timed_out)
+        timed_out = not read_until({proc.stdout: out, proc.stderr: err}, time.monotonic() + timeout_s)
+        if timed_out:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            read_until({proc.stdout: out, proc.stderr: err}, time.monotonic() + 5.0)
+        proc.wait()
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+    return SandboxResult(out.text(), err.text(), proc.returncode, timed_out)
 
 
-def check_sandbox(python: str | None = None) -> None:
+def check_sandbox(python: str | None = None, ro_paths: tuple[str, ...] = ()) -> None:
     """Raise :class:`SandboxError` with the fix unless the sandbox runs ``print(1)`` here."""
     if shutil.which("bwrap") is None:
         raise SandboxError("env: python_sandbox", "bubblewrap (bwrap) is not installed",
                            "apt-get install bubblewrap (make setup installs it)")
     try:
-        r = run_python("print(1)", timeout_s=60, python=python)
+        r = run_python("print(1)", timeout_s=60, python=python, ro_paths=ro_paths)
     except OSError as e:
         raise SandboxError("env: python_sandbox", f"cannot start bwrap: {e}", "apt-get install bubblewrap") from None
     if r.stdout.strip() != "1":

@@ -1,0 +1,148 @@
+"""The sandbox's filesystem view: the few host paths a Python interpreter needs, read-only, and
+nothing else.
+
+A program in the sandbox starts in an empty root (bubblewrap's own tmpfs, remounted read-only).
+Into it :func:`view` binds, each read-only at its own path:
+
+==========================  ====================================================================
+what                        why
+==========================  ====================================================================
+the interpreter's file      the program to run (its real path; symlinks to it are recreated)
+its standard library        ``sysconfig``'s ``stdlib`` and ``platstdlib`` (``lib-dynload`` inside)
+its shared libraries        the files ``ldd`` names for the interpreter and every extension module
+                            of ``lib-dynload``, the dynamic loader among them
+``/etc/ld.so.cache``        the loader's index of those libraries (paths only, no secrets)
+a venv's ``pyvenv.cfg``     when the interpreter is a venv's: Python reads it to find its home
+top-level symlinks          ``/bin -> usr/bin``, ``/lib -> usr/lib``, ... as on the host (merged /usr)
+``sandbox.ro_paths``        only the paths the user names (e.g. a venv with numpy), nothing implied
+==========================  ====================================================================
+
+Not bound: ``$HOME`` (so no ``~/.netrc``, ``~/.cache/huggingface/token``), ``/home``, ``/root``,
+``/srv``, ``/mnt``, ``/opt``, ``/sys``, the rest of ``/etc`` (``passwd`` included), the project
+checkout, the run directory, the site-packages of the interpreter. ``/proc`` is the sandbox's own
+(a new PID namespace: it shows only the sandbox's processes), ``/dev`` a minimal one, ``/tmp`` a
+sized tmpfs (:mod:`policyzoo.plugins.env.sandbox`).
+
+:func:`view` raises :class:`~policyzoo.plugins.env.sandbox.SandboxError` (a ``UserError``) for an
+interpreter that cannot be probed and for an ``ro_paths`` entry that is not an absolute,
+existing path other than ``/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from functools import lru_cache
+
+from policyzoo.errors import UserError
+
+TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_PROBE = ("import json, os, sys, sysconfig; p = sysconfig.get_paths(); print(json.dumps({'exe': sys.executable, "
+          "'prefix': sys.prefix, 'base_prefix': sys.base_prefix, 'stdlib': p['stdlib'], 'platstdlib': p['platstdlib'],"
+          " 'dynload': [d for d in sys.path if d.endswith('lib-dynload')]}))")
+
+
+def _error(what: str, why: str, fix: str) -> UserError:
+    from policyzoo.plugins.env.sandbox import SandboxError
+
+    return SandboxError(what, why, fix)
+
+
+def _probe(python: str) -> dict:
+    """What the interpreter says of itself (its own ``-I -S`` run on the host: no site, no user code)."""
+    try:
+        out = subprocess.run([python, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=60,
+                             env={"PATH": "/usr/bin:/bin"}, check=True).stdout
+        return json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        raise _error("env: python_sandbox: python", f"cannot run the sandbox's interpreter {python!r}: {e}",
+                     "give an existing Python 3 interpreter readable by every user (default /usr/bin/python3)")
+
+
+def _libraries(files: list[str]) -> set[str]:
+    """The shared libraries ``ldd`` names for ``files`` (the loader included)."""
+    if not files:
+        return set()
+    out = subprocess.run(["ldd", *files], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin"}).stdout
+    libs = set()
+    for line in out.splitlines():
+        line = line.strip()
+        if "=>" in line:
+            line = line.split("=>", 1)[1].strip()
+        path = line.split(" (", 1)[0].strip()
+        if path.startswith("/") and os.path.exists(path):
+            libs.add(path)
+    return libs
+
+
+def _links_to(path: str) -> list[tuple[str, str]]:
+    """``(target, link)`` for each symlink met while resolving ``path``'s last component (the
+    directories above it resolved), so the path works inside the sandbox as on the host."""
+    links = []
+    path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    for _ in range(40):  # the kernel's own bound on a symlink chain
+        if not os.path.islink(path):
+            break
+        target = os.readlink(path)
+        links.append((target, path))
+        nxt = target if os.path.isabs(target) else os.path.join(os.path.dirname(path), target)
+        path = os.path.join(os.path.realpath(os.path.dirname(nxt)), os.path.basename(nxt))
+    return links
+
+
+def check_ro_paths(ro_paths) -> tuple[str, ...]:
+    """``ro_paths`` as a tuple of absolute, existing paths; raises for any other entry."""
+    for p in ro_paths:
+        if not isinstance(p, str) or not os.path.isabs(p) or os.path.normpath(p) == "/":
+            raise _error(f"env: python_sandbox: ro_paths: {p!r}", "each entry must be an absolute path other than /",
+                         "name the folder the program needs, e.g. ro_paths: [/opt/venvs/numpy]")
+        if not os.path.exists(p):
+            raise _error(f"env: python_sandbox: ro_paths: {p}", "the path does not exist", "fix the path or drop it")
+    return tuple(os.path.normpath(p) for p in ro_paths)
+
+
+@lru_cache(maxsize=16)
+def view(python: str, ro_paths: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """bubblewrap arguments that build the view (module docstring) for ``python`` plus
+    ``ro_paths``: ``--ro-bind SRC DEST`` and ``--symlink TARGET LINK`` pairs, parents before children."""
+    info = _probe(python)
+    binds: set[str] = set()
+    links: dict[str, str] = {}
+    for top in TOP_LINKS:
+        if os.path.islink(top):
+            links[top] = os.readlink(top)
+    exe = os.path.abspath(python)
+    for target, link in _links_to(exe):
+        links.setdefault(link, target)
+    real = os.path.realpath(exe)
+    binds.add(real)
+    roots = {info["stdlib"], info["platstdlib"], *info["dynload"]}
+    binds.update(os.path.realpath(r) for r in roots if os.path.isdir(r))
+    if info["prefix"] != info["base_prefix"]:  # a venv: its pyvenv.cfg names the base interpreter
+        cfg = os.path.join(info["prefix"], "pyvenv.cfg")
+        if os.path.exists(cfg):
+            binds.add(cfg)
+    modules = [os.path.join(d, f) for d in info["dynload"] if os.path.isdir(d) for f in sorted(os.listdir(d))
+               if f.endswith(".so")]
+    for lib in _libraries([real, *modules]):
+        for target, link in _links_to(lib):
+            links.setdefault(link, target)
+        binds.add(os.path.realpath(lib))
+    if os.path.exists("/etc/ld.so.cache"):
+        binds.add("/etc/ld.so.cache")
+    binds.update(ro_paths)
+    args: list[str] = []
+    for path in sorted(binds):
+        args += ["--ro-bind", path, path]
+    for link in sorted(links, key=lambda p: p.count("/")):
+        if link not in binds:
+            args += ["--symlink", links[link], link]
+    return tuple(args)
+
+
+def bound_paths(python: str, ro_paths: tuple[str, ...] = ()) -> list[str]:
+    """The host paths :func:`view` binds (for the dry run and the docs)."""
+    args = view(python, ro_paths)
+    return [args[i + 1] for i in range(len(args)) if args[i] == "--ro-bind"]
