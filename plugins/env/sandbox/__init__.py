@@ -46,14 +46,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-from policyzoo.errors import UserError
 from policyzoo.plugins.env.sandbox.capture import Capture, read_until
+from policyzoo.plugins.env.sandbox.view import SandboxError, check_ro_paths, view
 
 NOBODY = 65534
-
-
-class SandboxError(UserError):
-    """The sandbox cannot run here (bubblewrap missing, user namespaces refused)."""
 
 
 @dataclass
@@ -121,8 +117,6 @@ def command(code: str, python: str | None = None, tmp_mb: int = 64, ro_paths: tu
     """The ``bwrap`` command line that runs ``code`` with ``python -I -c`` (isolated mode: no
     user site, no PYTHON* variables, no current-directory import) in the view of
     :func:`~policyzoo.plugins.env.sandbox.view.view`, with a ``tmp_mb`` MiB ``/tmp``."""
-    from policyzoo.plugins.env.sandbox.view import check_ro_paths, view
-
     exe = python_path(python)
     # --as-pid-1: the program is the namespace's init, so bubblewrap's own reaper never outlives the
     # call as a zombie (on a host whose init reaps no orphans they filled RLIMIT_NPROC after 6 runs)

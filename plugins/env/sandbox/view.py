@@ -23,7 +23,7 @@ checkout, the run directory, the site-packages of the interpreter. ``/proc`` is 
 (a new PID namespace: it shows only the sandbox's processes), ``/dev`` a minimal one, ``/tmp`` a
 sized tmpfs (:mod:`policyzoo.plugins.env.sandbox`).
 
-:func:`view` raises :class:`~policyzoo.plugins.env.sandbox.SandboxError` (a ``UserError``) for an
+:func:`view` raises :class:`SandboxError` (a ``UserError``) for an
 interpreter that cannot be probed and for an ``ro_paths`` entry that is not an absolute,
 existing path other than ``/``.
 """
@@ -43,9 +43,12 @@ _PROBE = ("import json, os, sys, sysconfig; p = sysconfig.get_paths(); print(jso
           " 'dynload': [d for d in sys.path if d.endswith('lib-dynload')]}))")
 
 
-def _error(what: str, why: str, fix: str) -> UserError:
-    from policyzoo.plugins.env.sandbox import SandboxError
+class SandboxError(UserError):
+    """The sandbox cannot run here (bubblewrap missing, user namespaces refused, an interpreter
+    that cannot be probed) or is configured wrong (``ro_paths``, ``tmp_mb``)."""
 
+
+def _error(what: str, why: str, fix: str) -> UserError:
     return SandboxError(what, why, fix)
 
 
