@@ -163,6 +163,8 @@ ROWS = [
     ({"report_to": ["none"]}, "train.report_to", []),
     ({"log_completions": True, "logging_steps": 5}, "train.log_completions_every", 5),
     ({"logging_steps": 5}, "train.log_completions_every", 0),
+    ({}, "data.eval_size", 0),                                       # eval_strategy 'no': no held-out rows
+    ({"eval_strategy": "steps", "eval_steps": 25}, "data.eval_size", 100),  # policyzoo's default held-out rows
     ({"eval_strategy": "steps", "eval_steps": 25}, "train.eval_every", 25),
     ({"eval_strategy": "steps"}, "train.eval_every", 10),           # eval_steps None -> logging_steps
     ({}, "train.save_every", 500),
@@ -176,8 +178,9 @@ ROWS = [
     ({"use_vllm": True}, "engine.rollout", "vllm"),
     ({"use_vllm": True, "vllm_enable_sleep_mode": True}, "engine.vllm_sleep", 2),
     ({"vllm_gpu_memory_utilization": 0.5}, "engine.gpu_memory_utilization", 0.5),
-    ({"num_generations_eval": 4, "temperature": 0.6}, "eval.n", 4),
-    ({"num_generations_eval": 4, "temperature": 0.6}, "eval.temperature", 0.6),
+    ({"eval_strategy": "steps", "num_generations_eval": 4, "temperature": 0.6}, "eval.n", 4),
+    ({"eval_strategy": "steps", "num_generations_eval": 4, "temperature": 0.6}, "eval.temperature", 0.6),
+    ({"num_generations_eval": 4}, "eval.n", 1),                     # eval_strategy 'no': nothing evaluated
     ({}, "train.reward_nan", "nansum"),                               # conventions: trl
 ]
 
@@ -332,6 +335,10 @@ def test_dry_run_prints_each_keys_source(tmp_path, monkeypatch, capsys):
     assert src["train.lr"] == "command line (train.lr) over TRL learning_rate=2e-06"
     assert src["algorithm.kl"] == "TRL beta=0.04, use_bias_correction_kl=True (default)"
     assert out["from_trl"]["ignored"] == {"use_cpu": IGNORED["use_cpu"]}
+    # TRL's default eval_strategy 'no': no held-out evaluation, said in the dry run
+    assert out["data"]["eval_size"] == 0 and src["data.eval_size"] == "TRL eval_strategy='no' (default)"
+    assert any(n.startswith("eval_strategy is no (TRL's default): no held-out evaluation")
+               for n in out["from_trl"]["notes"])
     assert not (tmp_path / "run").exists()
 
 

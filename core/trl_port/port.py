@@ -127,20 +127,48 @@ def port_trl(cfg: Any, world_size: int | None = None) -> Port:
     port = Port(tree, r.origins, {k: IGNORED[k] for k in given if k in IGNORED})
     _batch(r, tree, world)
     _schedule(r, tree, port)
-    _bookkeeping(r, tree)
+    _bookkeeping(r, tree, port)
     tree["algorithm"] = algorithm(r, world)
     if r("use_vllm") is False:
         port.notes.append("use_vllm is false (TRL's default): TRL samples with transformers' generate, so "
-                          "engine.rollout is transformers; set use_vllm: true for vLLM")
+                          "engine.rollout is transformers, the slower sampler: vLLM samples the same rows in "
+                          "0.49-0.65x generate's time on CPU (docs/benchmarks.md), and more so on GPUs; set "
+                          "use_vllm: true (or engine.rollout=vllm) to sample with vLLM")
     tree["algorithm"]["filter"] = []
     tree["algorithm"]["reward"] = []
     return port
 
 
-def from_trl(cfg: Any, world_size: int | None = None) -> dict:
-    """The policyzoo config (a dict for ``policyzoo.train(config=...)`` / ``policyzoo.Trainer``)
-    of a TRL ``GRPOConfig`` object, dict or YAML file: :func:`port_trl`'s ``tree``."""
-    return port_trl(cfg, world_size).tree
+class TrlConfig(dict):
+    """What :func:`from_trl` returns: the policyzoo config tree -- the object is that dict, so
+    ``policyzoo.train(config=...)``, ``build_config(config=...)`` and ``cfg["train"]["lr"]`` work on it --
+    with its provenance: ``origins`` (``{policyzoo key: the TRL keys and values it came from}``), ``ignored``
+    (``{TRL key given: why it has no effect}``), ``notes`` (conventions that differ), ``trl_version``, and
+    :meth:`report` (what ``--dry-run`` prints under ``from_trl``)."""
+
+    trl_version = TRL_VERSION
+
+    def __init__(self, port: Port | None = None):
+        super().__init__(port.tree if port else {})
+        self.origins = dict(port.origins) if port else {}
+        self.ignored = dict(port.ignored) if port else {}
+        self.notes = list(port.notes) if port else []
+
+    @property
+    def config(self) -> dict:
+        """The config tree as a plain dict (for YAML, JSON or a copy)."""
+        return dict(self)
+
+    def report(self, overrides: dict[str, Any] | None = None) -> dict:
+        """Each key's source, the ignored keys and the notes (:meth:`Port.report`)."""
+        return Port(self.config, self.origins, self.ignored, self.notes).report(overrides)
+
+
+def from_trl(cfg: Any, world_size: int | None = None) -> TrlConfig:
+    """The policyzoo config of a TRL ``GRPOConfig`` object, dict or YAML file (:func:`port_trl`), as a
+    :class:`TrlConfig`: the config dict itself, with each key's source, the ignored keys and the notes.
+    Raises :class:`ConfigError` as :func:`port_trl`."""
+    return TrlConfig(port_trl(cfg, world_size))
 
 
 def _set(r: _Reader, tree: dict, key: str, value: Any, *trl_keys: str) -> None:
@@ -222,7 +250,7 @@ def _schedule(r: _Reader, tree: dict, port: Port) -> None:
                           "optimizer steps, train.steps keeps its default (set max_steps)")
 
 
-def _bookkeeping(r: _Reader, tree: dict) -> None:
+def _bookkeeping(r: _Reader, tree: dict, port: Port) -> None:
     if r("data_seed") is not None:
         _set(r, tree, "data.seed", r("data_seed"), "data_seed")
     report = r("report_to")
@@ -253,6 +281,28 @@ def _bookkeeping(r: _Reader, tree: dict) -> None:
     _set(r, tree, "engine.rollout", "vllm" if r("use_vllm") else "transformers", "use_vllm")
     _set(r, tree, "engine.vllm_sleep", 2 if r("vllm_enable_sleep_mode") else 0, "vllm_enable_sleep_mode")
     _set(r, tree, "engine.gpu_memory_utilization", r("vllm_gpu_memory_utilization"), "vllm_gpu_memory_utilization")
+    _evaluation(r, tree, port)
+
+
+#: why a TRL evaluation key has no effect when eval_strategy is no
+NO_EVAL = "eval_strategy is no: no held-out evaluation (data.eval_size=0)"
+
+
+def _evaluation(r: _Reader, tree: dict, port: Port) -> None:
+    """TRL's evaluation keys: ``eval_strategy: no`` (TRL's default) turns policyzoo's held-out evaluation off
+    (``data.eval_size=0``: no rows held out, none evaluated); ``steps`` evaluates every ``eval_steps``
+    (:func:`_bookkeeping` sets ``train.eval_every``) on ``data.eval_size`` held-out rows, with
+    ``num_generations_eval`` samples each at ``temperature``."""
+    if r("eval_strategy") == "no":
+        _set(r, tree, "data.eval_size", 0, "eval_strategy")
+        port.notes.append("eval_strategy is no (TRL's default): no held-out evaluation (data.eval_size=0); for "
+                          "one, set eval_strategy: steps and eval_steps, or data.eval_size=N on the command line")
+        for key in ("eval_steps", "num_generations_eval", "per_device_eval_batch_size"):
+            if key in r.given:
+                port.ignored[key] = NO_EVAL
+        return
+    port.notes.append(f"eval_strategy is steps: policyzoo evaluates data.eval_size held-out rows (default 100) "
+                      f"every {tree['train']['eval_every']} steps, and also before the first step and after the last")
     if r("num_generations_eval") is not None:
         _set(r, tree, "eval.n", r("num_generations_eval"), "num_generations_eval")
         _set(r, tree, "eval.temperature", r("temperature"), "temperature")
