@@ -152,7 +152,12 @@ def test_progress_prints_one_line_per_step_without_a_terminal():
     buf.seek(0)
     with progress_bar(console, 10, 5) as bar:  # the latest evaluation, named for what it is, with its step
         bar.advance({"reward_mean": 0.5}, -0.24, "held-out reward", 5)
-    assert buf.getvalue().startswith("step 6/10  reward 0.5  held-out reward -0.24 @5  len 0")
+        bar.advance({"reward_mean": 0.6}, -0.24, "held-out reward", 5)  # the same evaluation: not repeated
+        bar.advance({"reward_mean": 0.7}, 0.31, "held-out reward", 7)  # a new one
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("step 6/10  reward 0.5  held-out reward -0.24 (last eval, step 5)  len 0")
+    assert lines[1].startswith("step 7/10  reward 0.6  len 0") and "held-out" not in lines[1]
+    assert lines[2].startswith("step 8/10  reward 0.7  held-out reward 0.31 (last eval, step 7)  len 0")
 
 
 def test_the_held_out_value_is_called_accuracy_only_for_one_correctness_reward():

@@ -2,11 +2,14 @@
 
 On a terminal (rich decides: ``console.is_terminal``) a bar shows steps done, time elapsed and
 left, and the last step's ``reward`` (``reward_mean``), the latest held-out evaluation with the
-step it was taken at (``accuracy 0.25 @10``; named ``held-out reward`` when the task's reward is
-not one 0/1 correctness check: see ``eval_metric_name``), mean response length and rollout speed.
-Without one (a log file, a job scheduler) each step prints one line with the same numbers, its
-time and the ETA: the mean step time of this session so far x the steps left. Numbers are
-rounded (3 significant digits for the reward, 2 decimals for the held-out value).
+step it was taken at (``accuracy 0.25 (last eval, step 10)``: the value is measured only at the
+evaluations, before the first step, every ``train.eval_every`` steps and after the last; named
+``held-out reward`` when the task's reward is not one 0/1 correctness check: see
+``eval_metric_name``), mean response length and rollout speed. Without one (a log file, a job
+scheduler) each step prints one line with the same numbers, its time and the ETA: the mean step
+time of this session so far x the steps left; the held-out value only on the first line after each
+evaluation (a log of 20 steps does not repeat step 0's value 20 times). Numbers are rounded (3
+significant digits for the reward, 2 decimals for the held-out value).
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 def summary_text(m: dict, accuracy: float | None, label: str = "accuracy", at: int | None = None) -> str:
-    """``reward 0.423  accuracy 0.25 @10  len 12  1540 tok/s``: the held-out value of the latest
-    evaluation (``label``) and its step ``at`` (left out before any evaluation)."""
+    """``reward 0.423  accuracy 0.25 (last eval, step 10)  len 12  1540 tok/s``: the held-out value of the
+    latest evaluation (``label``) and its step ``at`` (left out before any evaluation or when None)."""
     parts = [f"reward {m.get('reward_mean', math.nan):.3g}"]
     if accuracy is not None and math.isfinite(accuracy):
-        parts.append(f"{label} {accuracy:.2f}" + (f" @{at}" if at is not None else ""))
+        parts.append(f"{label} {accuracy:.2f}" + (f" (last eval, step {at})" if at is not None else ""))
     parts += [f"len {m.get('response_length_mean', 0):.0f}", f"{m.get('rollout_tokens_per_s', 0):.0f} tok/s"]
     if m.get("skipped"):
         parts.append("skipped")
@@ -48,8 +51,13 @@ class _Lines:
     def __init__(self, console, total: int, done: int):
         self.console, self.total, self.done = console, total, done
         self.first, self.t0 = done, time.perf_counter()
+        self.shown_at = None  # the step of the evaluation last printed
 
     def advance(self, m: dict, accuracy: float | None = None, label: str = "accuracy", at: int | None = None) -> None:
+        if at is not None and at == self.shown_at:
+            accuracy = None  # printed on an earlier line: a log line shows a held-out value once
+        elif at is not None and accuracy is not None:
+            self.shown_at = at
         self.done += 1
         per_step = (time.perf_counter() - self.t0) / (self.done - self.first)
         self.console.print(f"step {self.done}/{self.total}  {summary_text(m, accuracy, label, at)}  "
