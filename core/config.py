@@ -201,6 +201,10 @@ def config_keys(model: type[pydantic.BaseModel] | None = None, prefix: str = "")
             continue
         default = yaml.safe_dump(field.default, default_flow_style=True).strip().removesuffix("...").strip()
         out.append((key, default, field.description or ""))
+        if key == "algorithm":  # the one algorithm key that is no slot (policyzoo.conventions)
+            out.append(("algorithm.conventions", "policyzoo", f"every convention switch set to a peer's default: "
+                        f"{' | '.join(conventions.PRESETS)} (algorithm: {{base: grpo, conventions: trl}}; "
+                        "docs/glossary.md, 'Conventions')"))
     return out
 
 

@@ -64,11 +64,13 @@ def test_every_config_key_has_a_description_and_is_listed(capsys):
     assert main(["config"]) == 0
     out = capsys.readouterr().out
     assert "train.warmup_steps = 0" in out and "data.on_long_prompt = drop" in out
+    assert "  algorithm.conventions = policyzoo " in out and "policyzoo | trl | verl" in out  # core/conventions.py
     with pytest.raises(SystemExit) as e:
         main(["train", "--help"])
     assert e.value.code == 0 and "train.report_to = [tensorboard]" in capsys.readouterr().out
     sections = [f.annotation for f in Config.model_fields.values()]
-    assert len(out.splitlines()) == len(keys) == sum(len(getattr(a, "model_fields", [0])) for a in sections)
+    # one line per field of every section, plus algorithm.conventions (no field of its own: inside algorithm)
+    assert len(out.splitlines()) == len(keys) == sum(len(getattr(a, "model_fields", [0])) for a in sections) + 1
 
 
 def test_csv_file_eval_path_and_prompt_only_data(tmp_path):
