@@ -12,7 +12,9 @@ An entry::
     }
 
 A number taken while the 1-minute load average before the run exceeded the machine's cores is
-marked ``"loaded": true``: other work shared the cores and timings are pessimistic. The file is
+marked ``"loaded": true``: other work shared the cores and timings are pessimistic. Paths inside the
+repository are written relative to it (``bench/results/x``, ``.venv/bin/policyzoo``), in the command and
+in every string of the detail, so an entry reads the same on any machine (:func:`relative`). The file is
 rewritten atomically (temporary file + rename), keeping the other entries.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -27,19 +30,28 @@ import tempfile
 import time
 from pathlib import Path
 
-SUMMARY = Path(__file__).resolve().parent / "results" / "summary.json"
+ROOT = Path(__file__).resolve().parents[1]
+SUMMARY = ROOT / "bench" / "results" / "summary.json"
 #: the 1-, 5- and 15-minute load averages when this module was imported (the script's start)
 LOAD_AT_START = list(os.getloadavg())
 
 
+def relative(value, root: Path = ROOT):
+    """``value`` with every path under ``root`` written relative to it: in a string (``/repo/bench/x`` ->
+    ``bench/x``, ``/repo`` alone -> ``.``), and recursively in lists and dicts; anything else unchanged."""
+    if isinstance(value, str):  # the root itself, then "/" or the end of the path (not /repo-other)
+        return re.sub(re.escape(str(root)) + r"(/|(?![\w.-]))", lambda m: "" if m.group(1) else ".", value)
+    if isinstance(value, list):
+        return [relative(v, root) for v in value]
+    if isinstance(value, dict):
+        return {k: relative(v, root) for k, v in value.items()}
+    return value
+
+
 def command(argv: list[str] | None = None) -> str:
-    """The command line that ran this script, relative to the repository root."""
+    """The command line that ran this script, with the paths inside the repository relative to it."""
     script = Path(sys.argv[0]).resolve()
-    try:
-        script = script.relative_to(Path(__file__).resolve().parents[1])
-    except ValueError:
-        pass
-    return shlex.join(["python", str(script), *(sys.argv[1:] if argv is None else argv)])
+    return relative(shlex.join(["python", str(script), *(sys.argv[1:] if argv is None else argv)]))
 
 
 def _commit() -> str | None:
@@ -55,7 +67,8 @@ def entry(value, argv: list[str] | None = None, detail: dict | None = None) -> d
     cpus = os.cpu_count() or 1
     return {"value": value, "command": command(argv), "load_before": [round(x, 2) for x in LOAD_AT_START],
             "load_after": [round(x, 2) for x in os.getloadavg()], "loaded": LOAD_AT_START[0] > cpus, "cpus": cpus,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(), "detail": detail or {}}
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit(),
+            "detail": relative(detail or {})}
 
 
 def add_detail(keys: list[str], extra: dict, path: Path = SUMMARY) -> None:
@@ -65,7 +78,7 @@ def add_detail(keys: list[str], extra: dict, path: Path = SUMMARY) -> None:
     data = json.loads(path.read_text()) if path.is_file() else {}
     for key in keys:
         if key in data:
-            data[key]["detail"] = {**data[key].get("detail", {}), **extra}
+            data[key]["detail"] = {**data[key].get("detail", {}), **relative(extra)}
     _write(data, path)
 
 

@@ -77,3 +77,24 @@ def test_ceiling_reads_the_runs_lengths_and_refuses_what_it_does_not_count(tmp_p
     why = ceiling.unsupported_run(_metrics_run(tmp_path, {"algorithm": {"base": "ppo"},
                                                           "train": {"autocast": True}}, recs))
     assert "this run is ppo with train.autocast" in why
+
+
+def test_paths_inside_the_repository_are_recorded_relative_to_it(tmp_path, monkeypatch):
+    root = summary.ROOT
+    assert summary.relative(f"python bench/x.py --out {root}/bench/results/a --cwd {root}") == \
+        "python bench/x.py --out bench/results/a --cwd ."
+    assert summary.relative(f"{root}-other/y /tmp/z") == f"{root}-other/y /tmp/z"  # other folders stay
+    assert summary.relative({"cmd": [f"{root}/.venv/bin/policyzoo", 3]}) == {"cmd": [".venv/bin/policyzoo", 3]}
+    monkeypatch.setattr(sys, "argv", [str(root / "bench" / "step_vs_trl.py"), "--out", str(root / "runs" / "r")])
+    path = tmp_path / "summary.json"
+    e = summary.record("k", 1.0, detail={"train_command": f"{root}/.venv/bin/policyzoo train --output-dir "
+                                                          f"{root}/runs/c"}, path=path)
+    assert e["command"] == "python bench/step_vs_trl.py --out runs/r"
+    assert e["detail"]["train_command"] == ".venv/bin/policyzoo train --output-dir runs/c"
+    summary.add_detail(["k"], {"out": str(root / "bench" / "results" / "o")}, path=path)
+    assert json.loads(path.read_text())["k"]["detail"]["out"] == "bench/results/o"
+
+
+def test_the_recorded_summary_holds_no_path_of_the_recording_machine():
+    text = summary.SUMMARY.read_text()
+    assert str(summary.ROOT) not in text and "/work/main" not in text  # where the entries were recorded
