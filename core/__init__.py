@@ -6,6 +6,7 @@ Public API::
     from policyzoo.contract import Sample, Env, Reward, Filter, KL, Baseline, Ratio, Clip, Term, Reduce
     from policyzoo import train, Trainer        # the Python twin of `policyzoo train` (policyzoo.api)
     from policyzoo import from_trl              # a TRL GRPOConfig as a policyzoo config (policyzoo.trl_port)
+    from policyzoo import compare               # algorithms x seeds, one table with intervals (policyzoo.compare)
 
 A component derives from its slot's base class (:mod:`policyzoo.contract`, also importable from
 here). Where things are: ``docs/engine.md`` ("Where things are").
@@ -14,6 +15,7 @@ here). Where things are: ``docs/engine.md`` ("Where things are").
 from .api import Trainer, train
 from .assembly import Run, assemble, resolve_algorithm
 from .catalog import get_catalog, load_catalog
+from .compare import compare  # after this the name is the function (a submodule import sets it only once)
 from .contract import (
                        KL,
                        Advantages,
@@ -49,5 +51,5 @@ __all__ = [
     "KL", "Advantages", "Baseline", "Bundle", "Clip", "Component", "ConfigError", "DataError", "Env", "Episode",
     "Filter", "Importance", "Keep", "Observation", "Params", "PluginError", "Ratio", "Reduce", "Reward", "Rollout",
     "Run", "Sample", "StepBatch", "StepTotals", "Surrogate", "Term", "Trainer", "Use", "UserError", "assemble",
-    "from_trl", "get_catalog", "hookimpl", "load_catalog", "resolve_algorithm", "train", "use",
+    "compare", "from_trl", "get_catalog", "hookimpl", "load_catalog", "resolve_algorithm", "train", "use",
 ]

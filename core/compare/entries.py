@@ -1,0 +1,135 @@
+"""What ``policyzoo compare --algos`` takes, and the algorithm label of a run's config.
+
+An entry is a zoo name with optional slot changes joined by ``+`` (the name
+:meth:`~policyzoo.contract.Bundle.replace` gives a hybrid)::
+
+    grpo                      --algo grpo
+    grpo+clip=cispo           --algo grpo algorithm.clip.use=cispo
+    grpo+clip.eps_high=0.28   --algo grpo algorithm.clip.eps_high=0.28
+    dapo+kl=k3+kl.beta=0.01   --algo dapo algorithm.kl.use=k3 algorithm.kl.beta=0.01
+    grpo+kl=null              --algo grpo algorithm.kl=null   (removes an optional slot)
+    grpo+conventions=trl      --algo grpo algorithm.conventions=trl
+
+``SLOT=NAME`` swaps the slot's component, ``SLOT.PARAM=VALUE`` sets a parameter (VALUE read as YAML,
+as in any override), ``KEY=VALUE`` for a key under ``algorithm`` that is not a slot. The label of a
+run is rebuilt from its ``config.yaml`` the same way (:func:`labels`), so ``grpo+clip=cispo`` names
+both the command and the row of the table.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from policyzoo.contract.ground import SLOTS
+from policyzoo.errors import ConfigError
+
+DEFAULT_BASE = "grpo"  # what a config's algorithm mapping without `base` modifies (policyzoo.assembly)
+
+
+def parse_entry(entry: str) -> tuple[str, list[str]]:
+    """``"grpo+clip=cispo"`` -> ``("grpo", ["algorithm.clip.use=cispo"])``. Raises ConfigError for a
+    malformed entry (the names are checked against the catalog later, by the planner)."""
+    base, *changes = [p.strip() for p in entry.strip().split("+")]
+    where = f"--algos {entry}"
+    if not base or "=" in base or "/" in entry:
+        raise ConfigError(where, "an entry starts with a zoo name and holds no '/'",
+                          "e.g. --algos grpo,dr_grpo,grpo+clip=cispo (`policyzoo zoo` lists the names)")
+    out = []
+    for change in changes:
+        key, eq, value = change.partition("=")
+        if not eq or not key:
+            raise ConfigError(where, f"{change!r} is not SLOT=COMPONENT, SLOT.PARAM=VALUE or KEY=VALUE",
+                              "e.g. grpo+clip=cispo or grpo+clip.eps_high=0.28")
+        if key in SLOTS and value not in ("null", "~", ""):
+            out.append(f"algorithm.{key}.use={value}")
+        else:
+            out.append(f"algorithm.{key}={value}")
+    return base, out
+
+
+def parse_algos(algos: str | list[str]) -> list[str]:
+    """The entries of ``--algos`` (a comma-separated string or a list), each once, in order."""
+    items = algos.split(",") if isinstance(algos, str) else list(algos)
+    items = [a.strip() for a in items if a and a.strip()]
+    if not items:
+        raise ConfigError("--algos", "no algorithm given", "e.g. --algos grpo,dr_grpo")
+    dup = sorted({a for a in items if items.count(a) > 1})
+    if dup:
+        raise ConfigError("--algos", f"{', '.join(dup)} given twice", "name each algorithm once")
+    for a in items:
+        parse_entry(a)
+    return items
+
+
+def parse_seeds(seeds: int | str | list[int]) -> list[int]:
+    """``3`` -> ``[0, 1, 2]``; ``"0,5,7"`` or ``[0, 5, 7]`` -> those seeds."""
+    if isinstance(seeds, str):
+        text = seeds.strip()
+        try:
+            seeds = [int(x) for x in text.split(",")] if "," in text else int(text)
+        except ValueError:
+            raise ConfigError("--seeds", f"{text!r} is neither a count nor a list of seeds",
+                              "e.g. --seeds 3 (seeds 0, 1, 2) or --seeds 0,5,7") from None
+    out = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if not out or len(set(out)) != len(out):
+        raise ConfigError("--seeds", f"{seeds!r}: give a count >= 1 or distinct seeds", "e.g. --seeds 3")
+    return out
+
+
+def settings_overrides(settings: dict[str, Any]) -> list[str]:
+    """Python keywords (``**{"train.steps": 2}`` or ``train={"steps": 2}``) as ``key=value`` overrides
+    (values as JSON, which the config reads as YAML)."""
+    out = []
+    for key, value in settings.items():
+        if isinstance(value, dict) and key != "algorithm":
+            out += settings_overrides({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
+    return out
+
+
+def algorithm_tree(algo: Any) -> dict:
+    """A config's ``algorithm`` as a mapping with a ``base`` (a name ``x`` becomes ``{base: x}``)."""
+    if isinstance(algo, str):
+        return {"base": algo}
+    tree = dict(algo or {})
+    tree.setdefault("base", DEFAULT_BASE)
+    return tree
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [1]}`` -> ``{"a.b": 1, "c": [1]}`` (lists and empty mappings are leaves)."""
+    if not isinstance(tree, dict) or (not tree and prefix):
+        return {prefix.rstrip("."): tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(flatten(v, f"{prefix}{k}."))
+    return out
+
+
+def render(key: str, value: Any) -> str:
+    """One change of a label: (``clip.use``, ``cispo``) -> ``clip=cispo``; (``clip.eps``, 0.2) -> ``clip.eps=0.2``."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    slot, _, rest = key.partition(".")
+    if rest == "use" and slot in SLOTS:
+        return f"{slot}={text}"
+    return f"{key}={text}"
+
+
+def labels(algorithms: list[Any]) -> list[str]:
+    """One label per run from the runs' ``algorithm`` configs: the base name, then ``+change`` for
+    every key under ``algorithm`` whose value is not the same in all the runs (sorted by key)."""
+    flat = [flatten({k: v for k, v in algorithm_tree(a).items() if k != "base"}) for a in algorithms]
+    keys = sorted({k for f in flat for k in f})
+    missing = object()
+    varying = [k for k in keys if len({json.dumps(f.get(k, missing), default=str) for f in flat}) > 1]
+    return ["+".join([algorithm_tree(a)["base"], *(render(k, f[k]) for k in varying if k in f)])
+            for a, f in zip(algorithms, flat)]
+
+
+def canonical(entry: str) -> str:
+    """The label an entry's runs get when the other runs hold none of its changes (sorted keys)."""
+    base, changes = parse_entry(entry)
+    flat = dict(c.removeprefix("algorithm.").split("=", 1) for c in changes)
+    return "+".join([base, *(render(k, v) for k, v in sorted(flat.items()))])

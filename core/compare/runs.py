@@ -1,0 +1,214 @@
+"""The runs of ``policyzoo compare --algos A,B --seeds N``: one ``policyzoo train`` run per (algorithm, seed)
+in ``OUTPUT_DIR/<entry>/seed<s>``, each with the same overrides.
+
+Paired design: seed ``s`` sets ``train.seed=s`` (sampling streams, the LoRA adapter's or critic's
+initial draw) and ``data.seed=s`` (the generated task, the held-out rows and the prompt order) for
+every algorithm, so the algorithms of one seed see the same rows in the same order from the same
+weights. ``data.seed=K`` among the overrides pins the data for all seeds (then seeds vary sampling
+only); ``train.seed`` and ``output_dir`` are set here and refused as overrides.
+
+The status of each run's folder (:func:`status`): ``new``; ``done`` (a complete summary.json at the
+config's ``train.steps``: skipped); ``resume`` (a checkpoint: ``policyzoo train --resume DIR``);
+``restart`` (a started run without a checkpoint, so nothing to resume: its run files are removed
+before it starts again); ``blocked`` (another live run writes there, or files that are not a run's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from policyzoo.assembly import assemble
+from policyzoo.catalog import get_catalog
+from policyzoo.config import load_config
+from policyzoo.errors import ConfigError, UserError
+
+from .entries import parse_entry
+from .rundirs import RUN_FILES, read_jsonl, read_summary
+
+TRAIN = [sys.executable, "-m", "policyzoo.cli", "train"]
+
+
+@dataclass
+class RunSpec:
+    """One planned run: ``entry`` (as in --algos), ``seed``, folder ``path``, the zoo name ``base``,
+    every override it gets, the configured ``steps``, and the folder's ``status`` with ``detail``."""
+
+    entry: str
+    seed: int
+    path: Path
+    base: str
+    overrides: list[str]
+    steps: int
+    status: str = "new"
+    detail: str = ""
+
+    def train_args(self) -> list[str]:
+        """The arguments after ``policyzoo train``: a new run, or ``--resume`` with the same overrides."""
+        if self.status == "resume":
+            return ["--resume", str(self.path), *self.overrides]
+        return ["--algo", self.base, "--output-dir", str(self.path), *self.overrides]
+
+    def command(self) -> str:
+        return shlex.join(["policyzoo", "train", *self.train_args()])
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item:
+            raise ConfigError(item, "an override must look like key=value (with --algos the positional "
+                              "arguments are train overrides)", "e.g. train.steps=20; to aggregate run "
+                              "directories, drop --algos: policyzoo compare runs/cmp")
+        if key in ("train.seed", "output_dir"):
+            raise ConfigError(key, f"{key} is set by policyzoo compare for each run (seed s -> train.seed=s, "
+                              "OUTPUT_DIR/ALGO/seedS)", "drop it; use --seeds and --output-dir")
+
+
+def plan(algos: list[str], seeds: list[int], output_dir: str | Path, overrides: list[str] = (),
+         threads: int | None = None) -> list[RunSpec]:
+    """Every run, checked before any starts: each entry's config validates and its names resolve
+    (an unknown name raises the ConfigError ``--algo`` gives, with the close matches)."""
+    overrides = list(overrides)
+    _check_overrides(overrides)
+    keys = {item.split("=", 1)[0].strip() for item in overrides}
+    extra = [f"engine.threads={threads}"] if threads and "engine.threads" not in keys else []
+    catalog = get_catalog()
+    out = []
+    for entry in algos:
+        base, changes = parse_entry(entry)
+        catalog.bundle(base, f"--algos {entry}")
+        for seed in seeds:
+            path = Path(output_dir) / entry / f"seed{seed}"
+            given = [*overrides, *changes, *extra, f"train.seed={seed}",
+                     *([] if "data.seed" in keys else [f"data.seed={seed}"])]
+            config = load_config(None, base, [*given, f"output_dir={path}"])
+            try:  # the components are built as a run builds them (names, parameters), no model loaded
+                assemble(config.algorithm, catalog=catalog)
+            except UserError as e:
+                raise type(e)(f"--algos {entry}: {e.where}", e.why, e.fix) from None
+            spec = RunSpec(entry, seed, path, base, given, config.train.steps)
+            spec.status, spec.detail = status(path, spec.steps)
+            out.append(spec)
+    return out
+
+
+def _live_owner(path: Path) -> dict | None:
+    """``run.pid``'s record when it names a live process on this host (as the engine's own check)."""
+    try:
+        rec = json.loads((path / "run.pid").read_text())
+        pid = int(rec["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if rec.get("host") != os.uname().nodename or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return rec
+
+
+def status(path: Path, steps: int) -> tuple[str, str]:
+    """``(status, detail)`` of a planned run's folder (module docstring)."""
+    if not path.is_dir() or not any(path.iterdir()):
+        return "new", ""
+    owner = _live_owner(path)
+    if owner is not None:
+        return "blocked", f"a live run (pid {owner['pid']}) is writing here: wait for it, or stop it"
+    summary = read_summary(path)
+    latest = None
+    try:
+        latest = int(json.loads((path / "checkpoints" / "latest.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if summary is not None and int(summary["steps"]) >= steps:
+        return "done", f"finished at step {summary['steps']}"
+    if latest is not None and latest < steps:
+        return "resume", f"from the checkpoint of step {latest}"
+    if summary is not None and latest is None:
+        return "blocked", (f"finished at step {summary['steps']} (train.steps is {steps}) without a checkpoint to "
+                           "continue from: delete the folder to run it again")
+    if latest is not None:
+        return "blocked", (f"a checkpoint of step {latest} but no summary.json (stopped while finishing): run "
+                           f"`policyzoo train --resume {path} train.steps={latest + 1}` or delete the folder")
+    names = {p.name for p in path.iterdir()}
+    if not names & {"config.yaml", "metrics.jsonl"}:
+        return "new", ""
+    if names <= RUN_FILES:
+        return "restart", "started before without a checkpoint (nothing to resume): its run files are removed"
+    return "blocked", f"holds files that are not a run's ({', '.join(sorted(names - RUN_FILES)[:3])}): delete them"
+
+
+def clear(path: Path) -> None:
+    """Remove a ``restart`` folder's run files (only the names a run writes)."""
+    for name in RUN_FILES:
+        p = path / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+def measured_seconds(path: Path) -> float | None:
+    """A finished run's seconds from process start: ``process_to_ready_seconds`` plus its steps'
+    ``time_step`` and evaluations' ``time_eval`` (checkpoints and export not counted)."""
+    summary = read_summary(path)
+    if summary is None or summary.get("process_to_ready_seconds") is None:
+        return None
+    records = read_jsonl(path / "metrics.jsonl")
+    return float(summary["process_to_ready_seconds"]) + sum(
+        float(r.get("time_step") or r.get("time_eval") or 0.0) for r in records)
+
+
+def eta_line(specs: list[RunSpec], parallel: int) -> str:
+    todo = [s for s in specs if s.status in ("new", "resume", "restart")]
+    if not todo:
+        return "nothing to run: every run is finished or blocked"
+    measured = sorted(x for x in (measured_seconds(s.path) for s in specs if s.status == "done") if x is not None)
+    if not measured:
+        return ("ETA: none yet (`policyzoo plan`'s cost model counts a step's FLOPs and memory, not seconds on this "
+                "machine); an estimate follows from the first finished run")
+    per_run = measured[len(measured) // 2]
+    waves = -(-len(todo) // parallel)
+    return f"ETA: about {per_run * waves / 60:.1f} min ({len(todo)} runs at {per_run:.0f} s, the finished runs' median)"
+
+
+def print_plan(console: Console, specs: list[RunSpec], output_dir, parallel: int, threads: int | None) -> None:
+    algos = list(dict.fromkeys(s.entry for s in specs))
+    seeds = list(dict.fromkeys(s.seed for s in specs))
+    counts = {k: sum(s.status == k for s in specs) for k in ("done", "resume", "restart", "new", "blocked")}
+    told = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    console.print(f"policyzoo compare: {len(algos)} algorithms x {len(seeds)} seeds = {len(specs)} runs in "
+                  f"{output_dir} ({told})", highlight=False, soft_wrap=True)
+    n = cores()
+    if parallel == 1:
+        console.print(f"one run at a time: this machine gives {n} core(s) and each run uses them all "
+                      f"(--parallel N runs N at once, {n} // N threads each)", highlight=False, soft_wrap=True)
+    else:
+        console.print(f"{parallel} runs at once, {threads} thread(s) each ({n} cores // {parallel}); each run's "
+                      f"output goes to {Path(output_dir) / 'logs'}", highlight=False, soft_wrap=True)
+    table = Table()
+    for col in ("algorithm", "seed", "status", "run directory"):
+        table.add_column(col, overflow="fold")
+    for s in specs:
+        table.add_row(s.entry, str(s.seed), s.status + (f": {s.detail}" if s.detail else ""), str(s.path))
+    console.print(table)
+    console.print(eta_line(specs, parallel), highlight=False, soft_wrap=True)
