@@ -108,6 +108,8 @@ def test_filling_tmp_stops_at_its_size():
     name, n = r.stdout.split()
     assert r.ok and name == "ENOSPC" and 120 <= int(n) <= 128  # 64 MiB / 512 KiB = 128 (less the fs's own blocks)
     assert memory_bound(512, 64, 8) == {"process": 512, "worst": 64 + 8 * 448}  # 448 = 512 - 64 address space
+    note = PythonSandbox().notes()[0]  # what the dry run prints: 64 + 8 x 448 = 3648 MiB if it forks
+    assert "at most 512 MiB in one process (address space 448 + /tmp 64) and 3648 MiB" in note
 
 
 def test_printing_without_end_does_not_grow_the_caller():
