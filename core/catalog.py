@@ -180,6 +180,9 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
     return Catalog(components, resolve_bundles(bundles), kept, broken)
 
 
+REGISTER_HOOKS = ("register_components", "register_bundles")
+
+
 def _register(pm, obj, info: PluginInfo, components: dict, bundles: dict) -> bool:
     """Register one plugin object's hooks, components and bundles; False for a repeat."""
     try:
@@ -190,12 +193,19 @@ def _register(pm, obj, info: PluginInfo, components: dict, bundles: dict) -> boo
         raise PluginError(f"plugin distribution {info.dist!r} ({info.module})", str(e),
                           "hook implementations must match policyzoo.contract") from None
     src = Source(info.dist, info.version, info.module)
-    info.hooks = sorted(impl.function.__name__ for name in ("register_components", "register_bundles")
+    info.hooks = sorted(impl.function.__name__ for name in REGISTER_HOOKS
                         for impl in getattr(pm.hook, name).get_hookimpls() if impl.plugin is obj)
-    if hasattr(obj, "register_components"):
-        obj.register_components(register=functools.partial(_add_component, components, src, info))
-    if hasattr(obj, "register_bundles"):
-        obj.register_bundles(register=functools.partial(_add_bundle, bundles, src, info))
+    for name in REGISTER_HOOKS:
+        if callable(getattr(obj, name, None)) and name not in info.hooks:  # pluggy would never call it
+            pm.unregister(obj)
+            raise PluginError(f"plugin distribution {info.dist!r} ({info.module}).{name}",
+                              "a register function without the hook marker is never called by the plugin manager",
+                              f"decorate it: from policyzoo.contract import hookimpl; @hookimpl def {name}(register)")
+    others = [p for p in pm.get_plugins() if p is not obj]
+    add = {"register_components": functools.partial(_add_component, components, src, info),
+           "register_bundles": functools.partial(_add_bundle, bundles, src, info)}
+    for name in info.hooks:  # dispatched by pluggy, to this plugin's implementation only
+        pm.subset_hook_caller(name, remove_plugins=others)(register=add[name])
     return True
 
 

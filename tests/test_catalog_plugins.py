@@ -159,3 +159,17 @@ def test_allowlist_name_that_matches_nothing_is_an_error(site, monkeypatch):
     text = str(info.value)
     assert "POLICYZOO_PLUGINS" in text and "policyzoo-sapoo" in text
     assert "policyzoo-sapo" in text.split("installed plugin distributions:")[1]
+
+
+def test_a_register_function_without_the_marker_is_refused(site):
+    # pluggy calls only marked hook implementations: an unmarked register_components would register
+    # nothing while looking installed, so the catalog refuses it by name with the fix
+    make_dist(site, "policyzoo-unmarked", "pz_unmarked", DUPLICATE_CLIP.format(name="unmarked_clip").replace(
+        "@hookimpl\ndef register_components", "def register_components"))
+    with pytest.raises(PluginError) as info:
+        load_catalog(allow=["policyzoo-unmarked"])
+    text = str(info.value)
+    assert "(pz_unmarked).register_components" in text and "without the hook marker" in text and "@hookimpl" in text
+    broken = load_catalog(allow=["policyzoo-unmarked"], keep_broken=True)
+    assert [b.dist for b in broken.broken] == ["policyzoo-unmarked"]  # `policyzoo plugins` lists it as broken
+    assert "unmarked_clip" not in broken.components["clip"]
