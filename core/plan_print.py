@@ -29,7 +29,7 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
     (:mod:`policyzoo.plan_gpu`), else one rank's.
 
     Raises :class:`~policyzoo.plan.PlanError` when P G L are given with a run's split, or both ``budget``
-    and ``gpu``."""
+    and ``gpu``, or both ``model`` and ``shape_name``."""
     run = Run(resolve_algorithm(config.algorithm))
     p, g, n = sizes or (config.train.prompts_per_step, run.sample.params.n, run.sample.params.max_tokens)
     if split and sizes:
@@ -42,6 +42,8 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
     prompt = prompt or 103
     if budget and gpu:
         raise PlanError(f"--gpu {gpu} memory=", "both give one GPU's memory", "give one of them")
+    if shape_name and model:
+        raise PlanError(f"--shape {shape_name} model={model}", "both name the model", "give one of them")
     if shape_name:
         cfg, source = shape_config(shape_name)
         shape, model = Shape.from_config(cfg, source), f"{shape_name} (config.json of {source})"

@@ -112,3 +112,13 @@ def test_unknown_names_are_user_errors(capsys):
     assert main(["plan", "--gpu", "tpu-v5", "--gpus", "2"]) == 2
     assert "h100-80gb" in capsys.readouterr().err
     assert main(["plan", "--gpu", "h100-80gb", "memory=80"]) == 2
+    assert main(["plan", "--shape", "qwen2.5-7b", "model=/some/folder"]) == 2
+    assert "both name the model" in capsys.readouterr().err
+
+
+def test_a_named_gpu_without_gpus_judges_one_rank(capsys):
+    assert main(["plan", "--gpu", "l4-24gb"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # one rank's table, judged against the L4: 23_034 MiB / 1024 = 22.49 GiB
+    assert "memory, GiB (one rank)" in out and "GPU memory: l4-24gb = 22.5 GiB" in out
+    assert "fits in l4-24gb (22.5 GiB)" in out
