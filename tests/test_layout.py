@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ROOTS = {"core": "policyzoo", "plugins": "policyzoo.plugins", "zoo": "policyzoo.zoo"}
 #: the old public paths, kept one release as re-exports (nothing of the project imports them)
-DEPRECATED = {f"policyzoo.{m}" for m in ("hookspecs", "slots", "batch", "components", "policy", "stats", "runstate")}
+REMOVED = ("hookspecs", "slots", "batch", "components", "policy", "stats", "runstate")  # removed: CHANGELOG.md
 BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyzoo.conventions", "policyzoo.data",
          "policyzoo.plan", "policyzoo.settings")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
@@ -95,7 +95,7 @@ def layer(mod: str) -> float:
         return 3.5
     if _under(mod, "policyzoo.engine"):
         return 4
-    return 5  # api, cli, testing, the package root, the deprecated re-exports
+    return 5  # api, cli, testing, the package root
 
 
 def legitimate_lazy(e: Edge) -> bool:
@@ -116,9 +116,7 @@ def rule_problems(es: list[Edge]) -> list[str]:
     for e in es:
         s, d = e.src, e.dst
         why = None
-        if d in DEPRECATED and s != d:
-            why = "a deprecated path: import from policyzoo.contract"
-        elif not _under(s, "policyzoo") and not _under(d, "policyzoo.contract", "policyzoo.errors", "policyzoo.data"):
+        if not _under(s, "policyzoo") and not _under(d, "policyzoo.contract", "policyzoo.errors", "policyzoo.data"):
             why = "a plugin distribution imports only policyzoo.contract, policyzoo.errors and policyzoo.data"
         elif _under(s, "policyzoo.plugins", "policyzoo.zoo") and not _under(
                 d, "policyzoo.contract", "policyzoo.errors", "policyzoo.data", s.split(".")[0] + "." + s.split(".")[1]):
@@ -231,13 +229,11 @@ def test_planted_room_crossing_lazy_import_and_cycle_fail(tmp_path):
     assert any("plugins/kl.py" in p and "plugins and the zoo" in p for p in problems)
 
 
-def test_contract_direction_and_deprecated_paths_are_enforced(tmp_path):
+def test_contract_direction_is_enforced(tmp_path):
     root = _copy(tmp_path)
     _plant(root, "core/contract/batch.py", "from policyzoo.contract.slots import Sample  # planted")
-    _plant(root, "core/assembly.py", "from policyzoo.slots import Sample  # planted")
     problems = layout_problems(root)
     assert any("core/contract/batch.py" in p and "inside the contract" in p for p in problems)
-    assert any("core/assembly.py" in p and "deprecated path" in p for p in problems)
 
 
 # ----------------------------------------------------------------------------- the maps equal the tree
@@ -276,24 +272,21 @@ def test_pyproject_packages_every_package_folder():
     assert listed == found
 
 
-# ----------------------------------------------------------------------------- the old paths, one more release
-def test_old_public_paths_still_work_with_a_deprecation_warning():
+# ----------------------------------------------------------------------------- the old paths are gone
+def test_the_removed_paths_are_gone_and_the_contract_has_their_names():
     import importlib
-    import sys
 
     import pytest
 
     import policyzoo.contract as contract
     import policyzoo.step
 
-    same = {"hookspecs": ("Spec", "hookimpl", "Keep", "SLOTS", "LOCAL"), "slots": ("Clip", "Reward", "BASES"),
-            "batch": ("Rollout", "StepBatch"), "components": ("Bundle", "use", "Component"),
-            "policy": ("Policy", "Generated"), "stats": ("whiten", "moments"), "runstate": ("current",)}
-    for old, names in same.items():
-        sys.modules.pop(f"policyzoo.{old}", None)
-        with pytest.warns(DeprecationWarning, match=f"policyzoo.{old} is deprecated"):
-            module = importlib.import_module(f"policyzoo.{old}")
-        for name in names:
-            new = getattr(contract, name) if hasattr(contract, name) else getattr(contract.runstate, name)
-            assert getattr(module, name) is new, (old, name)
+    for old in REMOVED:  # deprecated for one release, removed (CHANGELOG.md)
+        assert not (ROOT / "core" / f"{old}.py").exists()
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(f"policyzoo.{old}")
+    for name in ("Spec", "hookimpl", "Keep", "SLOTS", "LOCAL", "Clip", "Reward", "BASES", "Rollout", "StepBatch",
+                 "Bundle", "use", "Component", "Policy", "Generated", "whiten", "moments"):
+        assert hasattr(contract, name), name
+    assert hasattr(contract.runstate, "current")
     assert policyzoo.step.train_step.__module__ == "policyzoo.step.learn"  # policyzoo.step is the step package
