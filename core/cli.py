@@ -296,6 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    from policyzoo.data.gym import cmd_data
+
+    dt = sub.add_parser("data", help="the task names of a generated data source (data.name=reasoning_gym)")
+    dt.add_argument("source", choices=["reasoning_gym"])
+    dt.set_defaults(fn=cmd_data)
+    from .compare.cli import add_arguments as compare_arguments
+
+    cp = sub.add_parser("compare", help="algorithms x seeds on one task: run them, or aggregate run directories, "
+                        "into one table with 95% intervals and one plot")
+    compare_arguments(cp)
+    cp.set_defaults(fn=cmd_compare)
     args, extra = parser.parse_known_args(argv)
     if extra:  # `train --algo grpo x=1 --dry-run y=2`: argparse stops taking key=value after an option
         if getattr(args, "overrides", None) is not None and all("=" in x and not x.startswith("-") for x in extra):

@@ -51,6 +51,8 @@ class Rollout:
         stop_reasons: B strings, why each episode ended: ``env`` (the environment stopped it),
             ``turns`` (turn budget), ``tokens`` (token budget), ``error`` / ``timeout`` (a failing
             ``Episode.step`` under the env's ``on_error: drop_group``; the step drops the group).
+        env_scores: B dicts, each episode's named scores (``Episode.scores``, e.g. a verifiers
+            rubric's functions), reported as ``env_score/<name>``; None for single-turn sampling.
     """
 
     prompt_ids: list[list[int]]
@@ -73,6 +75,7 @@ class Rollout:
     tool_calls: Tensor | None = None
     tool_errors: Tensor | None = None
     stop_reasons: list[str] | None = None
+    env_scores: list[dict[str, float]] | None = None
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])

@@ -113,11 +113,15 @@ class Episode(ABC):
     ``prompt``: the conversation the model starts from (chat messages; default: the row's
     ``prompt``, set by ``__init__``). :meth:`step` is called after every model turn with the turn's
     decoded text and its token ids exactly as sampled; :meth:`reward` once, when the episode has
-    ended (by ``done``, the turn budget or the token budget), gives the sequence reward."""
+    ended (by ``done``, the turn budget or the token budget), gives the sequence reward.
+    ``scores``: optional named scores of the episode (e.g. each function of a verifiers rubric),
+    set by the time :meth:`reward` returns; reported as ``env_score/<name>`` means over the sampled
+    episodes (an episode ended by a failure has none and counts 0)."""
 
     def __init__(self, row: dict):
         self.row = row
         self.prompt = row["prompt"]
+        self.scores: dict[str, float] = {}
 
     @abstractmethod
     def step(self, turn_text: str, turn_ids: list[int]) -> Observation:

@@ -106,6 +106,13 @@ class Env(Component):
     def env(self, row: dict) -> Episode:
         """Start one episode from the data row ``row`` (see hookspecs)."""
 
+    def task_rows(self, data) -> tuple[list[dict], list[dict]] | None:
+        """An environment that brings its own data set (``verifiers``) returns ``(training rows,
+        held-out rows)`` -- dicts with ``prompt`` (chat messages) and its other columns -- which
+        replace the ``data:`` task (``data`` is the run's ``DataSettings``: ``eval_size``, ``seed``);
+        None (the default): the run's ``data:`` task."""
+        return None
+
 
 class Reward(Component):
     """Base of ``reward`` components: rollout -> ``rewards [B]`` float, NaN = unscorable.

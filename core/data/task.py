@@ -35,7 +35,7 @@ import pydantic
 from policyzoo.contract.components import Use, use
 from policyzoo.errors import ConfigError, DataError, did_you_mean
 
-from . import arithmetic
+from . import arithmetic, gym
 from .answers import gsm8k_final_answer, gsm8k_worked_solution
 from .batching import prompt_batches
 from .config import DataSettings
@@ -82,6 +82,12 @@ def load_task(data_config: DataSettings | dict | None = None) -> Task:
     :class:`~policyzoo.errors.DataError` for bad data (missing file, unknown format, missing
     column, empty data set, non-numeric answer of a numeric task), each naming where and why."""
     s = _settings(data_config)
+    if s.name == "reasoning_gym" and s.path is None:
+        return _load_reasoning_gym(s)
+    for key in ("tasks", "size", "task_settings"):
+        if getattr(s, key) is not None:
+            raise ConfigError(f"data.{key}", f"data.{key} applies to data.name: reasoning_gym, not to "
+                              f"{name_of(s)}", f"remove data.{key}, or set data.name=reasoning_gym")
     if s.path is not None:
         return _load_rows(s, f"data.path ({s.path})", lambda split: read_path(s.path, split), _plain_answer,
                           default_prompt_column="prompt", default_eval_split=None, system=None)
@@ -119,6 +125,27 @@ def _read_gsm8k(split: str) -> list[dict]:
         raw = _read_jsonl(p, "gsm8k")
     return [{"question": r["question"], "solution": r["answer"], "answer": gsm8k_final_answer(r["answer"])}
             for r in raw]
+
+
+def _load_reasoning_gym(s: DataSettings) -> Task:
+    """The task of ``data.name: reasoning_gym`` (:mod:`policyzoo.data.gym`): reasoning-gym's default
+    system prompt (the ``<answer>`` format) and the question as the user message; reward ``gym_score``."""
+    rg = gym.import_gym()
+    if s.prompt_column not in (None, "question") or s.answer_column != "answer" or s.eval_path:
+        raise ConfigError("data (reasoning_gym)", "prompt_column / answer_column / eval_path apply to data read "
+                          "from files", "remove them: reasoning_gym generates its rows")
+    train, held, warnings, _ = gym.generate(s)
+    system = rg.utils.SYSTEM_PROMPTS["default"] if s.system_prompt is None else s.system_prompt
+    plain = s.prompt_format == "plain"
+
+    def build(raw: list[dict], what: str) -> list[dict]:
+        rows = check_rows(raw, "question", "answer", "text", f"data (reasoning_gym, {what})") if raw else []
+        return build_prompts(rows, "question", system, [], str, plain)
+
+    def origins(rows: list[dict], what: str) -> list[str]:
+        return [f"data (reasoning_gym), {what} {r['_task']} item seed {r['_seed']}" for r in rows]
+    return Task("reasoning_gym", build(train, "training"), build(held, "held-out"), [use("gym_score")], s.seed,
+                origins(train, "training"), origins(held, "held-out"), warnings)
 
 
 def _load_arithmetic(s: DataSettings) -> Task:
@@ -198,6 +225,21 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     return Task(name_of(s), build_prompts(train, pc, system, examples, solved, plain),
                 build_prompts(held, pc, system, examples, solved, plain), [use("math_verify")], s.seed,
                 [origin[id(r)] for r in train], [origin[id(r)] for r in held], warnings, missing)
+
+
+def env_task(name: str, train: list[dict], held: list[dict], seed: int) -> Task:
+    """The task of an environment that brings its own rows (``Env.task_rows``): every prompt checked
+    (a list of chat messages or a string), ``_raw_prompt`` set as for file data; no default reward
+    (a run with an env defaults to ``env_reward``). Raises :class:`DataError` naming the row."""
+    where = f"env {name}"
+    for what, rows in (("training", train), ("held-out", held)):
+        for i, row in enumerate(rows):
+            check_rows([row], "prompt", "\0no-answer-column", "text", f"{where}, {what} row {i}")
+    if not train:
+        raise DataError(where, "the environment's dataset has no training rows", "give it a dataset with rows")
+    return Task(name, build_prompts(train, "prompt", None, [], str), build_prompts(held, "prompt", None, [], str),
+                [], seed, [f"{where}, training row {i}" for i in range(len(train))],
+                [f"{where}, held-out row {i}" for i in range(len(held))])
 
 
 def prompt_key(prompt) -> str:

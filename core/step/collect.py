@@ -211,7 +211,8 @@ def _means(run, metrics: Counter, reward_sums: Counter, reward_counts: Counter, 
     """Turn the round sums in ``metrics`` into the step's means over the sampled rows."""
     sampled = max(metrics["sampled_rows"], 1)
     metrics["reward_mean_sampled"] /= sampled
-    for key in EPISODE_METRICS if run.env is not None else ():  # means over the sampled episodes
+    scores = [k for k in metrics if k.startswith("env_score/")]  # an env's named scores (Episode.scores)
+    for key in (*EPISODE_METRICS, *scores) if run.env is not None else ():  # means over the sampled episodes
         metrics[key] = metrics[key] / sampled
     for label in run.reward_labels:  # mean over the rows actually sampled, NaN (unscorable) left out
         metrics[f"reward/{label}"] = reward_sums[label] / reward_counts[label] if reward_counts[label] else math.nan

@@ -71,7 +71,18 @@ def episode_sums(rollout: Rollout) -> dict[str, float]:
             "env_truncated_turns_frac": float(sum(r == "turns" for r in reasons)),
             "env_truncated_tokens_frac": float(sum(r == "tokens" for r in reasons)),
             "env_error_frac": float(sum(r in FAILED for r in reasons)),
-            "env_timeout_frac": float(sum(r == "timeout" for r in reasons))}
+            "env_timeout_frac": float(sum(r == "timeout" for r in reasons)),
+            **score_sums(rollout.env_scores or [])}
+
+
+def score_sums(scores: list[dict[str, float]]) -> dict[str, float]:
+    """``{"env_score/<name>": sum}`` over the episodes' ``Episode.scores`` (an episode without the
+    name adds 0), for means over the episodes like the other :data:`EPISODE_METRICS`."""
+    out: dict[str, float] = {}
+    for row in scores:
+        for name, value in row.items():
+            out[f"env_score/{name}"] = out.get(f"env_score/{name}", 0.0) + float(value)
+    return out
 
 
 def failed_groups(rollout: Rollout) -> torch.Tensor:
@@ -305,4 +316,5 @@ def _pack(env, traces: list[_Trace], rows, n, pad_id, tok, temperature, max_toke
                    turns=torch.tensor([x.turns for x in traces], dtype=torch.long),
                    tool_calls=torch.tensor([x.tool_calls for x in traces], dtype=torch.long),
                    tool_errors=torch.tensor([x.tool_errors for x in traces], dtype=torch.long),
-                   stop_reasons=[x.stop for x in traces])
+                   stop_reasons=[x.stop for x in traces],
+                   env_scores=[dict(getattr(x.episode, "scores", None) or {}) for x in traces])  # after reward()

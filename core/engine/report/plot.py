@@ -1,6 +1,7 @@
 """``policyzoo plot RUN_DIR``: the six curves of a run (from ``metrics.jsonl``) in one PNG.
 
-Panels: reward mean (with the held-out accuracy of eval records as points), KL to the reference,
+Panels: reward mean (with the held-out accuracy of eval records as points, and per task for rows
+that name one: ``eval_accuracy/<task>``), KL to the reference,
 response length (mean and max), clip fraction (low and high), entropy, fraction of zero-std
 groups. A metric a run does not have (e.g. KL without a ``kl`` component) is drawn as an empty
 panel that says so. A run with an environment gets a third row: the fraction of episodes that
@@ -63,6 +64,10 @@ def main(run_dir: str, output: str | None = None) -> Path:
         if points:
             ax.plot(*zip(*points), "s--", color="tab:red", label=label)
             drawn = True
+        for k in sorted({k for r in evals for k in r if k.startswith("eval_accuracy/")}) if title == "reward" else ():
+            task_points = [(r["step"], r[k]) for r in evals if r.get(k) is not None]  # per task of a mixture
+            ax.plot(*zip(*task_points), "^:", ms=4, label=f"held-out {k.split('/', 1)[1]}")
+            drawn, points = True, points or task_points
         if not drawn:
             ax.text(0.5, 0.5, "not in this run", ha="center", va="center", transform=ax.transAxes, color="gray")
         ax.set_title(title)

@@ -14,6 +14,8 @@ Conventions (stated here, pinned by ``tests/test_eval_passk.py``):
   first response is correct.
 * ``mean@k``: the mean reward over the k responses of a problem, averaged over problems (reported
   for k = n; it equals ``eval_accuracy``, the mean over every response with NaN left out).
+* ``eval_accuracy/<task>``: for rows that name their task in ``_task`` (a mixture of
+  reasoning-gym tasks), ``eval_accuracy`` over that task's rows alone (NaN left out).
 """
 
 from __future__ import annotations
@@ -67,6 +69,19 @@ def sample_metrics(scores: torch.Tensor, texts: list[str], ks: list[int], thresh
     return out
 
 
+def per_task_accuracy(total: torch.Tensor, tasks: list, n: int) -> dict:
+    """``{"eval_accuracy/<task>": mean}`` from ``total [P * n]`` (prompt-major: row i's responses are
+    ``i * n .. i * n + n - 1``) and each row's task name (None: no task; ``{}`` when none has one);
+    NaN scores left out, NaN for a task with none scorable."""
+    out = {}
+    for task in dict.fromkeys(t for t in tasks if t is not None):
+        idx = [i * n + j for i, t in enumerate(tasks) if t == task for j in range(n)]
+        scores = total[idx]
+        scores = scores[~torch.isnan(scores)]
+        out[f"eval_accuracy/{task}"] = float(scores.mean()) if len(scores) else math.nan
+    return out
+
+
 def evaluate(rollout_engine, task_rewards: list, rows: list[dict], max_tokens: int, env=None, policy=None,
              n: int = 1, temperature: float = 0.0, ks: list[int] = (1,), pass_threshold: float = 1.0,
              seed: int = 0) -> dict:
@@ -94,6 +109,7 @@ def evaluate(rollout_engine, task_rewards: list, rows: list[dict], max_tokens: i
         total = total + comp.params.weight * torch.as_tensor(comp.reward(rollout=r), dtype=torch.float32)
     valid = ~torch.isnan(total)
     lengths = r.response_mask.sum(-1).float()
+    extra.update(per_task_accuracy(total, [row.get("_task") for row in rows], n))
     return {"eval_accuracy": float(total[valid].mean()) if valid.any() else float("nan"),
             "eval_rows": len(rows), "eval_n": n, "eval_response_length_mean": float(lengths.mean()),
             "eval_truncated_frac": float(r.truncated.float().mean()),

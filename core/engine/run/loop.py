@@ -219,7 +219,10 @@ class RunLoop:
                    "rollout": self.config.engine.rollout, "share_prompt": self.trainer.share_prompt,
                    "share_prompt_check": self.trainer.share_prompt_check, "run_dir": str(self.rundir.path),
                    "warnings": list(getattr(self, "warned", [])),
-                   "eval_metric": self.eval_name(), "eval_metric_definition": EVAL_DEFINITION}
+                   "eval_metric": self.eval_name(), "eval_metric_definition": EVAL_DEFINITION,
+                   **{k: v for k, v in after.items() if k.startswith("eval_accuracy/")},  # per task (_task rows)
+                   **{k.replace("eval_accuracy/", "eval_accuracy_before/"): v for k, v in self.eval_before.items()
+                      if k.startswith("eval_accuracy/")}}
         self.rundir.write_summary(summary)
         self.tracker.close()
         acc = [summary["eval_accuracy_before"], summary["eval_accuracy_after"]]

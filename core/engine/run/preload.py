@@ -16,6 +16,7 @@ from policyzoo.assembly import Run, resolve_algorithm, resolved_view, reward_use
 from policyzoo.catalog import get_catalog
 from policyzoo.contract.untrusted import encode_text
 from policyzoo.data import load_task
+from policyzoo.data.task import env_task
 from policyzoo.engine import dist
 from policyzoo.engine.device import check_device_options
 from policyzoo.engine.models import cache_dir, resolve_model
@@ -117,6 +118,9 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     bundle = resolve_algorithm(config.algorithm)
     rewards = reward_uses(config, task.default_rewards, bundle.env is not None)
     run = Run(bundle, rewards=rewards)
+    own = run.env.task_rows(config.data) if run.env is not None else None
+    if own is not None:  # an env with its own data set (verifiers) replaces data:
+        task = env_task(run.env.name, *own, config.data.seed)
     check_answers(task, run)
     if config.engine.overlap != "none" and run.env is not None:
         raise ConfigError("engine.overlap", "one_step sampling ahead prefetches single-turn batches; the "
