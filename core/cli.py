@@ -212,6 +212,13 @@ def cmd_plan(args, out: Console) -> None:
 
 def cmd_plot(args, out: Console) -> None:
     from policyzoo.engine.report.plot import main as plot_main
+def cmd_compare(args, out: Console) -> None:
+    """Algorithms x seeds: make the runs (``--algos``) or aggregate run directories (``policyzoo.compare``)."""
+    from .compare.cli import main as compare_main
+
+    compare_main(args, out)
+
+
 
     plot_main(args.run_dir, args.output)
 
