@@ -74,6 +74,7 @@ def test_entries_are_slot_changes_and_their_labels_round_trip():
         algo = load_config(None, base, changes).algorithm
         assert entries.labels([algo, "grpo"])[0] == entries.canonical(entry) == entry
     assert entries.parse_seeds(3) == [0, 1, 2] and entries.parse_seeds("0,5,7") == [0, 5, 7]
+    assert entries.parse_seeds("1") == [0] and entries.parse_seeds("5,") == [5]  # a count; one seed named
     with pytest.raises(ConfigError):
         entries.parse_seeds("0,0")
     assert entries.settings_overrides({"train": {"steps": 2}, "algorithm.sample.n": 4}) == [

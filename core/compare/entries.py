@@ -63,11 +63,11 @@ def parse_algos(algos: str | list[str]) -> list[str]:
 
 
 def parse_seeds(seeds: int | str | list[int]) -> list[int]:
-    """``3`` -> ``[0, 1, 2]``; ``"0,5,7"`` or ``[0, 5, 7]`` -> those seeds."""
+    """``3`` -> ``[0, 1, 2]``; ``"0,5,7"`` or ``[0, 5, 7]`` -> those seeds; ``"5,"`` -> ``[5]`` (one seed, 5)."""
     if isinstance(seeds, str):
         text = seeds.strip()
         try:
-            seeds = [int(x) for x in text.split(",")] if "," in text else int(text)
+            seeds = [int(x) for x in text.split(",") if x.strip()] if "," in text else int(text)
         except ValueError:
             raise ConfigError("--seeds", f"{text!r} is neither a count nor a list of seeds",
                               "e.g. --seeds 3 (seeds 0, 1, 2) or --seeds 0,5,7") from None
