@@ -199,3 +199,21 @@ def test_print_commands_prints_one_train_line_per_run_to_do(tmp_path, capsys):
     assert got["commands"][2] == (f"policyzoo train --algo grpo --output-dir {tmp_path}/grpo+clip=cispo/seed1 "
                                   "train.steps=2 algorithm.clip.use=cispo train.seed=1 data.seed=1")
     assert f"# {tmp_path / 'grpo' / 'seed0'}: done" in captured.err and FakeTrain.started == []
+
+
+def test_the_command_line_form_reports_mistakes_without_a_trace(tmp_path, capsys):
+    from policyzoo.cli import main
+
+    assert main(["compare", "--algos", "grpo,gpro", "--output-dir", str(tmp_path / "cmp"), "train.steps=2"]) == 2
+    err = capsys.readouterr().err
+    assert "error at --algos gpro:" in err and "did you mean" in err and "Traceback" not in err
+    assert main(["compare"]) == 2 and "nothing to compare" in capsys.readouterr().err
+    # with --algos the positionals are overrides
+    assert main(["compare", "--algos", "grpo", "--output-dir", str(tmp_path), "runs/x"]) == 2
+    assert "an override must look like key=value" in capsys.readouterr().err
+    assert main(["compare", "--algos", "grpo", "--seeds", "0,2", "--output-dir", str(tmp_path), "--print-commands",
+                 "--parallel", "2", "train.steps=2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # --parallel splits threads only for runs compare starts itself: the printed lines are the scheduler's
+    assert lines == [f"policyzoo train --algo grpo --output-dir {tmp_path}/grpo/seed{s} train.steps=2 train.seed={s} "
+                     f"data.seed={s}" for s in (0, 2)] and not (tmp_path / "grpo").exists()

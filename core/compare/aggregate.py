@@ -187,7 +187,7 @@ def aggregate(runs: list[Run], baseline: str | None = None, allow_mixed: bool = 
         entry["curves"] = curves([r for r, _ in members])
         table.append(entry)
     metric = {r.summary.get("eval_metric") for r in runs}
-    return {"baseline": base, "metric": metric.pop() if len(metric) == 1 else "held-out value",
+    return {"baseline": base, "metric": (metric.pop() if len(metric) == 1 else None) or "held-out value",
             "interval": intervals.INTERVAL, "window": "the last ceil(steps / 5) training steps (20%, at least 1)",
             "algorithms": table, "mixed_keys": mixed,
             "runs": [{"run_dir": str(r.path), "algorithm": n, "seed": r.seed, "data_seed": r.data_seed,

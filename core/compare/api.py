@@ -71,7 +71,7 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
     given = [*overrides, *settings_overrides(settings)]
     user_threads = [item.split("=", 1)[1] for item in given if item.split("=", 1)[0].strip() == "engine.threads"]
     threads = (int(user_threads[-1]) if user_threads and user_threads[-1].strip().isdigit() else
-               max(1, runs.cores() // parallel) if parallel > 1 else None)
+               max(1, runs.cores() // parallel) if parallel > 1 and not print_commands else None)
     specs = runs.plan(entries, seed_list, output_dir, given, threads)
     if print_commands:
         return {"commands": _print_commands(specs)}
