@@ -154,8 +154,8 @@ class EngineSettings(Section):
                                                                  "correction on")
     rollout_correction: str | None = Field("tis", description="with engine.rollout_dtype other than model.dtype: "
                                            "the ratio component that corrects for the sampler/trainer mismatch "
-                                           "(plugins/mismatch.py), unless the algorithm sets its own ratio; null: "
-                                           "none")
+                                           "(plugins/ratio/mismatch.py), unless the algorithm sets its own ratio; "
+                                           "null: none")
     share_prompt: bool = Field(True, description="score each distinct prompt once and only the responses per "
                                "row (same numbers, fewer FLOPs; checked against the per-row forward at start-up)")
 

@@ -1,4 +1,5 @@
-"""Built-in components, one module per slot. Each module lists its classes in ``COMPONENTS``."""
+"""Built-in components, one package per slot (``plugins/<slot>/``; a variant family in a module of its
+own inside, e.g. ``kl/adaptive.py``, ``ratio/mismatch.py``). Each module lists its classes in ``COMPONENTS``."""
 
 from policyzoo.contract import hookimpl
 from policyzoo.plugins import (
@@ -7,14 +8,14 @@ from policyzoo.plugins import (
     env,
     filter,
     kl,
-    kl_adaptive,
-    mismatch,
     ratio,
     reduce,
     reward,
     sample,
     term,
 )
+from policyzoo.plugins.kl import adaptive as kl_adaptive
+from policyzoo.plugins.ratio import mismatch
 
 MODULES = (sample, env, reward, filter, kl, kl_adaptive, baseline, ratio, mismatch, clip, term, reduce)
 

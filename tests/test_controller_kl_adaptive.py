@@ -14,7 +14,7 @@ from policyzoo.contract import LOCAL, Rollout, StepBatch
 from policyzoo.engine.run.loop import RunLoop
 from policyzoo.engine.rundir import RunDir
 from policyzoo.errors import ConfigError
-from policyzoo.plugins.kl_adaptive import Adaptive
+from policyzoo.plugins.kl.adaptive import Adaptive
 from policyzoo.step import prepare, train_step
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings, train
 from policyzoo.testing.ranks import on_ranks

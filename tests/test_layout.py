@@ -221,12 +221,12 @@ def test_planted_room_crossing_lazy_import_and_cycle_fail(tmp_path):
     root = _copy(tmp_path)
     _plant(root, "core/engine/rollout/engines.py", "from policyzoo.engine.trainer import lora  # planted")
     _plant(root, "core/step/collect.py", "def _planted():\n    from policyzoo.step import learn\n    return learn")
-    _plant(root, "plugins/kl.py", "from policyzoo.step import boundary  # planted")
+    _plant(root, "plugins/kl/__init__.py", "from policyzoo.step import boundary  # planted")
     problems = layout_problems(root)
     assert any("rollout/ and trainer/" in p for p in problems)
     assert any("core/step/collect.py" in p and "function-level" in p for p in problems)
     assert any(p.startswith("import cycle:") and "policyzoo.step.collect" in p for p in problems)
-    assert any("plugins/kl.py" in p and "plugins and the zoo" in p for p in problems)
+    assert any("plugins/kl/__init__.py" in p and "plugins and the zoo" in p for p in problems)
 
 
 def test_contract_direction_is_enforced(tmp_path):
@@ -290,3 +290,12 @@ def test_the_removed_paths_are_gone_and_the_contract_has_their_names():
         assert hasattr(contract, name), name
     assert hasattr(contract.runstate, "current")
     assert policyzoo.step.train_step.__module__ == "policyzoo.step.learn"  # policyzoo.step is the step package
+
+
+def test_plugins_are_one_package_per_slot():
+    from policyzoo.contract import SLOTS
+
+    flat = sorted(p.name for p in (ROOT / "plugins").glob("*.py") if p.name != "__init__.py")
+    assert flat == [], "a slot's components live in plugins/<slot>/"
+    packages = {p.parent.name for p in (ROOT / "plugins").glob("*/__init__.py")}
+    assert packages == set(SLOTS), packages ^ set(SLOTS)

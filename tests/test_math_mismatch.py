@@ -9,7 +9,7 @@ import torch
 
 from policyzoo import ConfigError, Importance, assemble
 from policyzoo.contract import Rollout, StepBatch
-from policyzoo.plugins.mismatch import MIS, OPSM, TIS, IcePop
+from policyzoo.plugins.ratio.mismatch import MIS, OPSM, TIS, IcePop
 from policyzoo.step import micro_loss, step_totals
 from policyzoo.step.boundary import problems
 

@@ -8,7 +8,7 @@ import torch
 
 import policyzoo
 from policyzoo.engine.run.checks import filter_bias_warning
-from policyzoo.plugins.mismatch import TIS
+from policyzoo.plugins.ratio.mismatch import TIS
 
 
 def test_a_filter_biases_the_sampler_ratio_by_the_kept_mass():

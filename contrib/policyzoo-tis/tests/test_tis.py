@@ -45,7 +45,7 @@ def test_weight_is_the_capped_geometric_mean_by_hand():
 
 def test_mean_not_sum_unlike_the_builtin_tis():
     # The built-in tis takes the SUM of the log-ratios: row 0 e^0.6 = 1.822119; geo_tis the MEAN: e^0.2.
-    from policyzoo.plugins.mismatch import TIS
+    from policyzoo.plugins.ratio.mismatch import TIS
 
     lp = OLD.clone().requires_grad_(True)
     builtin = TIS(cap=100.0).ratio(logprobs=lp, old_logprobs=OLD, rollout_logprobs=ROLLOUT, response_mask=MASK,

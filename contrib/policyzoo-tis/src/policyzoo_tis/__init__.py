@@ -2,7 +2,7 @@
 
 Adds the ``ratio`` component ``geo_tis`` (:class:`GeometricTIS`): truncated importance sampling
 with the geometric mean of the token weights of a response. The built-in ``tis``, ``mis``,
-``icepop`` and ``opsm`` (``policyzoo.plugins.mismatch``) cover the token and sequence levels; this
+``icepop`` and ``opsm`` (``policyzoo.plugins.ratio.mismatch``) cover the token and sequence levels; this
 distribution shows how a variant of them is written against the public contract alone.
 Sources: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
 Training"; Liu, Li et al. 2025, "When Speed Kills Stability".

@@ -23,8 +23,7 @@ from pydantic import Field
 
 from policyzoo.contract import LOCAL, rank_mean
 from policyzoo.errors import ConfigError
-
-from .kl import _KL, K1, K2, K3, Abs
+from policyzoo.plugins.kl import _KL, K1, K2, K3, Abs
 
 ESTIMATES = {"k1": K1.estimate, "k2": K2.estimate, "k3": K3.estimate, "abs": Abs.estimate}
 MAX_ERROR = 0.2  # Ziegler et al. clip the proportional error to +-0.2
