@@ -1,5 +1,5 @@
-"""``policyzoo plan --gpus N``: the per-GPU verdict (``policyzoo.plan_gpu``) against hand arithmetic and the
-ZeRO paper's memory table, the known shapes (``policyzoo.plan_shapes``) and the named GPUs."""
+"""``policyzoo plan --gpus N``: the per-GPU verdict (``policyzoo.plan.gpu``) against hand arithmetic and the
+ZeRO paper's memory table, the known shapes (``policyzoo.plan.shapes``) and the named GPUs."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from policyzoo.cli import main
 from policyzoo.plan import GiB, Options, Shape, Sizes
-from policyzoo.plan_gpu import Vllm, per_gpu, smallest_fits
-from policyzoo.plan_placement import Placement, per_parameter
-from policyzoo.plan_shapes import SHAPES
+from policyzoo.plan.gpu import Vllm, per_gpu, smallest_fits
+from policyzoo.plan.placement import Placement, per_parameter
+from policyzoo.plan.shapes import SHAPES
 
 
 def shape(name: str) -> Shape:
@@ -19,7 +19,7 @@ def shape(name: str) -> Shape:
 
 
 def test_known_shapes_have_the_model_cards_parameter_counts():
-    # worked in policyzoo/plan_shapes.py's docstring: layers x (attention + MLP + 2 norms) + embedding(s) + norm
+    # worked in policyzoo/plan/shapes.py's docstring: layers x (attention + MLP + 2 norms) + embedding(s) + norm
     assert shape("qwen2.5-1.5b").params == 1_543_656_960  # 1.54B
     assert shape("qwen2.5-7b").params == 7_615_487_488  # 7.61B
     assert shape("llama-3.1-8b").params == 8_030_261_248  # 8.03B

@@ -1,5 +1,5 @@
 """``policyzoo plan --gpus N --rollout-tp k --rollout colocated|server``: model-state bytes per
-parameter per GPU (``policyzoo.plan_placement``), checked against hand arithmetic."""
+parameter per GPU (``policyzoo.plan.placement``), checked against hand arithmetic."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from policyzoo.cli import main
 from policyzoo.plan import PlanError
-from policyzoo.plan_placement import Placement, per_parameter, totals_by_mode
+from policyzoo.plan.placement import Placement, per_parameter, totals_by_mode
 
 BF16_Z3 = dict(gpus=8, zero_stage=3, weight_bytes=2, rollout_bytes=2, need_ref=True)
 

@@ -9,11 +9,11 @@ import os
 from rich.console import Console
 from rich.table import Table
 
-from .assembly import Run, resolve_algorithm
-from .plan import GiB, PlanError, Shape, Sizes, fitting_settings, flops, load_shape, memory, options_for
-from .plan_gpu import DEFAULT_GPU, Vllm, gpu_bytes, print_gpu_plan
-from .plan_placement import placement_for, print_placement
-from .plan_shapes import shape_config
+from policyzoo.assembly import Run, resolve_algorithm
+from policyzoo.plan import GiB, PlanError, Shape, Sizes, fitting_settings, flops, load_shape, memory, options_for
+from policyzoo.plan.gpu import DEFAULT_GPU, Vllm, gpu_bytes, print_gpu_plan
+from policyzoo.plan.placement import placement_for, print_placement
+from policyzoo.plan.shapes import shape_config
 
 
 def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt: int | None,
@@ -21,12 +21,12 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
                rollout_tp: int | None = None, rollout: str | None = None, gpu: str | None = None,
                shape_name: str | None = None) -> None:
     """Print the plan of ``config``'s step for ``model`` (None: the embedded default; ``shape_name``: a shape
-    of :data:`~policyzoo.plan_shapes.SHAPES` instead): P G L from ``sizes`` or the config, ``prompt`` tokens
+    of :data:`~policyzoo.plan.shapes.SHAPES` instead): P G L from ``sizes`` or the config, ``prompt`` tokens
     per row (default 103, or the run's mean), one GPU's or rank's memory ``budget`` in bytes (None: ``gpu``'s,
-    a name of :data:`~policyzoo.plan_gpu.GPUS`; with ``gpus`` and neither, the default GPU's; else this
+    a name of :data:`~policyzoo.plan.gpu.GPUS`; with ``gpus`` and neither, the default GPU's; else this
     machine's RAM), and with ``split`` (a run's :func:`~policyzoo.plan.measured_split`, from ``from_run``)
     the measured seconds per part. With ``gpus``/``rollout_tp``/``rollout`` the verdict is per GPU
-    (:mod:`policyzoo.plan_gpu`), else one rank's.
+    (:mod:`policyzoo.plan.gpu`), else one rank's.
 
     Raises :class:`~policyzoo.plan.PlanError` when P G L are given with a run's split, or both ``budget``
     and ``gpu``, or both ``model`` and ``shape_name``."""

@@ -42,8 +42,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
-from .step import needs_reference
+from policyzoo.errors import UserError
+from policyzoo.step import needs_reference
 
 #: model types whose MLP is two matrices (up, down) rather than gated (gate, up, down)
 UNGATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "phi", "starcoder2", "gpt_bigcode", "falcon"}

@@ -15,7 +15,7 @@ Parameter counts by the planner's convention (biases left out), worked by hand:
 
 from __future__ import annotations
 
-from .plan import PlanError
+from policyzoo.plan import PlanError
 
 _QWEN = "https://huggingface.co/Qwen/{}/blob/main/config.json"
 _LLAMA = "https://huggingface.co/meta-llama/{}/blob/main/config.json"

@@ -1,10 +1,10 @@
 """``policyzoo plan --gpus N``: the memory of each trainer GPU (and rollout server GPU) of a placement,
 in bytes, judged against one GPU's memory, and the smallest placement that fits when none does.
 
-Per trainer GPU, for the placement of :mod:`policyzoo.plan_placement` (N data-parallel ranks, ZeRO z,
+Per trainer GPU, for the placement of :mod:`policyzoo.plan.placement` (N data-parallel ranks, ZeRO z,
 vLLM colocated with TP k or on a server) and a model of ``n`` parameters:
 
-* **model state**: :func:`~policyzoo.plan_placement.per_parameter`'s bytes per parameter x ``n``
+* **model state**: :func:`~policyzoo.plan.placement.per_parameter`'s bytes per parameter x ``n``
   (with LoRA, gradients and optimizer count the adapter's parameters only and the reference is the
   base model inside the policy: 0); a critic (``needs_values`` baselines) adds its weights, gradients and
   optimizer at the policy's bytes per parameter;
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .plan import GiB, Options, PlanError, Shape, Sizes, memory
-from .plan_placement import MODES, Placement, per_parameter
+from policyzoo.plan import GiB, Options, PlanError, Shape, Sizes, memory
+from policyzoo.plan.placement import MODES, Placement, per_parameter
 
 MiB = 2**20
 #: name -> (bytes of one GPU, the source): memory.total that nvidia-smi reports (MiB); the product name's GB is

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import DTYPE_BYTES, GiB, PlanError
+from policyzoo.plan import DTYPE_BYTES, GiB, PlanError
 
 MODES = ("colocated", "server")
 
