@@ -161,3 +161,18 @@ def test_a_missing_package_names_the_extra(monkeypatch):
     with pytest.raises(UserError, match="not installed") as e:
         Verifiers(id="vf_sum_weighted")
     assert "policyzoo[verifiers]" in e.value.fix
+
+
+def test_a_dry_run_refuses_an_unknown_environment_before_loading():
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "verifiers_envs")}
+    out = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--algo", "grpo", "--dry-run",
+                          "algorithm.env.use=verifiers", "algorithm.env.id=vf_sum_weightd"],
+                         capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert out.returncode == 2, out.stderr[-2000:]
+    text = " ".join(out.stderr.split())  # the console wraps long lines
+    assert "no installed environment module 'vf_sum_weightd' (did you mean vf_sum_weighted?)" in text
+    assert "Traceback" not in text
