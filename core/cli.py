@@ -1,4 +1,4 @@
-"""``policyzoo`` command line: zoo, components, plugins, explain, train, plan, plot.
+"""``policyzoo`` command line: zoo, components, plugins, explain, train, plan, compare, plot.
 
 A user's mistake (any :class:`~policyzoo.errors.UserError`) prints one block and exits with 2.
 """
