@@ -123,6 +123,8 @@ def launch(jobs: list[Job], parallel: int, console: Console, again: str,
         interrupted = True
         _stop(running, console)
         ended += [(job, proc.returncode, time.monotonic() - t0) for proc, (job, t0) in running.items()]
+    if interrupted or failed is not None:  # the command on one line, to copy (the error block may wrap it)
+        console.print(f"to continue: {again}", markup=False, highlight=False, soft_wrap=True)
     if interrupted:
         done = sum(rc == 0 for _, rc, _ in ended)
         raise Interrupted("policyzoo compare", f"stopped by Ctrl-C after {done} of {total} run(s) to do; a stopped "
