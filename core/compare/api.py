@@ -25,9 +25,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Callable
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any, Callable
 
 from policyzoo.errors import UserError
 
@@ -35,6 +33,9 @@ from . import launch, plot, report, runs
 from .aggregate import aggregate
 from .entries import parse_algos, parse_seeds, settings_overrides
 from .rundirs import find_runs
+
+if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
+    from rich.console import Console
 
 
 def _seeds_text(seeds: list[int]) -> str:
@@ -48,7 +49,10 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
             start: Callable | None = None, **settings: Any) -> dict:
     """See the module docstring. ``console`` receives the plan, progress and table (default: stdout);
     ``start`` replaces :func:`policyzoo.compare.launch.popen` (tests)."""
-    console = console or Console()
+    if console is None:
+        from rich.console import Console
+
+        console = Console()
     if algos is None:
         if dirs is None:
             raise UserError("policyzoo compare", "nothing to compare", "give run directories (policyzoo compare "

@@ -20,13 +20,14 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Callable
 
 from policyzoo.errors import Interrupted, UserError
 
 from .runs import TRAIN, RunSpec, clear
+
+if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
+    from rich.console import Console
 
 
 @dataclass

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
+    from rich.console import Console
+
 
 #: (column title, metric key, number format, show the interval)
 COLUMNS = [("before", "eval_before", ".3f", True), ("after", "eval_after", ".3f", True),
@@ -83,6 +85,8 @@ def markdown(result: dict, skipped: list, command: str | None = None) -> str:
 
 def print_table(console: Console, result: dict, skipped: list) -> None:
     head, rows = header_and_rows(result)
+    from rich.table import Table
+
     table = Table(title=f"policyzoo compare (baseline {result['baseline']})")
     for h in head:
         table.add_column(h, overflow="fold")

@@ -22,9 +22,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from policyzoo.assembly import assemble
 from policyzoo.catalog import get_catalog
@@ -33,6 +31,9 @@ from policyzoo.errors import ConfigError, UserError
 
 from .entries import parse_entry
 from .rundirs import RUN_FILES, read_jsonl, read_summary
+
+if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
+    from rich.console import Console
 
 TRAIN = [sys.executable, "-m", "policyzoo.cli", "train"]
 
@@ -205,6 +206,8 @@ def print_plan(console: Console, specs: list[RunSpec], output_dir, parallel: int
     else:
         console.print(f"{parallel} runs at once, {threads} thread(s) each ({n} cores // {parallel}); each run's "
                       f"output goes to {Path(output_dir) / 'logs'}", highlight=False, soft_wrap=True)
+    from rich.table import Table
+
     table = Table()
     for col in ("algorithm", "seed", "status", "run directory"):
         table.add_column(col, overflow="fold")
