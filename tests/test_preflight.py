@@ -11,6 +11,7 @@ import ast
 import inspect
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 from _engine_helpers import tiny_model
@@ -142,7 +143,27 @@ CASES = {
                                ("resume of a live run", lambda t, m: ([], str(_live(t))), "live-run")],
     "pre.rundir.check_new": [("output dir is a file", lambda t, m: [f"output_dir={_rows(t, [], 'a-file')}"],
                               "output_dir")],
+    # an env with its own data set (verifiers, tests/verifiers_envs): its rows, then their prompts
+    "run.env.task_rows": [("verifiers env with an empty dataset", lambda t, m: (
+        m.syspath_prepend(str(TESTS / "verifiers_envs")), ["algorithm.env.use=verifiers",
+                                                           "algorithm.env.id=vf_sum_weighted",
+                                                           "algorithm.env.args={n: 0, eval_n: 2}"])[1],
+        "algorithm.env (verifiers: vf_sum_weighted), dataset")],
+    "env_task": [("verifiers prompt ending with the assistant", lambda t, m: (
+        m.syspath_prepend(str(TESTS)), ["algorithm.env.use=verifiers",
+                                        "algorithm.env.id=test_preflight:assistant_last_env"])[1],
+        "env verifiers, training row 0")],
 }
+TESTS = Path(__file__).resolve().parent
+
+
+def assistant_last_env():
+    """A verifiers environment whose one prompt ends with an assistant message (nothing to answer)."""
+    import verifiers as vf
+    from datasets import Dataset
+
+    rows = [{"prompt": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "answer": "1"}]
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric())
 
 
 def _live(tmp_path):
