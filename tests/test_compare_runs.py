@@ -77,8 +77,9 @@ def test_entries_are_slot_changes_and_their_labels_round_trip():
     assert entries.parse_seeds("1") == [0] and entries.parse_seeds("5,") == [5]  # a count; one seed named
     with pytest.raises(ConfigError):
         entries.parse_seeds("0,0")
-    assert entries.settings_overrides({"train": {"steps": 2}, "algorithm.sample.n": 4}) == [
-        "train.steps=2", "algorithm.sample.n=4"]
+    assert entries.settings_overrides({"train": {"steps": 2}, "algorithm.sample.n": 4, "model": {"lora": {}},
+                                       "algorithm": {"clip": {"use": "cispo"}}}) == [
+        "train.steps=2", "algorithm.sample.n=4", "model.lora={}", "algorithm.clip.use=cispo"]
 
 
 def test_unknown_algorithm_fails_before_anything_runs_with_the_close_match(tmp_path):

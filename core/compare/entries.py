@@ -82,7 +82,7 @@ def settings_overrides(settings: dict[str, Any]) -> list[str]:
     (values as JSON, which the config reads as YAML)."""
     out = []
     for key, value in settings.items():
-        if isinstance(value, dict) and key != "algorithm":
+        if isinstance(value, dict) and value:  # a section merges key by key, as in policyzoo.train
             out += settings_overrides({f"{key}.{k}": v for k, v in value.items()})
         else:
             out.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
