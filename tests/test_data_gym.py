@@ -164,3 +164,17 @@ def test_cli_lists_the_tasks_and_a_dry_run_refuses_an_unknown_one():
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert "no task 'basic_arithmetc'" in bad.stderr and "policyzoo data reasoning_gym" in bad.stderr
+
+
+def test_limit_caps_the_size_and_task_scores_rows_of_other_sources():
+    # size 30 capped by limit 6 -> 6 training rows (2:1 -> 4 + 2), eval_size 3 -> 2 + 1
+    task = load_task({**MIX, "limit": 6, "eval_size": 3})
+    assert (len(task.train_rows), len(task.eval_rows)) == (6, 3)
+    # a saved entry without _gym, scored as basic_arithmetic: its answer in tags 1.0, another number 0.0
+    row = {"question": "Calculate 2 + 3.", "answer": "5", "metadata": {}}
+    got = GymScore(task="basic_arithmetic").reward(rollout=rollout_of([row, row], ["<answer>5</answer>",
+                                                                                   "<answer>6</answer>"]))
+    assert got.tolist() == [1.0, 0.0]
+    with pytest.raises(ConfigError, match="did you mean basic_arithmetic") as e:
+        GymScore(task="basic_arithmetc")
+    assert e.value.where == "reward: gym_score (task)"

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from policyzoo.contract import Reward, hookimpl
 from policyzoo.data.gym import import_gym, make_dataset, task_weights
-from policyzoo.errors import DataError, UserError
+from policyzoo.errors import ConfigError, DataError, UserError
 
 
 class GymScoreError(UserError):
@@ -47,7 +47,10 @@ class GymScore(Reward):
         self.rg = import_gym("reward: gym_score")
         self._scorers: dict[str, object] = {}
         if self.params.task is not None:
-            task_weights(self.params.task)  # an unknown name: ConfigError with the close matches
+            try:
+                task_weights(self.params.task)  # an unknown name: the close matches and the listing command
+            except ConfigError as e:
+                raise ConfigError("reward: gym_score (task)", e.why, e.fix) from None
 
     def scorer(self, task: str, settings: dict):
         """The data set object whose ``score_answer`` scores rows of ``task`` with ``settings``."""
