@@ -218,3 +218,12 @@ def test_the_command_line_form_reports_mistakes_without_a_trace(tmp_path, capsys
     # --parallel splits threads only for runs compare starts itself: the printed lines are the scheduler's
     assert lines == [f"policyzoo train --algo grpo --output-dir {tmp_path}/grpo/seed{s} train.steps=2 train.seed={s} "
                      f"data.seed={s}" for s in (0, 2)] and not (tmp_path / "grpo").exists()
+
+
+def test_policyzoo_compare_is_the_function_after_its_submodules_load():
+    import importlib
+
+    import policyzoo
+
+    importlib.import_module("policyzoo.compare.plot")  # a submodule import sets the package's name only once
+    assert policyzoo.compare is compare and "compare" in policyzoo.__all__
