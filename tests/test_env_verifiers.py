@@ -14,7 +14,7 @@ from test_env_episodes import IM_END, ScriptedPolicy, byte_ids, tok  # noqa: F40
 
 from policyzoo.data import DataSettings
 from policyzoo.data.task import env_task
-from policyzoo.errors import UserError
+from policyzoo.errors import ComponentError, UserError
 from policyzoo.plugins.env import Verifiers, VerifiersError, parse_tool_calls
 from policyzoo.step.episodes import env_turn_ids, run_episodes
 
@@ -176,3 +176,25 @@ def test_a_dry_run_refuses_an_unknown_environment_before_loading():
     text = " ".join(out.stderr.split())  # the console wraps long lines
     assert "no installed environment module 'vf_sum_weightd' (did you mean vf_sum_weighted?)" in text
     assert "Traceback" not in text
+
+
+def failing_env():
+    """A MultiTurnEnv whose env_response raises (a broken tool server)."""
+    import verifiers as vf
+    from datasets import Dataset
+
+    class Broken(vf.MultiTurnEnv):
+        async def env_response(self, messages, state, **kwargs):
+            raise ConnectionError("tool server down (a test)")
+    return Broken(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), max_turns=3, rubric=vf.Rubric())
+
+
+def test_a_failing_env_response_follows_on_error(tok):  # noqa: F811
+    row = task_of(Verifiers(id="test_env_verifiers:failing_env"), eval_size=0).train_rows[0]
+    env = Verifiers(id="test_env_verifiers:failing_env", on_error="drop_group")
+    r = run_episodes(ScriptedPolicy(tok, [[("hi", True), ("hi", True)]]), env, [row], n=2, max_tokens=8,
+                     temperature=1.0, seed=0)
+    assert r.stop_reasons == ["error", "error"] and r.env_rewards.isnan().all()  # dropped with their group
+    with pytest.raises(ComponentError, match="ConnectionError: tool server down"):  # on_error: stop (default)
+        run_episodes(ScriptedPolicy(tok, [[("hi", True)]]), Verifiers(id="test_env_verifiers:failing_env"), [row],
+                     n=1, max_tokens=8, temperature=1.0, seed=0)
