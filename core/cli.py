@@ -147,6 +147,8 @@ def cmd_train(args, out: Console) -> None:
         err = Console(stderr=True, soft_wrap=True)
         for line in pre.resume_lines:
             err.print(line, markup=False, highlight=False)
+        for line in pre.notes:
+            err.print(line, markup=False, highlight=False)
         for w in pre.warnings:
             err.print(f"warning: {w}", markup=False, highlight=False, style="yellow")
         err.print(f"dry run: every check before loading weights passed (model {pre.model.path}, "
@@ -204,14 +206,12 @@ def cmd_plan(args, out: Console) -> None:
         from .config import load_config
 
         config = load_config(args.config, args.algo, overrides)
-    from .plan_print import print_plan
+    from .plan.table import print_plan
 
     print_plan(out, config, model or config.model.path, sizes, prompt, budget, split, args.from_run, args.gpus,
                args.rollout_tp, args.rollout, args.gpu, args.shape)
 
 
-def cmd_plot(args, out: Console) -> None:
-    from policyzoo.engine.report.plot import main as plot_main
 def cmd_compare(args, out: Console) -> None:
     """Algorithms x seeds: make the runs (``--algos``) or aggregate run directories (``policyzoo.compare``)."""
     from .compare.cli import main as compare_main
@@ -219,6 +219,8 @@ def cmd_compare(args, out: Console) -> None:
     compare_main(args, out)
 
 
+def cmd_plot(args, out: Console) -> None:
+    from policyzoo.engine.report.plot import main as plot_main
 
     plot_main(args.run_dir, args.output)
 
@@ -294,15 +296,6 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--kv-cache-gb", type=float, default=1.0, help="CPU only: vLLM's KV cache, GiB")
     sv.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: arguments passed to vLLM unchanged")
     sv.set_defaults(fn=cmd_serve)
-    pl = sub.add_parser("plot", help="draw a run's curves to a PNG")
-    pl.add_argument("run_dir")
-    pl.add_argument("--output", help="PNG path (default RUN_DIR/curves.png)")
-    pl.set_defaults(fn=cmd_plot)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     from policyzoo.data.gym import cmd_data
 
     dt = sub.add_parser("data", help="the task names of a generated data source (data.name=reasoning_gym)")
@@ -314,6 +307,15 @@ def main(argv: list[str] | None = None) -> int:
                         "into one table with 95% intervals and one plot")
     compare_arguments(cp)
     cp.set_defaults(fn=cmd_compare)
+    pl = sub.add_parser("plot", help="draw a run's curves to a PNG")
+    pl.add_argument("run_dir")
+    pl.add_argument("--output", help="PNG path (default RUN_DIR/curves.png)")
+    pl.set_defaults(fn=cmd_plot)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # `train --algo grpo x=1 --dry-run y=2`: argparse stops taking key=value after an option
         if getattr(args, "overrides", None) is not None and all("=" in x and not x.startswith("-") for x in extra):
