@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .compare.cli import add_arguments as compare_arguments
 
     cp = sub.add_parser("compare", help="algorithms x seeds on one task: run them, or aggregate run directories, "
-                        "into one table with 95% intervals and one plot")
+                        "into one table with 95%% intervals and one plot")
     compare_arguments(cp)
     cp.set_defaults(fn=cmd_compare)
     pl = sub.add_parser("plot", help="draw a run's curves to a PNG")
