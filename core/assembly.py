@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pluggy
@@ -38,8 +37,8 @@ from .contract import (
     use,
     validate_params,
 )
-from .errors import ComponentError, ConfigError, UserError, did_you_mean
-from .step import StepSettings, boundary
+from .errors import ConfigError, did_you_mean
+from .step import StepSettings
 
 DEFAULT_ALGORITHM = "grpo"
 SINGLE = [s for s, kind in SLOTS.items() if kind == "single"]
@@ -134,8 +133,8 @@ class Run:
     each), ``kl`` and ``env`` (one or None), ``reward``, ``filter`` and ``term`` (lists, the task's rewards
     first);
     ``reward_labels`` (the metric key of each reward, unique); ``bundle``; ``hook`` (the pluggy
-    relay); ``sources`` ``{slot: "name from dist version"}``. :meth:`call` and :meth:`call_each`
-    call the hooks and check each result at the boundary (:mod:`policyzoo.step.boundary`)."""
+    relay); ``sources`` ``{slot: "name from dist version"}``; ``trace`` (``POLICYZOO_TRACE``). The step
+    calls the hooks itself (:mod:`policyzoo.step.dispatch`)."""
 
     sample: Sample
     env: Env | None
@@ -244,45 +243,6 @@ class Run:
                               "use the `group` sampler (or one whose sample() takes env), or remove algorithm.env")
         for comp in self.components():
             comp.check(self)
-
-    def call(self, slot: str, rows: int, width: int | None = None, **kwargs) -> Any:
-        """Call the single slot's hook, then check its result for ``rows`` rows and ``width``
-        response columns (:func:`policyzoo.step.boundary.check`)."""
-        return boundary.check(slot, getattr(self, slot), getattr(self.hook, slot)(**kwargs), rows, width)
-
-    def call_each(self, slot: str, rows: int | None = None, width: int | None = None,
-                  **kwargs) -> list[tuple[Component, Any]]:
-        """Call every component of a collect slot; returns ``[(component, result)]`` in config
-        order, so results can be weighted and reported per component. With ``rows`` each result
-        is checked at the boundary (rewards come back as ``[B]`` float32). Components whose
-        ``concurrent`` attribute is True (async reward functions, remote rewards: I/O-bound) run
-        at the same time, each in its own thread, while the others run one after the other in
-        this thread; the first error in config order is raised."""
-        impls = {id(i.plugin): i for i in getattr(self.pm.hook, slot).get_hookimpls()}
-        comps = list(getattr(self, slot))
-
-        def one(comp):
-            impl = impls[id(comp)]
-            if self.trace:
-                sys.stderr.write(f"[policyzoo trace] {slot} -> {comp!r}\n")
-            try:
-                return impl.function(**{a: kwargs[a] for a in impl.argnames})
-            except UserError:
-                raise
-            except Exception as e:  # name the component that failed, keep the cause chained
-                raise ComponentError(f"{slot} component {comp!r}", f"raised {type(e).__name__}: {e}",
-                                     f"fix the component or remove it from `{slot}`; rerun with "
-                                     "POLICYZOO_TRACE=1 to see the hook calls") from e
-
-        together = [c for c in comps if getattr(c, "concurrent", False) is True]
-        with ThreadPoolExecutor(max(1, len(together))) as pool:
-            futures = {id(c): pool.submit(one, c) for c in together} if len(together) > 1 else {}
-            inline = {id(c): one(c) for c in comps if id(c) not in futures}
-            out = []
-            for comp in comps:
-                result = futures[id(comp)].result() if id(comp) in futures else inline[id(comp)]
-                out.append((comp, boundary.check(slot, comp, result, rows, width) if rows is not None else result))
-        return out
 
 
 def _unique(labels: list[str]) -> list[str]:

@@ -193,19 +193,20 @@ def _register(pm, obj, info: PluginInfo, components: dict, bundles: dict) -> boo
         raise PluginError(f"plugin distribution {info.dist!r} ({info.module})", str(e),
                           "hook implementations must match policyzoo.contract") from None
     src = Source(info.dist, info.version, info.module)
-    info.hooks = sorted(impl.function.__name__ for name in REGISTER_HOOKS
-                        for impl in getattr(pm.hook, name).get_hookimpls() if impl.plugin is obj)
+    info.hooks = sorted(name for name in REGISTER_HOOKS
+                        if any(impl.plugin is obj for impl in getattr(pm.hook, name).get_hookimpls()))
     for name in REGISTER_HOOKS:
         if callable(getattr(obj, name, None)) and name not in info.hooks:  # pluggy would never call it
             pm.unregister(obj)
             raise PluginError(f"plugin distribution {info.dist!r} ({info.module}).{name}",
                               "a register function without the hook marker is never called by the plugin manager",
                               f"decorate it: from policyzoo.contract import hookimpl; @hookimpl def {name}(register)")
-    others = [p for p in pm.get_plugins() if p is not obj]
     add = {"register_components": functools.partial(_add_component, components, src, info),
            "register_bundles": functools.partial(_add_bundle, bundles, src, info)}
-    for name in info.hooks:  # dispatched by pluggy, to this plugin's implementation only
-        pm.subset_hook_caller(name, remove_plugins=others)(register=add[name])
+    for name in info.hooks:  # the implementations pluggy found (marked ones only), this plugin's alone
+        for impl in getattr(pm.hook, name).get_hookimpls():
+            if impl.plugin is obj:
+                impl.function(register=add[name])
     return True
 
 

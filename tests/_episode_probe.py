@@ -13,7 +13,7 @@ setup_process(threads=None)
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from policyzoo import Env, Episode, Observation, assemble, use  # noqa: E402
+from policyzoo import Env, Episode, Observation, assemble, hookimpl, use  # noqa: E402
 from policyzoo.catalog import load_catalog  # noqa: E402
 from policyzoo.contract import StepBatch  # noqa: E402
 from policyzoo.engine.models import resolve_model  # noqa: E402
@@ -104,7 +104,8 @@ vllm_engine = VLLMRollout(info, "float32", max_model_len=512, seed=0)
 r, out = episodes(vllm_engine)
 # The loss of a step on the episodes (rloo without its KL: no reference model here): env tokens
 # get no gradient, model tokens do.
-plugin = types.SimpleNamespace(__name__="scripted_env", register_components=lambda register: register(Scripted))
+plugin = types.SimpleNamespace(__name__="scripted_env",
+                               register_components=hookimpl(lambda register: register(Scripted)))
 catalog = load_catalog(autoload=False, extra=[plugin])
 run = assemble({"base": "rloo", "kl": None, "sample": {"n": 2, "max_tokens": 6, "temperature": T},
                 "env": {"use": "scripted", "max_turns": 3, "max_total_tokens": 200}},

@@ -12,6 +12,7 @@ import torch
 
 from policyzoo.contract import Rollout
 from policyzoo.engine.rollout.async_sampler import AsyncSampler, async_step
+from policyzoo.step import dispatch
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 
 
@@ -238,7 +239,7 @@ def test_async_steps_on_the_bandit(s, catalog):
     settings = step_settings(run)
 
     def sample(policy, prompts, seed):
-        return run.call("sample", rows=len(prompts) * 4, policy=policy, prompts=prompts, seed=seed, env=None)
+        return dispatch.call(run, "sample", rows=len(prompts) * 4, policy=policy, prompts=prompts, seed=seed, env=None)
 
     def fill(batch):
         while sampler.sample_next() is not None:

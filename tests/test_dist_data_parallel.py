@@ -149,6 +149,7 @@ def _catalog_rank(rank: int, port: int, queue) -> None:
     import torch.distributed as dist
 
     from policyzoo.catalog import load_catalog
+    from policyzoo.contract import hookimpl
     from policyzoo.engine import dist as pdist
     from policyzoo.plugins.reward import COMPONENTS
 
@@ -159,7 +160,7 @@ def _catalog_rank(rank: int, port: int, queue) -> None:
         base = next(c for c in COMPONENTS if c.slot == "reward")
         extra_cls = type("OnlyHere", (base,), {"name": "only_here"})
         extra = [types.SimpleNamespace(__name__="extra_plugin",
-                                       register_components=lambda register: register(extra_cls))]
+                                       register_components=hookimpl(lambda register: register(extra_cls)))]
     try:
         pdist.check_same_catalog(load_catalog(autoload=False, extra=extra))
         queue.put((rank, "no error"))

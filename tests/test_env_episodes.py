@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from policyzoo import ConfigError, Observation, assemble, use
+from policyzoo import ConfigError, Observation, assemble, hookimpl, use
 from policyzoo.contract import Generated, StepBatch
 from policyzoo.plugins.env import CALC_EXAMPLE, CALC_SYSTEM, CalcError, Calculator, calc, find_call
 from policyzoo.step import micro_loss, prepare, step_totals
@@ -220,7 +220,8 @@ def test_env_is_optional_and_its_reward_defaults_to_env_reward():
         def sample(self, policy, prompts, seed):
             raise AssertionError("never called")
 
-    plugin = types.SimpleNamespace(__name__="one_turn_plugin", register_components=lambda register: register(OneTurn))
+    plugin = types.SimpleNamespace(__name__="one_turn_plugin",
+                                   register_components=hookimpl(lambda register: register(OneTurn)))
     catalog = load_catalog(autoload=False, extra=[plugin])
     assemble({"base": "grpo", "sample": {"use": "one_turn"}}, catalog=catalog)  # fine without an env
     with pytest.raises(ConfigError, match="takes no `env`"):

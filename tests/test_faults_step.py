@@ -131,7 +131,8 @@ def test_a_raising_reward_component_is_named(catalog):
         def reward(self, rollout):
             raise RuntimeError("scorer crashed")
 
-    plugin = types.SimpleNamespace(__name__="boom_plugin", register_components=lambda register: register(Boom))
+    plugin = types.SimpleNamespace(__name__="boom_plugin",
+                                   register_components=hookimpl(lambda register: register(Boom)))
     import policyzoo.testing.bandit as bandit_mod
     cat = load_catalog(autoload=False, extra=[bandit_mod, plugin])
     run = assemble("grpo", rewards=(use("bandit_correct"), use("boom")), catalog=cat)

@@ -18,6 +18,7 @@ import policyzoo
 from policyzoo.api import reward_entry
 from policyzoo.contract import Rollout
 from policyzoo.plugins.reward import Function, RewardFunctionError
+from policyzoo.step import dispatch
 
 
 def rollout(completions):
@@ -85,7 +86,7 @@ def test_two_async_rewards_of_a_step_run_concurrently():
                  for i, f in enumerate((meet_length, meet_double)))
     run = policyzoo.assemble("grpo", rewards=uses)
     assert all(c.concurrent for c in run.reward)
-    out = run.call_each("reward", rows=3, rollout=rollout(["a", "bb", "ccc"]))
+    out = dispatch.call_each(run, "reward", rows=3, rollout=rollout(["a", "bb", "ccc"]))
     assert [v.tolist() for _, v in out] == [[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]]  # lengths, doubled; config order
 
 
@@ -146,3 +147,28 @@ def test_engine_trains_two_steps_with_two_async_rewards(tmp_path):
     for r in train:
         assert math.isfinite(r["loss"]) and r["reward/async_spread_reward"] > 0
         assert r["reward/async_spread_reward"] == r["reward/async_spread_reward_2"]  # the same function twice
+
+
+def length(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def double(completions, **kwargs):
+    return [2.0 * len(c) for c in completions]
+
+
+def test_each_collect_component_is_called_through_pluggy():
+    # the step dispatches every reward component through the run's plugin manager on its own, so call
+    # monitoring (HookRecorder) sees one call per component with that component's own result
+    from policyzoo.testing import HookRecorder
+
+    uses = tuple(policyzoo.use("function", function=reward_entry(f, i)["function"]) for i, f in enumerate((length,
+                                                                                                          double)))
+    run = policyzoo.assemble("grpo", rewards=uses)
+    rec = HookRecorder().attach(run)
+    out = dispatch.call_each(run, "reward", rows=2, rollout=rollout(["a", "bbb"]))
+    rec.detach()
+    assert [v.tolist() for _, v in out] == [[1.0, 3.0], [2.0, 6.0]]  # len("a") = 1, len("bbb") = 3; doubled
+    calls = rec.of("reward")
+    assert [c.component for c in calls] == [repr(c) for c in run.reward]
+    assert [list(c.result) for c in calls] == [[1.0, 3.0], [2.0, 6.0]]  # each component's own result, unwrapped

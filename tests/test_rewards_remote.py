@@ -18,6 +18,7 @@ import torch
 
 from policyzoo.contract import Rollout
 from policyzoo.plugins.reward import GroupJudge, Judge, RemoteReward, RemoteRewardError
+from policyzoo.step import dispatch
 
 
 class Server:
@@ -207,5 +208,5 @@ def test_remote_components_run_concurrently_in_the_step(serve):
     s = serve(in_pairs(1.0))  # the two components' requests answer only when both are in flight
     run = policyzoo.assemble("grpo", rewards=tuple(policyzoo.use("remote_reward", url=s.url + f"/{k}", cache_size=0,
                                                                  retries=0) for k in range(2)))
-    out = run.call_each("reward", rows=1, rollout=rollout(["a"]))
+    out = dispatch.call_each(run, "reward", rows=1, rollout=rollout(["a"]))
     assert [v.tolist() for _, v in out] == [[1.0], [1.0]]  # both answered: the two requests were in flight at once

@@ -7,9 +7,10 @@
    loss placement, then ``term`` -> ``reduce``) and the step's normalisers;
 4. :mod:`.learn`: :func:`train_step` = collect + :func:`learn` (score, advantages, update, sync).
 
-Beside them, :mod:`.boundary` checks every hook result and :mod:`.episodes` runs multi-turn episodes
-token-exact. This package imports only :mod:`policyzoo.contract` and :mod:`policyzoo.errors`; the
-real engine and the bandit test bed both run it unchanged.
+Beside them, :mod:`.dispatch` calls the hooks (step -> pluggy -> component -> :mod:`.boundary`'s
+check of the result -> step) and :mod:`.episodes` runs multi-turn episodes token-exact. This package
+imports only :mod:`policyzoo.contract` and :mod:`policyzoo.errors`; the real engine and the bandit
+test bed both run it unchanged.
 """
 
 from .advantages import masked_mean, prepare

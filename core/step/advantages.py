@@ -8,6 +8,8 @@ from torch import Tensor
 
 from policyzoo.contract import LOCAL, Collective, StepBatch
 
+from . import dispatch
+
 
 def prepare(run, batch: StepBatch, scored: Tensor | None = None,
             collective: Collective = LOCAL) -> tuple[StepBatch, dict]:
@@ -30,7 +32,7 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None,
         token_rewards = torch.where(mask, turn, token_rewards)
     if run.kl is not None and batch.ref_logprobs is not None:
         now = scored if scored is not None else batch.rollout.rollout_logprobs
-        kl = run.call("kl", *mask.shape, logprobs=now, ref_logprobs=batch.ref_logprobs, response_mask=mask,
+        kl = dispatch.call(run, "kl", *mask.shape, logprobs=now, ref_logprobs=batch.ref_logprobs, response_mask=mask,
                       ratio=torch.ones_like(now))
         metrics["kl_ref"] = masked_mean(kl, mask)
         # verl's current_kl (apply_kl_penalty): each row's token mean (0 for a row with no token), then the
@@ -43,7 +45,7 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None,
     parts = batch.reward_components  # [B, K]; a batch built without them has the rewards as its only one
     weights = torch.tensor([float(c.params.weight) for c in run.reward]) if parts is not None else torch.ones(1)
     parts = batch.rewards.unsqueeze(-1) if parts is None else parts
-    out = run.call("baseline", *mask.shape, rewards=batch.rewards, group_ids=batch.rollout.group_ids,
+    out = dispatch.call(run, "baseline", *mask.shape, rewards=batch.rewards, group_ids=batch.rollout.group_ids,
                    response_mask=mask, token_rewards=token_rewards, values=batch.values, collective=collective,
                    reward_components=parts, reward_weights=weights,
                    greedy_rewards=batch.greedy_rewards if batch.greedy_rewards is not None

@@ -18,6 +18,7 @@ import torch
 from policyzoo.contract import Rollout
 from policyzoo.errors import ComponentError, UserError
 
+from . import dispatch
 from .episodes import EPISODE_METRICS, episode_sums, failed_groups
 
 #: the seed of step ``s`` of a run with ``train.seed`` = k is ``k * SEED_STRIDE + s`` (:func:`step_seed`)
@@ -103,8 +104,8 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
     for r in range(settings.max_sample_rounds if resample else 1):
         prompts = next_prompts()
         t0 = time.perf_counter()
-        rollout = run.call("sample", rows=len(prompts) * (run.sample.params.n + run.sample.params.greedy),
-                           policy=policy, prompts=prompts, seed=round_seed(seed, r), env=run.env)
+        rollout = dispatch.call(run, "sample", rows=len(prompts) * (run.sample.params.n + run.sample.params.greedy),
+                                policy=policy, prompts=prompts, seed=round_seed(seed, r), env=run.env)
         greedy = _greedy_rows(run, rollout)
         metrics["time_rollout"] += time.perf_counter() - t0
         target_rows = target_rows or int((~greedy).sum())  # the greedy baseline rows are not trained on
@@ -144,8 +145,8 @@ def _rewards(run, rollout: Rollout, greedy: torch.Tensor, settings: StepSettings
     b = len(rollout)
     rewards = torch.zeros(b)
     parts = torch.zeros(b, len(run.reward))
-    for k, (label, (comp, value)) in enumerate(zip(run.reward_labels, run.call_each("reward", rows=b,
-                                                                                    rollout=rollout))):
+    scored = dispatch.call_each(run, "reward", rows=b, rollout=rollout)
+    for k, (label, (comp, value)) in enumerate(zip(run.reward_labels, scored)):
         sums[label] += float(torch.nansum(value[~greedy]))
         counts[label] += int((~torch.isnan(value[~greedy])).sum())
         rewards = rewards + comp.params.weight * value
@@ -178,7 +179,7 @@ def _filter(run, rollout: Rollout, rewards: torch.Tensor, metrics: Counter) -> t
     b, t = rollout.response_mask.shape
     keep = torch.ones(b, dtype=torch.bool)
     mask = rollout.response_mask.clone()
-    for comp, out in run.call_each("filter", rows=b, width=t, rollout=rollout, rewards=rewards):
+    for comp, out in dispatch.call_each(run, "filter", rows=b, width=t, rollout=rollout, rewards=rewards):
         if out.keep.dim() == 2:
             mask &= out.keep
         else:

@@ -12,6 +12,8 @@ from torch import Tensor
 
 from policyzoo.contract import LOCAL, Collective, Importance, StepBatch, StepTotals
 
+from . import dispatch
+
 
 def step_totals(batch: StepBatch) -> StepTotals:
     """Token and sequence counts of the whole step (one rank; the engine all-reduces them)."""
@@ -29,12 +31,13 @@ def loss_terms(run, mb: StepBatch, logprobs: Tensor, ratio: Tensor,
     shape = mask.shape
     out: list[tuple[str, float, Tensor]] = []
     if run.kl is not None and run.kl.params.placement == "loss":
-        kl = run.call("kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask,
+        kl = dispatch.call(run, "kl", *shape, logprobs=logprobs, ref_logprobs=mb.ref_logprobs, response_mask=mask,
                       ratio=ratio)
         out.append(("kl_loss", run.kl.beta, kl))
     if getattr(run, "term", None):
-        results = run.call_each("term", *shape, logprobs=logprobs, entropy=entropy, ref_logprobs=mb.ref_logprobs,
-                                ratio=ratio, advantages=mb.advantages, response_mask=mask)
+        results = dispatch.call_each(run, "term", *shape, logprobs=logprobs, entropy=entropy,
+                                     ref_logprobs=mb.ref_logprobs, ratio=ratio, advantages=mb.advantages,
+                                     response_mask=mask)
         out += [(f"term/{comp.name}", comp.coef, value) for comp, value in results]
     return out
 
@@ -58,11 +61,11 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
     shape = mask.shape
     rollout_lp = mb.rollout.rollout_logprobs
-    imp = run.call("ratio", *shape, logprobs=logprobs, old_logprobs=old, rollout_logprobs=rollout_lp,
+    imp = dispatch.call(run, "ratio", *shape, logprobs=logprobs, old_logprobs=old, rollout_logprobs=rollout_lp,
                    response_mask=mask, advantages=mb.advantages)
     imp = imp if isinstance(imp, Importance) else Importance(imp)
     ratio = imp.ratio
-    sur = run.call("clip", *shape, ratio=ratio, advantages=mb.advantages, logprobs=logprobs, old_logprobs=old,
+    sur = dispatch.call(run, "clip", *shape, ratio=ratio, advantages=mb.advantages, logprobs=logprobs, old_logprobs=old,
                    response_mask=mask, collective=collective)
     per_token = sur.loss if imp.weight is None else sur.loss * imp.weight  # TRL/verl: weight on the clipped loss
     n = float(mask.sum())
@@ -76,7 +79,7 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy
         per_token = per_token + coef * value
         sums[key] = (float((value.detach() * mask).sum()), n)
     per_token = torch.where(mask, per_token, torch.zeros_like(per_token))  # no NaN leaks from padding
-    loss = run.call("reduce", *shape, loss=per_token, response_mask=mask, totals=totals)
+    loss = dispatch.call(run, "reduce", *shape, loss=per_token, response_mask=mask, totals=totals)
     for name, hit in (("clip_frac_low", sur.clipped_low), ("clip_frac_high", sur.clipped_high)):
         sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
     sums["ratio_mean"] = (float((ratio.detach() * mask).sum()), n)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
+import threading
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,41 +99,34 @@ class HookCall:
 class HookRecorder:
     """Records the hook calls of a :class:`~policyzoo.assembly.Run`.
 
-    ``attach(run)`` hooks into the run's plugin manager (single slots, through pluggy's call
-    monitoring) and its ``call_each`` (collect slots, one record per component). ``names()``
+    ``attach(run)`` hooks into the run's plugin manager through pluggy's call monitoring: one record
+    per call of a single slot and per component of a collect slot (the step calls each on its own,
+    :mod:`policyzoo.step.dispatch`; its record holds that component's own result). ``names()``
     gives the hook names in call order; ``of(hook)`` the calls of one hook."""
 
     calls: list[HookCall] = field(default_factory=list)
     _undo: list = field(default_factory=list)
 
     def attach(self, run) -> "HookRecorder":
-        pending: list[HookCall] = []
+        pending: dict[int, list[HookCall]] = {}  # per thread: collect components may run concurrently
 
         def before(hook_name, hook_impls, kwargs):
-            pending.append(HookCall(hook_name, dict(kwargs)))
+            pending.setdefault(threading.get_ident(), []).append(HookCall(hook_name, dict(kwargs)))
 
         def after(outcome, hook_name, hook_impls, kwargs):
-            call = pending.pop()
+            call = pending[threading.get_ident()].pop()
             try:
                 call.result = outcome.get_result()
+                if not getattr(run.pm.hook, hook_name).spec.opts.get("firstresult"):  # a collect slot: [result]
+                    call.result = call.result[0] if call.result else None
             except BaseException as e:  # record the failure, the caller still sees it
                 call.result = e
             impls = [i.plugin for i in hook_impls]
             call.component = repr(impls[-1]) if len(impls) == 1 else None
             self.calls.append(call)
 
-        self._undo.append(run.pm.add_hookcall_monitoring(before, after))
-        original = run.call_each
-
-        def call_each(slot, **kwargs):
-            out = original(slot, **kwargs)
-            for comp, result in out:
-                self.calls.append(HookCall(slot, dict(kwargs), result, repr(comp)))
-            return out
-
-        run.call_each = call_each
-        self._undo.append(lambda: delattr(run, "call_each"))
-        return self
+        self._undo.append(run.pm.add_hookcall_monitoring(before, after))  # every call: the step dispatches
+        return self  # each collect component through pluggy on its own (policyzoo.step.dispatch)
 
     def detach(self) -> None:
         while self._undo:

@@ -32,7 +32,7 @@ import torch
 
 from policyzoo.contract import Rollout
 from policyzoo.engine.device import on_device
-from policyzoo.step import collect, learn, round_seed
+from policyzoo.step import collect, dispatch, learn, round_seed
 
 
 class OverlapPolicy:
@@ -147,7 +147,7 @@ def overlapped_step(run, policy: OverlapPolicy, settings, seed: int, next_seed: 
     if next_seed is not None:
         prompts, ahead = next_prompts(peek=True), round_seed(next_seed, 0)
         rows = len(prompts) * (run.sample.params.n + run.sample.params.greedy)
-        policy.prefetch(lambda rec: run.call("sample", rows=rows, policy=rec, prompts=prompts, seed=ahead,
+        policy.prefetch(lambda rec: dispatch.call(run, "sample", rows=rows, policy=rec, prompts=prompts, seed=ahead,
                                              env=run.env))
     m = learn(run, policy, rollout, rewards, m, settings, parts, greedy, on_batch)
     policy.wait()  # a failed or skipped update leaves no sampling running into the next step

@@ -21,7 +21,7 @@ from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
 from policyzoo.engine.rollout.overlap import OverlapPolicy, overlapped_step
 from policyzoo.engine.rollout.tensor_parallel import follow_evaluation
 from policyzoo.errors import Interrupted, TrainingError, UserError
-from policyzoo.step import round_seed, step_seed, train_step
+from policyzoo.step import dispatch, round_seed, step_seed, train_step
 
 from .resume import checkpoint_state
 from .startup import peak_rss_gib, rss_gib, trim_heap
@@ -295,8 +295,8 @@ class RunLoop:
                     round_seed(step_seed(c.train.seed, step), 0))
 
         def sample(policy, prompts, seed):
-            return self.run.call("sample", rows=len(prompts) * (sp.n + sp.greedy), policy=policy, prompts=prompts,
-                                 seed=seed, env=self.run.env)
+            return dispatch.call(self.run, "sample", rows=len(prompts) * (sp.n + sp.greedy), policy=policy,
+                                 prompts=prompts, seed=seed, env=self.run.env)
 
         self.async_discarded, line = discarded_at_resume(self.state)
         if line:
