@@ -25,7 +25,7 @@ from _engine_helpers import ROOT, engine_env, metrics, run_train, tiny_model
 
 from policyzoo.engine.models import resolve_model
 from policyzoo.engine.rollout import server as server_mod
-from policyzoo.engine.rollout.server_protocol import ServerError
+from policyzoo.engine.rollout.server.protocol import ServerError
 
 pytestmark = pytest.mark.engine_group  # starts a vLLM server process: make test-engine
 

@@ -1,6 +1,6 @@
 """The rollout server's wire format without a server: request bodies, reply parsing, splitting
 prompt groups between servers, the connect checks' comparison, the weight chunks and the serve
-command line (``policyzoo.engine.rollout.server_protocol``, ``weight_push``, ``run/serve``)."""
+command line (``policyzoo.engine.rollout.server.protocol``, ``weight_push``, ``run/serve``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from policyzoo.engine.rollout import server_protocol as wire
-from policyzoo.engine.rollout.server_protocol import ServerError
-from policyzoo.engine.rollout.weight_push import chunk_info, chunks
+from policyzoo.engine.rollout.server import protocol as wire
+from policyzoo.engine.rollout.server.protocol import ServerError
+from policyzoo.engine.rollout.server.weight_push import chunk_info, chunks
 from policyzoo.engine.run.serve import EXTENSION, serve_command, serve_env
 
 
@@ -184,7 +184,7 @@ class _FakeGroup:
 
 
 def test_a_push_reaches_every_server_chunk_by_chunk():
-    from policyzoo.engine.rollout.weight_push import push
+    from policyzoo.engine.rollout.server.weight_push import push
 
     w = [("a", torch.ones(4)), ("b", torch.ones(4)), ("c", torch.ones(4))]  # 16 bytes each; 32 a chunk: [a b] [c]
     groups = [_FakeGroup(), _FakeGroup()]
@@ -204,7 +204,7 @@ def test_a_failed_group_init_is_raised_at_once_not_after_the_timeout():
     to join the gloo group (timeout 60 s): the error comes back at once (bound: 30 s, "did not hang")."""
     import time
 
-    from policyzoo.engine.rollout.weight_push import ServerGroup
+    from policyzoo.engine.rollout.server.weight_push import ServerGroup
 
     def post(path, body):
         if path == "/init_weight_transfer_engine":

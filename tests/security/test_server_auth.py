@@ -1,4 +1,4 @@
-"""The rollout server is not an open door (``policyzoo.engine.rollout.server_auth``).
+"""The rollout server is not an open door (``policyzoo.engine.rollout.server.auth``).
 
 Fast, no server: ``policyzoo serve`` refuses a host other than loopback without a shared secret and
 exits 2 before anything starts; a token file open to group or others is refused with the chmod fix;
@@ -30,7 +30,7 @@ from _engine_helpers import ROOT, engine_env, metrics, run_train, tiny_model
 
 from policyzoo import cli
 from policyzoo.engine.rollout import server as server_mod
-from policyzoo.engine.rollout.server_auth import (
+from policyzoo.engine.rollout.server.auth import (
     TOKEN_ENV,
     BearerTokenMiddleware,
     check_bind,
@@ -38,7 +38,7 @@ from policyzoo.engine.rollout.server_auth import (
     read_token_file,
     resolve_token,
 )
-from policyzoo.engine.rollout.server_protocol import ServerError
+from policyzoo.engine.rollout.server.protocol import ServerError
 from policyzoo.engine.run import serve
 from policyzoo.errors import UserError
 

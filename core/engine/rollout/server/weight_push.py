@@ -8,7 +8,7 @@ ranks 1.. (vLLM's ``rank_offset`` convention). Two transports:
 
 * ``policyzoo_gloo`` (CPU servers): a ``ProcessGroupGloo`` over a ``TCPStore`` the trainer opens on a
   port the OS picks (so no free port is guessed); the server's workers run
-  ``policyzoo.engine.rollout.server_worker.GlooWeightTransferEngine``.
+  ``policyzoo.engine.rollout.server.worker.GlooWeightTransferEngine``.
 * ``nccl`` (CUDA servers): vLLM's own ``NCCLWeightTransferEngine`` on the workers, and vLLM's
   ``nccl_common.trainer_init`` (a ``PyNcclCommunicator``) here, unpacked (one broadcast per tensor).
   Written from vLLM 0.32's code, not run here (no GPU).
@@ -25,7 +25,7 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from .server_protocol import GLOO_BACKEND, ServerError, gloo_group
+from .protocol import GLOO_BACKEND, ServerError, gloo_group
 
 #: bytes of weights per /update_weights request
 CHUNK_BYTES = 256 * 2**20

@@ -3,19 +3,19 @@ OpenAI-compatible server with policyzoo's worker extension) instead of vLLM in t
 
 * **Connect** (:func:`connect`, in the pre-load checks, before any weights load, also for
   ``--dry-run``): each server of ``engine.servers`` must answer, run the same policyzoo and vLLM
-  versions, serve a model with this model's config (``server_protocol.MODEL_KEYS``), dtype and
+  versions, serve a model with this model's config (``protocol.MODEL_KEYS``), dtype and
   tokenizer (a probe text tokenised by the server equals this tokenizer's ids), at least the run's
   context, with processed log-probs and a weight-transfer backend. Anything else is refused with a
-  :class:`~policyzoo.engine.rollout.server_protocol.ServerError` naming the server and what differs.
+  :class:`~policyzoo.engine.rollout.server.protocol.ServerError` naming the server and what differs.
 * **Sampling** (:class:`ServerRollout`, the interface of ``VLLMRollout``): one ``/v1/completions``
-  request per prompt with its ``n`` samples and seed (``server_protocol``), sent concurrently; the
+  request per prompt with its ``n`` samples and seed (``protocol``), sent concurrently; the
   prompts of a call are split into contiguous runs of whole groups, one run per server. Each data-
   parallel rank sends its own share.
 * **Weights** (:meth:`ServerRollout.load_weights`): rank 0 pushes to every server over a process group
   with the server's workers (``weight_push``), then resets each server's prefix cache; other ranks only
   take part in the trainer's gather (ZeRO-3) and wait at a barrier. The sync check
   (``LMPolicy.check_now``) then scores through the server as through the colocated engine.
-* **The secret** (``server_auth``): with ``POLICYZOO_SERVER_TOKEN`` or ``engine.server_token_file``
+* **The secret** (``auth``): with ``POLICYZOO_SERVER_TOKEN`` or ``engine.server_token_file``
   set, every request (sampling, weight routes, sync check) carries ``Authorization: Bearer <secret>``;
   a server answering 401/403 is refused with a :class:`ServerError` saying which token to set.
 * **Failures**: a server that stops answering raises :class:`ServerError` ("restart it, then
@@ -34,11 +34,11 @@ import torch
 from policyzoo.contract.policy import Generated
 from policyzoo.engine import dist
 
-from . import server_protocol as wire
-from .engines import NEXT_TOP_K, EngineBase, build_rollout, request_seed
-from .finish import finish
-from .server_auth import auth_headers, refused, resolve_token
-from .server_protocol import ServerError
+from ..engines import NEXT_TOP_K, EngineBase, build_rollout, request_seed
+from ..finish import finish
+from . import protocol as wire
+from .auth import auth_headers, refused, resolve_token
+from .protocol import ServerError
 from .weight_push import ServerGroup, push
 
 #: a text whose ids the server's tokenizer must reproduce (words, digits, punctuation, non-ASCII)

@@ -1,5 +1,5 @@
 """What runs inside the rollout server (``policyzoo serve``): vLLM imports this module in every
-worker through ``--worker-extension-cls policyzoo.engine.rollout.server_worker.PolicyzooWorkerExtension``.
+worker through ``--worker-extension-cls policyzoo.engine.rollout.server.worker.PolicyzooWorkerExtension``.
 
 Importing it registers :class:`GlooWeightTransferEngine` in vLLM's own weight-transfer registry
 (``vllm.distributed.weight_transfer.factory.WeightTransferEngineFactory``) under the backend name
@@ -9,7 +9,7 @@ protocol (``init_weight_transfer_engine`` / ``start_weight_update`` / ``update_w
 the server's weight push is testable on CPU. On CUDA the server runs with vLLM's ``nccl`` backend and
 this engine is not used.
 
-Protocol of one push (the trainer side is ``policyzoo.engine.rollout.weight_push``):
+Protocol of one push (the trainer side is ``policyzoo.engine.rollout.server.weight_push``):
 
 1. ``init``: the trainer (group rank 0) opened a ``TCPStore`` at ``master_address:master_port``; each
    worker joins a ``ProcessGroupGloo`` of ``world_size`` = 1 + the server's TP x PP ranks at rank
@@ -36,8 +36,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from .engines import stale_gemm_modules
-from .server_protocol import GLOO_BACKEND, gloo_group, installed_versions, model_identity
+from ..engines import stale_gemm_modules
+from .protocol import GLOO_BACKEND, gloo_group, installed_versions, model_identity
 
 
 @dataclass
