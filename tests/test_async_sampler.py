@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from policyzoo.contract import Rollout
-from policyzoo.engine.rollout.async_sampler import AsyncSampler, async_step
-from policyzoo.step import dispatch
+from policyzoo.engine.rollout.async_sampler import AsyncAhead, AsyncSampler
+from policyzoo.step import dispatch, train_step
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 
 
@@ -251,8 +251,8 @@ def test_async_steps_on_the_bandit(s, catalog):
     out = []
     for step in range(1, 9):
         cursor = 3 * (step - 1)
-        out.append(async_step(run, sampler, settings, step, step, cursor, lambda peek=False, at=cursor:
-                              stream[at:at + 3], on_batch=fill))
+        out.append(train_step(run, sampler, lambda peek=False, at=cursor: stream[at:at + 3], step, settings,
+                              on_batch=fill, ahead=AsyncAhead(sampler).begin(step, cursor)))
     lags = {1: [0, 1, 1, 1, 1, 1, 1, 1], 2: [0, 1, 2, 2, 2, 2, 2, 2]}[s]
     assert [m["policy_lag_max"] for m in out] == lags and [m["policy_lag_mean"] for m in out] == lags
     assert all(m["stale_dropped"] == 0 and m["skipped"] == 0 for m in out)

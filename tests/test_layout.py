@@ -13,6 +13,7 @@ README's folders and pyproject's package list stay equal to the tree.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import shutil
 import tomllib
@@ -299,3 +300,16 @@ def test_plugins_are_one_package_per_slot():
     assert flat == [], "a slot's components live in plugins/<slot>/"
     packages = {p.parent.name for p in (ROOT / "plugins").glob("*/__init__.py")}
     assert packages == set(SLOTS), packages ^ set(SLOTS)
+
+
+def test_one_step_function_composes_the_phases():
+    # sync, one-step overlap and asynchronous sampling are ways of producing the batch (an Ahead given to
+    # train_step), never a step function of their own: only core/step/ calls collect() and learn()
+    calls = re.compile(r"(?<![\w.])(collect|learn)\(")
+    outside = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "core").rglob("*.py") if "step" not in p.parent.name
+               for i, line in enumerate(p.read_text().splitlines(), 1)
+               if calls.search(line) and not line.lstrip().startswith(("def ", "#"))]
+    assert outside == []
+    from policyzoo.step import train_step
+
+    assert "ahead" in inspect.signature(train_step).parameters

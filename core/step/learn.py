@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -22,12 +22,34 @@ from .collect import StepSettings, collect
 from .loss import micro_loss, needs_entropy_grad, step_totals
 
 
+class Ahead(Protocol):
+    """How the coming batches are sampled ahead of the step that trains on them (the engine's
+    one-step overlap and asynchronous sampler; without one, each batch is sampled when its step
+    starts). The step calls ``before()`` before it collects its batch, ``collected()`` once it has
+    (the moment to start sampling what comes next), and ``learned()`` after the update; the dict
+    ``learned()`` returns joins the step's metrics."""
+
+    def before(self) -> None: ...
+
+    def collected(self) -> None: ...
+
+    def learned(self) -> dict: ...
+
+
 def train_step(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
-               settings: StepSettings = StepSettings(), on_batch: Callable[[StepBatch], None] | None = None) -> dict:
-    """One optimizer step (or ``updates_per_batch`` of them) on a freshly sampled batch.
-    ``on_batch`` (if given) sees the batch with its advantages before the update (for logging)."""
+               settings: StepSettings = StepSettings(), on_batch: Callable[[StepBatch], None] | None = None,
+               ahead: Ahead | None = None) -> dict:
+    """One optimizer step (or ``updates_per_batch`` of them) on a batch: the one step of every
+    rollout placement. ``policy`` samples it (fresh, or prefetched by an :class:`Ahead` whose
+    ``policy`` this is); ``on_batch`` (if given) sees the batch with its advantages before the update
+    (for logging)."""
+    if ahead is not None:
+        ahead.before()
     rollout, rewards, parts, greedy_rewards, metrics = collect(run, policy, next_prompts, seed, settings)
-    return learn(run, policy, rollout, rewards, metrics, settings, parts, greedy_rewards, on_batch)
+    if ahead is not None:
+        ahead.collected()
+    metrics = learn(run, policy, rollout, rewards, metrics, settings, parts, greedy_rewards, on_batch)
+    return metrics if ahead is None else {**metrics, **ahead.learned()}
 
 
 def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,

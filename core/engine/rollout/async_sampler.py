@@ -45,7 +45,6 @@ import torch
 
 from policyzoo.contract import Rollout
 from policyzoo.engine.device import on_device
-from policyzoo.step import collect, learn
 
 COUNTERS = ("tokens", "prompt_tokens", "seconds")
 
@@ -282,15 +281,27 @@ def discarded_at_resume(state: dict) -> tuple[dict, str | None]:
             "checkpoint and are discarded; those steps are sampled again")
 
 
-def async_step(run, policy: AsyncSampler, settings, step: int, seed: int, cursor: int, next_prompts,
-               on_batch=None) -> dict:
-    """One step of asynchronous training: collect step ``step``'s batch (its first round from the
-    queue when sampled ahead; ``cursor``: the prompt stream's position now), train on it while
-    the thread samples ahead; ``next_prompts``, ``settings`` and ``on_batch`` as in
-    :func:`policyzoo.step.train_step`. Adds ``stale_dropped`` / ``stale_dropped_rows`` (this step's)."""
-    dropped, rows = policy.stale_dropped, policy.stale_dropped_rows
-    policy.begin(step, cursor)
-    rollout, rewards, parts, greedy, m = collect(run, policy, next_prompts, seed, settings)
-    m = learn(run, policy, rollout, rewards, m, settings, parts, greedy, on_batch)
-    return {**m, "stale_dropped": policy.stale_dropped - dropped,
-            "stale_dropped_rows": policy.stale_dropped_rows - rows}
+class AsyncAhead:
+    """``engine.max_staleness`` as the step's :class:`~policyzoo.step.learn.Ahead`: before step
+    ``step`` collects, the sampler is told which step it is and where the prompt stream stands
+    (``cursor``), so the step's first round comes from the queue when it was sampled ahead; the
+    thread samples on while the step trains. Adds ``stale_dropped`` / ``stale_dropped_rows`` (this
+    step's). ``policy`` is the :class:`AsyncSampler` the step samples from."""
+
+    def __init__(self, policy: AsyncSampler):
+        self.policy, self.step, self.cursor, self._dropped = policy, 0, 0, (0, 0)
+
+    def begin(self, step: int, cursor: int) -> "AsyncAhead":
+        self.step, self.cursor = step, cursor
+        return self
+
+    def before(self) -> None:
+        self._dropped = (self.policy.stale_dropped, self.policy.stale_dropped_rows)
+        self.policy.begin(self.step, self.cursor)
+
+    def collected(self) -> None:
+        pass
+
+    def learned(self) -> dict:
+        return {"stale_dropped": self.policy.stale_dropped - self._dropped[0],
+                "stale_dropped_rows": self.policy.stale_dropped_rows - self._dropped[1]}

@@ -32,7 +32,7 @@ import torch
 
 from policyzoo.contract import Rollout
 from policyzoo.engine.device import on_device
-from policyzoo.step import collect, dispatch, learn, round_seed
+from policyzoo.step import dispatch, round_seed
 
 
 class OverlapPolicy:
@@ -134,21 +134,35 @@ class OverlapPolicy:
         return out
 
 
-def overlapped_step(run, policy: OverlapPolicy, settings, seed: int, next_seed: int | None, next_prompts,
-                    on_batch=None) -> dict:
-    """One step with overlap: collect the batch of the step with ``seed``, start sampling the next
-    step's (with ``next_seed``; None when a checkpoint, an evaluation or the end comes first: nothing
-    sampled ahead crosses them), train on this one. ``next_prompts(peek=True)`` returns the next
-    prompts without drawing them; ``settings`` are the step's :class:`~policyzoo.step.StepSettings`;
-    ``on_batch`` as in :func:`policyzoo.step.train_step`."""
-    dropped = policy.stale_dropped
-    rollout, rewards, parts, greedy, m = collect(run, policy, next_prompts, seed, settings)
-    dropped = policy.stale_dropped - dropped
-    if next_seed is not None:
-        prompts, ahead = next_prompts(peek=True), round_seed(next_seed, 0)
-        rows = len(prompts) * (run.sample.params.n + run.sample.params.greedy)
-        policy.prefetch(lambda rec: dispatch.call(run, "sample", rows=rows, policy=rec, prompts=prompts, seed=ahead,
-                                             env=run.env))
-    m = learn(run, policy, rollout, rewards, m, settings, parts, greedy, on_batch)
-    policy.wait()  # a failed or skipped update leaves no sampling running into the next step
-    return {**m, "stale_dropped": dropped}
+class OverlapAhead:
+    """``engine.overlap: one_step`` as the step's :class:`~policyzoo.step.learn.Ahead`: once step n's
+    batch is collected, start sampling step n+1's first round (with ``next_seed``; None when a
+    checkpoint, an evaluation or the end comes first: nothing sampled ahead crosses them); after the
+    update, wait for it (a failed or skipped update leaves no sampling running into the next step).
+    Adds ``stale_dropped`` (this step's dropped prefetches). ``policy`` is the
+    :class:`OverlapPolicy` the step samples from."""
+
+    def __init__(self, run, policy: OverlapPolicy):
+        self.run, self.policy = run, policy
+        self.next_seed, self.next_prompts, self._dropped = None, None, 0
+
+    def begin(self, next_seed: int | None, next_prompts) -> "OverlapAhead":
+        """This step's plan: the next step's seed (or None) and the prompt stream
+        (``next_prompts(peek=True)`` returns the next prompts without drawing them)."""
+        self.next_seed, self.next_prompts = next_seed, next_prompts
+        return self
+
+    def before(self) -> None:
+        self._dropped = self.policy.stale_dropped
+
+    def collected(self) -> None:
+        self._dropped = self.policy.stale_dropped - self._dropped
+        if self.next_seed is not None:
+            run, prompts, ahead = self.run, self.next_prompts(peek=True), round_seed(self.next_seed, 0)
+            rows = len(prompts) * (run.sample.params.n + run.sample.params.greedy)
+            self.policy.prefetch(lambda rec: dispatch.call(run, "sample", rows=rows, policy=rec, prompts=prompts,
+                                                           seed=ahead, env=run.env))
+
+    def learned(self) -> dict:
+        self.policy.wait()
+        return {"stale_dropped": self._dropped}

@@ -16,9 +16,9 @@ from policyzoo.engine import dist
 from policyzoo.engine.device import gpu_memory_metrics
 from policyzoo.engine.report.progress import EVAL_DEFINITION, eval_metric_name, progress_bar
 from policyzoo.engine.report.tracking import completion_rows
-from policyzoo.engine.rollout.async_sampler import AsyncSampler, async_step, discarded_at_resume, merge_in_flight
+from policyzoo.engine.rollout.async_sampler import AsyncAhead, AsyncSampler, discarded_at_resume, merge_in_flight
 from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
-from policyzoo.engine.rollout.overlap import OverlapPolicy, overlapped_step
+from policyzoo.engine.rollout.overlap import OverlapAhead, OverlapPolicy
 from policyzoo.engine.rollout.tensor_parallel import follow_evaluation
 from policyzoo.errors import Interrupted, TrainingError, UserError
 from policyzoo.step import dispatch, round_seed, step_seed, train_step
@@ -108,21 +108,20 @@ class RunLoop:
                     self.sampler.stats if c.engine.max_staleness else self.policy.stats)
         t0, lr, stats0 = time.perf_counter(), self.trainer.lr(), dict(counters)
         on_batch = seen.append if logs_completions(step, c.train.steps, every) else None
+        if c.engine.overlap == "one_step":  # nothing sampled ahead crosses a checkpoint, an evaluation or the end
+            boundary = any(every and step % every == 0 for every in (c.train.save_every, c.train.eval_every))
+            ahead = OverlapAhead(self.run, self.overlap).begin(
+                step_seed(c.train.seed, step + 1) if step < c.train.steps and not boundary else None, next_prompts)
+        elif c.engine.max_staleness:
+            ahead = AsyncAhead(self.sampler).begin(step, self.rows_drawn)
+        else:
+            ahead = None
         try:
-            if c.engine.overlap == "one_step":
-                # nothing sampled ahead crosses a checkpoint, an evaluation or the end
-                boundary = any(every and step % every == 0 for every in (c.train.save_every, c.train.eval_every))
-                ahead = step_seed(c.train.seed, step + 1) if step < c.train.steps and not boundary else None
-                m = overlapped_step(self.run, self.overlap, self.settings, step_seed(c.train.seed, step), ahead,
-                                    next_prompts, on_batch)
-            elif c.engine.max_staleness:
-                m = async_step(self.run, self.sampler, self.settings, step, step_seed(c.train.seed, step),
-                               self.rows_drawn, next_prompts, on_batch)
+            m = train_step(self.run, self.policy if ahead is None else ahead.policy, next_prompts,
+                           seed=step_seed(c.train.seed, step), settings=self.settings, on_batch=on_batch, ahead=ahead)
+            if c.engine.max_staleness:
                 m.update(getattr(self, "async_discarded", {}))
                 self.async_discarded = {}
-            else:
-                m = train_step(self.run, self.policy, next_prompts, seed=step_seed(c.train.seed, step),
-                               settings=self.settings, on_batch=on_batch)
         except UserError as e:  # a reward or component error, a collective timeout: say which step it stopped
             _at_step(e, f"step {step}")
             raise
