@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from policyzoo.contract import Rollout
-from policyzoo.engine.rollout.async_sampler import AsyncAhead, AsyncSampler
+from policyzoo.engine.ahead.async_sampler import AsyncAhead, AsyncSampler
 from policyzoo.step import dispatch, train_step
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 
@@ -284,7 +284,7 @@ def test_a_resumed_run_counts_what_was_ahead_of_its_checkpoint(catalog):
 
 
 def test_what_is_ahead_at_a_checkpoint_is_merged_over_ranks():
-    from policyzoo.engine.rollout.async_sampler import discarded_at_resume, merge_in_flight
+    from policyzoo.engine.ahead.async_sampler import discarded_at_resume, merge_in_flight
 
     # two ranks, each with its share (2 prompts x 4 = 8 rows) of the same step sampled ahead, and
     # rank 1 also with the next step's still being sampled (no rows yet): 2 batches, 8 + 8 rows

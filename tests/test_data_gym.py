@@ -16,7 +16,7 @@ from policyzoo.contract import Rollout
 from policyzoo.data import load_task
 from policyzoo.data.gym import generate, split_counts
 from policyzoo.data.task import _settings
-from policyzoo.engine.rollout.evaluate import per_task_accuracy
+from policyzoo.engine.run.evaluate import per_task_accuracy
 from policyzoo.errors import ConfigError, DataError, UserError
 from policyzoo.plugins.reward import GymScore, GymScoreError
 

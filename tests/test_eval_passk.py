@@ -13,7 +13,7 @@ import torch
 from policyzoo.config import load_config
 from policyzoo.contract import Rollout
 from policyzoo.data import DataSettings, load_task
-from policyzoo.engine.rollout.evaluate import evaluate, majority_correct, pass_at_k, sample_metrics
+from policyzoo.engine.run.evaluate import evaluate, majority_correct, pass_at_k, sample_metrics
 from policyzoo.errors import ConfigError
 from policyzoo.plugins.reward import AnswerMatch
 

@@ -28,7 +28,7 @@ BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyz
          "policyzoo.plan", "policyzoo.settings")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
                   "slots": 2, "hookspecs": 3, "": 4}
-ROOMS = ("rollout", "trainer", "run", "report")
+ROOMS = ("rollout", "ahead", "trainer", "run", "report")
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ def test_docs_engine_lists_every_folder_and_file_once():
 def test_readme_map_names_every_room():
     text = (ROOT / "README.md").read_text()
     section = text.split("## Where things are", 1)[1].split("\n## ", 1)[0]
-    for room in ("core/contract/", "core/step/", "core/engine/", "rollout/", "trainer/", "run/", "report/",
+    for room in ("core/contract/", "core/step/", "core/engine/", "rollout/", "ahead/", "trainer/", "run/", "report/",
                  "core/testing/", "plugins/", "zoo/", "contrib/"):
         assert f"`{room}`" in section, room
 

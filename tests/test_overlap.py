@@ -11,7 +11,7 @@ import torch
 from _engine_helpers import metrics, run_train
 
 from policyzoo.contract import Rollout
-from policyzoo.engine.rollout.overlap import OverlapPolicy
+from policyzoo.engine.ahead.overlap import OverlapPolicy
 from policyzoo.step import collect, learn
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 

@@ -244,7 +244,7 @@ def _param_count(worker) -> int:
 
 def follow_evaluation(rollout, has_rows: bool, n: int, max_tokens: int, temperature: float, seed: int) -> None:
     """On a rank > 0 of rank 0's group: take part (with no rows) in the calls held-out evaluation
-    makes on rank 0 (``policyzoo.engine.rollout.evaluate.evaluate``: greedy at n = 1 and temperature
+    makes on rank 0 (``policyzoo.engine.run.evaluate.evaluate``: greedy at n = 1 and temperature
     0, else ``generate``; nothing without held-out rows). A no-op on any other rollout or rank."""
     if not isinstance(rollout, GroupRollout) or rollout.group.index != 0 or not has_rows:
         return

@@ -13,13 +13,13 @@ from pathlib import Path
 from policyzoo.contract import runstate
 from policyzoo.data import rows_at
 from policyzoo.engine import dist
+from policyzoo.engine.ahead.async_sampler import AsyncAhead, AsyncSampler, discarded_at_resume, merge_in_flight
+from policyzoo.engine.ahead.overlap import OverlapAhead, OverlapPolicy
 from policyzoo.engine.device import gpu_memory_metrics
 from policyzoo.engine.report.progress import EVAL_DEFINITION, eval_metric_name, progress_bar
 from policyzoo.engine.report.tracking import completion_rows
-from policyzoo.engine.rollout.async_sampler import AsyncAhead, AsyncSampler, discarded_at_resume, merge_in_flight
-from policyzoo.engine.rollout.evaluate import evaluate as evaluate_held_out
-from policyzoo.engine.rollout.overlap import OverlapAhead, OverlapPolicy
 from policyzoo.engine.rollout.tensor_parallel import follow_evaluation
+from policyzoo.engine.run.evaluate import evaluate as evaluate_held_out
 from policyzoo.errors import Interrupted, TrainingError, UserError
 from policyzoo.step import dispatch, round_seed, step_seed, train_step
 
