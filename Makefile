@@ -83,10 +83,10 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m "not engine_group"
+	$(PY) -m pytest -q -m "not engine_group" --durations=25
 
 test-engine: $(STAMP)
-	$(PY) -m pytest -q -m engine_group
+	$(PY) -m pytest -q -m engine_group --durations=10
 
 demo: $(STAMP)
 	rm -rf $(DEMO_DIR)
