@@ -192,7 +192,7 @@ def test_bad_sandbox_settings_are_refused():
 
     with pytest.raises(SandboxError, match="ro_paths"):
         run_python("1", ro_paths=["relative/path"])
-    with pytest.raises(SandboxError, match="other than /"):
+    with pytest.raises(SandboxError, match="resolves to /"):
         run_python("1", ro_paths=["/"])
     with pytest.raises(SandboxError, match="tmp_mb"):
         PythonSandbox(memory_mb=64, tmp_mb=64)
@@ -275,3 +275,45 @@ def test_an_escape_run_leaves_the_caller_and_the_env_intact():
     obs = ep.step("```python\nprint(1)\n```", [])  # the episode goes on
     assert not obs.tool_error and "stdout:\n1" in obs.messages[0]["content"]
     assert errno.ENOSPC == 28  # the errno name the /tmp test reads (Linux asm-generic/errno-base.h)
+
+
+def test_memory_outside_the_address_space_is_refused():
+    # anonymous files, SysV shared memory and message queues hold host memory that RLIMIT_AS does not
+    # count: the syscall filter answers EPERM (errno 1); open files are capped, so pipe buffers are too
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "try:\n    os.memfd_create('x')\nexcept OSError as e:\n    print('memfd', e.errno)\n"
+            "print('shmget', libc.shmget(0, 1 << 20, 0o1600), ctypes.get_errno())\n"
+            "print('msgget', libc.msgget(0, 0o1600), ctypes.get_errno())\n"
+            "fds = []\ntry:\n    while True:\n        fds.append(os.pipe())\nexcept OSError as e:\n"
+            "    print('pipes', len(fds), e.errno)")
+    r = run_python(code)
+    lines = r.stdout.splitlines()
+    assert r.ok and lines[:3] == ["memfd 1", "shmget -1 1", "msgget -1 1"], r.stdout + r.stderr
+    pipes, err = lines[3].split()[1:]
+    assert err == "24" and int(pipes) < 32  # EMFILE: 64 descriptors, 2 a pipe, 3 taken by stdio
+
+
+def test_no_nested_namespace_or_mount():
+    # a user namespace of its own would let a program mount a tmpfs of half the host's RAM
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print('unshare', libc.unshare(0x10000000 | 0x20000), ctypes.get_errno())\n"  # CLONE_NEWUSER | NEWNS
+            "print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())\n"
+            "pid = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)\n"  # x86_64 clone(CLONE_NEWUSER | SIGCHLD)
+            "import os\nif pid == 0:\n    os._exit(0)\nprint('clone', pid)")
+    r = run_python(code)
+    lines = r.stdout.splitlines()
+    assert r.ok and lines[:2] == ["unshare -1 1", "mount -1 1"], r.stdout + r.stderr  # EPERM from the filter
+    assert lines[2] == "clone -1"  # bubblewrap's --disable-userns: no user namespace below the sandbox's
+
+
+def test_ro_paths_that_reveal_too_much_are_refused(tmp_path):
+    from policyzoo.plugins.env import SandboxError
+
+    link = BUILD / f"rootlink-{secrets.token_hex(4)}"
+    link.symlink_to("/")
+    try:
+        for bad, why in ((str(link), "resolves to /"), ("//", "resolves to /"), ("/tmp", "sandbox's own")):
+            with pytest.raises(SandboxError, match=why):
+                run_python("1", ro_paths=[bad])
+    finally:
+        link.unlink()

@@ -20,6 +20,11 @@ around a Python interpreter. What it promises, each pinned by a test in ``tests/
 * **no secrets from the environment**: bubblewrap itself starts with an empty environment (so even
   its ``/proc/1/environ`` holds nothing) and the program gets only ``PATH`` and ``HOME=/tmp``;
   ``python -I`` ignores ``PYTHON*`` variables, the user site and the current directory;
+* **a smaller kernel surface**: a seccomp filter (:mod:`~policyzoo.plugins.env.sandbox.seccomp`)
+  answers ``EPERM`` to the syscalls that hold memory outside ``RLIMIT_AS`` (``memfd_create``,
+  ``shmget``, ``msgget``), make namespaces or mounts, or reach keyrings, ``bpf``, ``ptrace``...;
+  ``--disable-userns`` forbids a nested user namespace; ``RLIMIT_NOFILE`` (:data:`MAX_FILES`) bounds
+  the kernel buffers of pipes and sockets;
 * **separate process tree**: new PID namespace (the trainer's processes are invisible, no signal
   reaches them); ``--die-with-parent`` and a new session, and the whole process group is killed at
   the wall-clock limit, so nothing outlives the call;
@@ -46,10 +51,14 @@ import sys
 import time
 from dataclasses import dataclass
 
+from policyzoo.plugins.env.sandbox import seccomp
 from policyzoo.plugins.env.sandbox.capture import Capture, read_until
 from policyzoo.plugins.env.sandbox.view import SandboxError, check_ro_paths, view
 
 NOBODY = 65534
+#: open files per process (``RLIMIT_NOFILE``): what the kernel buffers for a program's pipes and sockets
+#: stays within MAX_FILES buffers
+MAX_FILES = 64
 
 
 @dataclass
@@ -104,6 +113,7 @@ def _limits(cpu_s: int, memory_mb: int, max_procs: int, file_mb: int):
         resource.setrlimit(resource.RLIMIT_NPROC, (procs, procs))
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_FILES, MAX_FILES))  # pipes and sockets: bounded buffers
     return apply
 
 
@@ -113,7 +123,8 @@ def memory_bound(memory_mb: int, tmp_mb: int, max_procs: int) -> dict:
     return {"process": memory_mb, "worst": tmp_mb + max_procs * (memory_mb - tmp_mb)}
 
 
-def command(code: str, python: str | None = None, tmp_mb: int = 64, ro_paths: tuple[str, ...] = ()) -> list[str]:
+def command(code: str, python: str | None = None, tmp_mb: int = 64, ro_paths: tuple[str, ...] = (),
+            seccomp_fd: int | None = None) -> list[str]:
     """The ``bwrap`` command line that runs ``code`` with ``python -I -c`` (isolated mode: no
     user site, no PYTHON* variables, no current-directory import) in the view of
     :func:`~policyzoo.plugins.env.sandbox.view.view`, with a ``tmp_mb`` MiB ``/tmp``."""
@@ -122,8 +133,8 @@ def command(code: str, python: str | None = None, tmp_mb: int = 64, ro_paths: tu
     # call as a zombie (on a host whose init reaps no orphans they filled RLIMIT_NPROC after 6 runs)
     return [shutil.which("bwrap") or "bwrap", *view(exe, check_ro_paths(ro_paths)),
             "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
-            "--remount-ro", "/", "--unshare-all", "--unshare-net", "--as-pid-1", "--die-with-parent", "--new-session",
-            "--clearenv",
+            "--remount-ro", "/", "--unshare-all", "--unshare-user", "--disable-userns", "--unshare-net", "--as-pid-1",
+            "--die-with-parent", "--new-session", "--clearenv", *(("--seccomp", str(seccomp_fd)) if seccomp_fd else ()),
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--chdir", "/tmp", exe, "-I", "-c", code]
 
 
@@ -139,9 +150,19 @@ def run_python(code: str, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int
     if not 0 < tmp_mb < memory_mb:
         raise SandboxError(f"env: python_sandbox: tmp_mb = {tmp_mb}", f"/tmp must be a positive part of memory_mb "
                            f"= {memory_mb} (the address space gets the rest)", "lower tmp_mb or raise memory_mb")
-    cmd = command(code, python, tmp_mb, tuple(ro_paths))
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
-                            preexec_fn=_limits(cpu_s, memory_mb - tmp_mb, max_procs, file_mb))
+    filt, fd = seccomp.program(), None
+    if filt is not None:  # the filter travels to bubblewrap through a pipe (--seccomp FD)
+        fd, w = os.pipe()
+        os.write(w, filt)
+        os.close(w)
+    try:
+        cmd = command(code, python, tmp_mb, tuple(ro_paths), seccomp_fd=fd)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
+                                preexec_fn=_limits(cpu_s, memory_mb - tmp_mb, max_procs, file_mb),
+                                pass_fds=() if fd is None else (fd,))
+    finally:
+        if fd is not None:
+            os.close(fd)
     out, err = Capture(max_output_chars), Capture(max_output_chars)
     try:
         timed_out = not read_until({proc.stdout: out, proc.stderr: err}, time.monotonic() + timeout_s)

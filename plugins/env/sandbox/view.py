@@ -95,15 +95,31 @@ def _links_to(path: str) -> list[tuple[str, str]]:
     return links
 
 
+HIDDEN = ("/tmp", "/proc", "/dev")  # the sandbox's own: a path under them would be covered, not shown
+
+
 def check_ro_paths(ro_paths) -> tuple[str, ...]:
-    """``ro_paths`` as a tuple of absolute, existing paths; raises for any other entry."""
+    """``ro_paths`` as a tuple of absolute, existing paths (as given, normalised); raises for any
+    other entry, for one that resolves (symlinks followed) to ``/``, and for one under the sandbox's
+    own ``/tmp``, ``/proc`` or ``/dev``. The view binds each entry's resolved path and links the given
+    path to it."""
+    out = []
     for p in ro_paths:
-        if not isinstance(p, str) or not os.path.isabs(p) or os.path.normpath(p) == "/":
-            raise _error(f"env: python_sandbox: ro_paths: {p!r}", "each entry must be an absolute path other than /",
+        if not isinstance(p, str) or not os.path.isabs(p):
+            raise _error(f"env: python_sandbox: ro_paths: {p!r}", "each entry must be an absolute path",
                          "name the folder the program needs, e.g. ro_paths: [/opt/venvs/numpy]")
         if not os.path.exists(p):
             raise _error(f"env: python_sandbox: ro_paths: {p}", "the path does not exist", "fix the path or drop it")
-    return tuple(os.path.normpath(p) for p in ro_paths)
+        given, real = "/" + os.path.normpath(p).lstrip("/"), os.path.realpath(p)
+        if real == "/":
+            raise _error(f"env: python_sandbox: ro_paths: {p}", "it resolves to / (the whole host filesystem)",
+                         "name only the folder the program needs, e.g. ro_paths: [/opt/venvs/numpy]")
+        for path in (given, real):
+            if any(path == h or path.startswith(h + "/") for h in HIDDEN):
+                raise _error(f"env: python_sandbox: ro_paths: {p}", f"{path} lies under the sandbox's own "
+                             f"{', '.join(HIDDEN)}, which cover it", "move it elsewhere, e.g. under /opt or /srv")
+        out.append(given)
+    return tuple(out)
 
 
 @lru_cache(maxsize=16)
@@ -135,7 +151,11 @@ def view(python: str, ro_paths: tuple[str, ...] = ()) -> tuple[str, ...]:
         binds.add(os.path.realpath(lib))
     if os.path.exists("/etc/ld.so.cache"):
         binds.add("/etc/ld.so.cache")
-    binds.update(ro_paths)
+    for given in ro_paths:  # the resolved folder, and the given path as a link to it when they differ
+        real = os.path.realpath(given)
+        binds.add(real)
+        if real != given:
+            links.setdefault(given, real)
     args: list[str] = []
     for path in sorted(binds):
         args += ["--ro-bind", path, path]
