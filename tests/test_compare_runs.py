@@ -227,3 +227,24 @@ def test_policyzoo_compare_is_the_function_after_its_submodules_load():
 
     importlib.import_module("policyzoo.compare.plot")  # a submodule import sets the package's name only once
     assert policyzoo.compare is compare and "compare" in policyzoo.__all__
+
+
+def test_sigterm_stops_the_running_training_like_ctrl_c(tmp_path):
+    # a scheduler's SIGTERM to compare: the training is told (SIGINT: it checkpoints and stops), not orphaned
+    import os
+
+    class Terminated(FakeTrain):
+        def poll(self):
+            if not self.signals:  # runs on until told
+                if not getattr(self, "sent", False):
+                    self.sent = True
+                    os.kill(os.getpid(), signal.SIGTERM)  # arrives while compare polls its training
+                return None
+            return super().poll()
+
+    out = tmp_path / "cmp"
+    with pytest.raises(Interrupted):
+        compare(algos="grpo,dr_grpo", seeds=1, output_dir=str(out), start=lambda job: Terminated(job),
+                train={"steps": 2})
+    assert len(FakeTrain.started) == 1 and FakeTrain.started[0].signals == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # compare's handler is gone again

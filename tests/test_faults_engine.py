@@ -151,3 +151,23 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     r = _run(train_cmd(out, algo=None)[:4] + ["--resume", str(out), f"train.steps={done + 1}"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert [x["step"] for x in metrics(out)] == list(range(1, done + 2))
+
+
+def test_sigterm_saves_a_checkpoint_like_ctrl_c(tmp_path):
+    # what a scheduler (Slurm before its kill), `timeout` or systemd sends: the same clean stop as Ctrl-C
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(out, *FAST, "train.steps=500"), env=_env(), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 900
+        while not ((out / "metrics.jsonl").is_file() and metrics(out)):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before a step was logged"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "SIGTERM: stopping after this step" in err and "Traceback" not in err
+    done = metrics(out)[-1]["step"]
+    assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == done

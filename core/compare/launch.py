@@ -5,7 +5,8 @@ then sends every running training one SIGINT: that training finishes its step, s
 exits (status 130); no further run starts, and :class:`~policyzoo.errors.Interrupted` carries the
 command that continues (the same ``policyzoo compare`` again: finished runs are skipped, interrupted
 ones resume). A second Ctrl-C sends a second SIGINT (the trainings stop at once) and kills what is
-left after 30 s. A training that fails (any other non-zero status) stops the launching too: the runs
+left after 30 s. SIGTERM counts as a Ctrl-C.
+A training that fails (any other non-zero status) stops the launching too: the runs
 after it would most likely fail the same way.
 
 With one run at a time its output is the console's; with several, each writes to
@@ -14,9 +15,11 @@ With one run at a time its output is the console's; with several, each writes to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +96,31 @@ def _stop(running: dict, console: Console) -> None:
                 proc.wait()
 
 
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """SIGTERM (what a scheduler, ``timeout`` or systemd sends) handled as Ctrl-C: the running
+    trainings get their SIGINT, save a checkpoint and stop, instead of running on orphaned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def launch(jobs: list[Job], parallel: int, console: Console, again: str,
            start: Callable[[Job], subprocess.Popen] = popen, poll_s: float = 0.2) -> list[tuple[Job, int, float]]:
+    with _sigterm_as_ctrl_c():
+        return _launch(jobs, parallel, console, again, start, poll_s)
+
+
+def _launch(jobs: list[Job], parallel: int, console: Console, again: str,
+            start: Callable[[Job], subprocess.Popen], poll_s: float) -> list[tuple[Job, int, float]]:
     """Run ``jobs``, at most ``parallel`` at once; returns ``(job, exit status, seconds)`` per run
     that ended. Raises :class:`Interrupted` on Ctrl-C (or a training stopped by SIGINT) and
     :class:`UserError` when a training failed, both with ``again``, the command that continues."""

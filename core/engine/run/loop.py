@@ -240,9 +240,9 @@ class RunLoop:
 
     @contextlib.contextmanager
     def _deferred_sigint(self):
-        """The first Ctrl-C (SIGINT) asks the loop to stop after the current step, save a
-        checkpoint and exit (every rank stops at the same step: the request is merged with the
-        step's metrics); a second Ctrl-C interrupts at once."""
+        """The first Ctrl-C (SIGINT) or SIGTERM (a scheduler's, ``timeout``'s) asks the loop to stop
+        after the current step, save a checkpoint and exit (every rank stops at the same step: the
+        request is merged with the step's metrics); a second one interrupts at once."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -251,12 +251,14 @@ class RunLoop:
             if self.stop_requested:
                 raise KeyboardInterrupt
             self.stop_requested = True
-            self.console.print("Ctrl-C: stopping after this step and saving a checkpoint (again to abort)")
-        previous = signal.signal(signal.SIGINT, handler)
+            what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            self.console.print(f"{what}: stopping after this step and saving a checkpoint (Ctrl-C again to abort)")
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
     def _first_eval(self):
         for r in self.rundir.read_metrics():
