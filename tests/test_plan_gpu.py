@@ -122,3 +122,14 @@ def test_a_named_gpu_without_gpus_judges_one_rank(capsys):
     # one rank's table, judged against the L4: 23_034 MiB / 1024 = 22.49 GiB
     assert "memory, GiB (one rank)" in out and "GPU memory: l4-24gb = 22.5 GiB" in out
     assert "fits in l4-24gb (22.5 GiB)" in out
+
+
+def test_the_70b_plan_never_asks_for_more_than_one_gpu_of_vllm_memory(capsys):
+    # fp32 70B: vLLM's copy alone is 70.55e9 x 4 bytes = 263 GiB, 3.3 H100s: no utilization setting holds it
+    from policyzoo.cli import main
+
+    assert main(["plan", "--shape", "llama-3.1-70b", "--gpus", "8"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "more than one GPU holds: shard vLLM over more GPUs" in text
+    assert "give engine.gpu_memory_utilization >=" not in text
+    assert "none of up to 1024 GPUs fits with these settings" in text and "with train.gradient_checkpointing" in text

@@ -176,16 +176,21 @@ def print_gpu_plan(out, m: Shape, s: Sizes, o: Options, p: Placement, budget: in
         best = smallest_fits(m, s, o, p, budget, v)
         out.print(f"no placement of {p.gpus} GPUs fits: " + (
             "needs >= " + ", or >= ".join(describe(q) for q in best) if best else
-            f"none of up to {SEARCH_GPUS[-1]} GPUs fits; train a LoRA adapter (model.lora={{r: 16}}) or plan a "
-            "smaller model") + " (train.prompts_per_step a multiple of the GPU count).")
+            f"none of up to {SEARCH_GPUS[-1]} GPUs fits with these settings") + " (train.prompts_per_step a multiple "
+            "of the GPU count).")
         lean = dataclasses.replace(o, gradient_checkpointing=True, max_tokens_per_micro_batch=s.prompt + s.response)
         if lean != o and (small := smallest_fits(m, s, lean, p, budget, v)) and (
                 not best or min(q.gpus for q in small) < min(q.gpus for q in best)):
             out.print(f"  with {LEAN.format(s.prompt + s.response)}: >= " + ", or >= ".join(map(describe, small)))
+        elif not best:
+            out.print("  train a LoRA adapter (model.lora={r: 16}) or plan a smaller model")
     if p.mode == "colocated" and v.sleep == 0:
         parts = mine["trainer GPU"]
         need = parts["vLLM copy"] + parts["KV cache"]
+        share = -(-100 * need // budget) / 100  # the fraction of the GPU vLLM needs, rounded up to 0.01
         if need > v.utilization * budget:
             out.print(f"vLLM's copy and KV cache need {need / GiB:.2f} GiB, more than engine.gpu_memory_utilization="
-                      f"{v.utilization:g} of the GPU: give engine.gpu_memory_utilization >= "
-                      f"{-(-100 * need // budget) / 100:.2f}.")
+                      f"{v.utilization:g} of the GPU: " + (f"give engine.gpu_memory_utilization >= {share:.2f}."
+                      if share < 0.95 else f"that is {share:.2f} GPUs' memory, more than one GPU holds: shard vLLM "
+                      "over more GPUs (--rollout-tp k, engine.vllm_tensor_parallel_size) or put it on a rollout "
+                      "server (--rollout server)."))
