@@ -16,7 +16,8 @@
         t.evaluate(); t.save()
 
 Arguments map onto the config (``policyzoo config`` lists every key): ``algo`` -> ``algorithm``,
-``model`` -> ``model.path``, ``dataset`` -> ``data.path``, ``eval_dataset`` -> ``data.eval_path``,
+``model`` -> ``model.path`` (a dict: the ``model`` section), ``dataset`` -> ``data.path``,
+``eval_dataset`` -> ``data.eval_path``,
 ``output_dir``; ``config`` a YAML file or a dict to start from; every other keyword is a config key,
 dotted (``**{"train.lr": 1e-5}``) or a section (``train={"lr": 1e-5}``, merged into it).
 
@@ -111,7 +112,7 @@ def _dataset_path(ds: Any, folder: Path, where: str) -> str:
     return str(folder)
 
 
-def build_config(algo: str | dict | None = None, model: str | None = None, dataset: Any = None,
+def build_config(algo: str | dict | None = None, model: str | dict | None = None, dataset: Any = None,
                  rewards: Any = None, output_dir: str | None = None, eval_dataset: Any = None,
                  config: str | dict | None = None, resume: str | None = None, **overrides: Any):
     """The validated :class:`~policyzoo.config.Config` the arguments describe (see the module docstring);
@@ -137,7 +138,9 @@ def build_config(algo: str | dict | None = None, model: str | None = None, datas
                           "pass resume=RUN_DIR to continue it, or choose another output_dir")
     for key, value in overrides.items():
         _merge(tree, key, value)
-    if model is not None:
+    if isinstance(model, dict):  # the model section, as train={...} and data={...} are theirs
+        _merge(tree, "model", model)
+    elif model is not None:
         _merge(tree, "model.path", str(model))
     if dataset is not None:
         _merge(tree, "data.path", _dataset_path(dataset, run_dir / "dataset", "dataset"))
@@ -160,7 +163,7 @@ class Trainer:
     trackers, if :meth:`train` did not). ``run_dir`` is the run directory, ``global_step`` the steps
     done, ``session`` the engine's :class:`~policyzoo.engine.run.session.Session`."""
 
-    def __init__(self, algo: str | dict | None = None, model: str | None = None, dataset: Any = None,
+    def __init__(self, algo: str | dict | None = None, model: str | dict | None = None, dataset: Any = None,
                  rewards: Any = None, output_dir: str | None = None, *, eval_dataset: Any = None,
                  config: str | dict | None = None, resume: str | None = None, force_resume: bool = False,
                  verbose: bool = False, **overrides: Any):
@@ -207,7 +210,7 @@ class Trainer:
             self.session.tracker.close()
 
 
-def train(algo: str | dict | None = "grpo", model: str | None = None, dataset: Any = None,
+def train(algo: str | dict | None = "grpo", model: str | dict | None = None, dataset: Any = None,
           rewards: Any = None, output_dir: str | None = None, *, eval_dataset: Any = None,
           config: str | dict | None = None, resume: str | None = None, force_resume: bool = False,
           verbose: bool = False, **overrides: Any) -> dict:

@@ -46,3 +46,12 @@ def test_eval_strategy_steps_evaluates_every_eval_steps():
     assert "per_device_eval_batch_size" in port.ignored and "one call" in port.ignored["per_device_eval_batch_size"]
     assert "eval_steps" not in port.ignored
     assert any("every 5 steps, and also before the first step and after the last" in n for n in port.notes)
+
+
+def test_model_as_a_section_like_train_and_data(tmp_path):
+    # model="PATH" names the folder; model={...} is the model section, as train={...} and data={...} are theirs
+    from policyzoo.api import build_config
+
+    cfg = build_config("grpo", model={"path": "some/folder", "trust_remote_code": True}, output_dir=str(tmp_path / "r"))
+    assert (cfg.model.path, cfg.model.trust_remote_code) == ("some/folder", True)
+    assert build_config("grpo", model="other/folder", output_dir=str(tmp_path / "s")).model.path == "other/folder"
