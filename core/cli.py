@@ -1,4 +1,4 @@
-"""``policyzoo`` command line: zoo, components, plugins, explain, train, plan, compare, plot.
+"""``policyzoo`` command line: zoo, components, plugins, explain, config, train, plan, serve, data, compare, plot.
 
 A user's mistake (any :class:`~policyzoo.errors.UserError`) prints one block and exits with 2.
 """
@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(fn=cmd_serve)
     from policyzoo.data.gym import cmd_data
 
-    dt = sub.add_parser("data", help="the task names of a generated data source (data.name=reasoning_gym)")
+    dt = sub.add_parser("data", help="the task names of a generated data source (data.use=reasoning_gym)")
     dt.add_argument("source", choices=["reasoning_gym"])
     dt.set_defaults(fn=cmd_data)
     from .compare.cli import add_arguments as compare_arguments

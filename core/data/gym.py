@@ -157,7 +157,7 @@ def cmd_data(args, out) -> None:
     from rich.table import Table
 
     rows = describe()
-    table = Table(title=f"reasoning-gym tasks ({len(rows)}; data.name=reasoning_gym data.tasks=NAME)")
+    table = Table(title=f"reasoning-gym tasks ({len(rows)}; data.use=reasoning_gym data.tasks=NAME)")
     table.add_column("task")
     table.add_column("category")
     for name, category in rows:
