@@ -118,8 +118,8 @@ def test_a_reward_error_in_the_held_out_evaluation_names_it(tmp_path):
     assert "error at held-out evaluation at step 0, reward: function test_faults_engine:raise_on_held_out" in err
 
 
-def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
-    out = tmp_path / "run"
+def _stopped_by(sig, out) -> tuple[int, str]:
+    """A long run on the tiny model, sent ``sig`` once its first step is logged: (exit status, stderr)."""
     proc = subprocess.Popen(train_cmd(out, *FAST, "train.steps=500"), env=_env(), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -127,12 +127,18 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
         while not ((out / "metrics.jsonl").is_file() and metrics(out)):
             assert proc.poll() is None and time.time() < deadline, "the run ended before a step was logged"
             time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err[-3000:]
+    return proc.returncode, err
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    out = tmp_path / "run"
+    rc, err = _stopped_by(signal.SIGINT, out)
+    assert rc == 130, err[-3000:]
     assert "stopped by Ctrl-C" in err and "Traceback" not in err
     done = metrics(out)[-1]["step"]
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == done
@@ -156,18 +162,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
 def test_sigterm_saves_a_checkpoint_like_ctrl_c(tmp_path):
     # what a scheduler (Slurm before its kill), `timeout` or systemd sends: the same clean stop as Ctrl-C
     out = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(out, *FAST, "train.steps=500"), env=_env(), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 900
-        while not ((out / "metrics.jsonl").is_file() and metrics(out)):
-            assert proc.poll() is None and time.time() < deadline, "the run ended before a step was logged"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130 and "SIGTERM: stopping after this step" in err and "Traceback" not in err
+    rc, err = _stopped_by(signal.SIGTERM, out)
+    assert rc == 130 and "SIGTERM: stopping after this step" in err and "Traceback" not in err
     done = metrics(out)[-1]["step"]
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == done
