@@ -193,6 +193,9 @@ def cmd_plan(args, out: Console) -> None:
         else:
             raise PlanError(item, "not understood", "give P G L as three integers, model=PATH, prompt=N, memory=GiB "
                             "or key=value")
+    for flag, value in (("--gpus", args.gpus), ("--rollout-tp", args.rollout_tp)):
+        if value is not None and value < 1:
+            raise PlanError(f"{flag} {value}", f"{flag} takes a GPU count >= 1", f"e.g. {flag} 8")
     if len(sizes) not in (0, 3) or any(x < 1 for x in sizes):
         raise PlanError(" ".join(map(str, sizes)), "give P G L together, each >= 1", "e.g. policyzoo plan 2 4 128")
     split = None

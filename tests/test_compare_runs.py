@@ -248,3 +248,19 @@ def test_sigterm_stops_the_running_training_like_ctrl_c(tmp_path):
                 train={"steps": 2})
     assert len(FakeTrain.started) == 1 and FakeTrain.started[0].signals == [signal.SIGINT]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # compare's handler is gone again
+
+
+def test_aggregated_output_goes_to_the_folder_holding_every_given_run(tmp_path):
+    # a run left out (half-written) still counts for where the table goes: never inside one run's folder
+    from types import SimpleNamespace as Run
+
+    from policyzoo.compare.api import _default_out
+
+    kept = tmp_path / "cmp" / "grpo" / "seed0"
+    kept.mkdir(parents=True)
+    (kept / "config.yaml").write_text("{}")
+    left = tmp_path / "half" / "rloo1"
+    left.mkdir(parents=True)
+    assert _default_out([str(left), str(kept)], [Run(path=kept)], [Run(path=left)]) == tmp_path
+    assert _default_out([str(kept)], [Run(path=kept)]) == kept.parent  # one run: beside it
+    assert _default_out([str(tmp_path / "cmp")], [Run(path=kept)]) == tmp_path / "cmp"  # the folder given

@@ -133,3 +133,11 @@ def test_the_70b_plan_never_asks_for_more_than_one_gpu_of_vllm_memory(capsys):
     assert "more than one GPU holds: shard vLLM over more GPUs" in text
     assert "give engine.gpu_memory_utilization >=" not in text
     assert "none of up to 1024 GPUs fits with these settings" in text and "with train.gradient_checkpointing" in text
+
+
+@pytest.mark.parametrize("argv", [["--gpus", "0"], ["--gpus", "-2"], ["--gpus", "8", "--rollout-tp", "0"]])
+def test_a_gpu_count_below_1_is_refused(argv, capsys):
+    from policyzoo.cli import main
+
+    assert main(["plan", "--shape", "qwen2.5-7b", *argv]) == 2
+    assert "takes a GPU count >= 1" in capsys.readouterr().err

@@ -102,14 +102,16 @@ def _print_commands(specs: list[runs.RunSpec]) -> list[str]:
     return lines
 
 
-def _default_out(patterns: list[str], found: list) -> Path:
-    """One folder given (not itself a run): that folder; else the folder that holds all the runs."""
+def _default_out(patterns: list[str], found: list, skipped: tuple = ()) -> Path:
+    """One folder given (not itself a run): that folder; else the folder that holds all the runs
+    given, those left out included (never a run's own folder)."""
     if len(patterns) == 1 and Path(patterns[0]).is_dir() and not (Path(patterns[0]) / "config.yaml").exists():
         return Path(patterns[0])
-    if not found:
+    paths = [str(r.path.absolute()) for r in [*found, *skipped]]
+    if not paths:
         return Path(".")
-    common = Path(os.path.commonpath([str(r.path.absolute()) for r in found]))
-    return common.parent if len(found) == 1 else common
+    common = Path(os.path.commonpath(paths))
+    return common.parent if (common / "config.yaml").exists() or len(paths) == 1 else common
 
 
 def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: Console, command: str) -> dict:
@@ -118,7 +120,7 @@ def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: 
         console.print(f"warning: {s.path} left out: {s.why}", markup=False, highlight=False, style="yellow",
                       soft_wrap=True)
     result = aggregate(found, baseline, allow_mixed)
-    out = Path(output_dir) if output_dir else _default_out(patterns, found)
+    out = Path(output_dir) if output_dir else _default_out(patterns, found, skipped)
     files = report.write(result, skipped, out, command)
     files.append(plot.draw(result, out / "compare.png"))
     report.print_table(console, result, skipped)
