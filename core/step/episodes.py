@@ -41,22 +41,24 @@ samples. Metrics: ``env_error_frac`` (episodes ended by a failure, timeouts incl
 from __future__ import annotations
 
 import math
-import re
-import threading
 from dataclasses import dataclass, field
 
 import torch
 
-from policyzoo.contract import Episode, Observation, Rollout
-from policyzoo.contract.untrusted import encode_chat, encode_marked, encode_text, render_chat
-from policyzoo.errors import ComponentError, ConfigError, DataError, UserError
+from policyzoo.contract import Episode, Rollout
+from policyzoo.errors import ComponentError
+
+from .env_answer import env_answer
+from .episode_tokens import encode_prompt, env_turn_ids
+
+__all__ = ["EPISODE_METRICS", "FAILED", "DrivesEpisodes", "encode_prompt", "env_turn_ids", "episode_sums",
+           "failed_groups", "run_episodes", "score_sums", "turn_seed"]
 
 SEED_MOD = 2**62
 #: per-step means over the sampled episodes, reported when the run has an env
 EPISODE_METRICS = ("env_turns_mean", "env_tool_calls_mean", "env_tool_errors_mean", "env_tool_call_frac",
                    "env_truncated_turns_frac", "env_truncated_tokens_frac", "env_error_frac", "env_timeout_frac")
 FAILED = ("error", "timeout")  # stop reasons of an episode ended by a failing step (on_error: drop_group)
-_SENTINEL = "\u2063policyzoo-turn\u2063"
 
 
 def episode_sums(rollout: Rollout) -> dict[str, float]:
@@ -93,46 +95,6 @@ def failed_groups(rollout: Rollout) -> torch.Tensor:
     return torch.isin(rollout.group_ids, torch.tensor(bad, dtype=torch.long))
 
 
-def encode_prompt(tokenizer, prompt, where: str = "data (a prompt)", error: type[UserError] | None = None) -> list[int]:
-    """Token ids of one prompt: chat messages go through the tokenizer's chat template with the
-    generation prompt appended; a plain string is tokenized as is (with the tokenizer's BOS, if it
-    adds one). The prompt is untrusted text (:mod:`policyzoo.contract.untrusted`): special-token
-    strings in a message's content or in a plain string stay text, only the template's structure
-    gives control tokens; without such strings the ids are those of ``apply_chat_template(prompt,
-    add_generation_prompt=True, tokenize=True)`` / ``tokenizer(prompt)``. Raises ``error``
-    (default :class:`~policyzoo.errors.DataError`) at ``where`` when a message's role (or any field
-    but its content) holds a special-token string."""
-    error = error or DataError
-    if isinstance(prompt, str):
-        return encode_text(tokenizer, prompt, True, where, error)
-    return encode_chat(tokenizer, list(prompt), where, error)
-
-
-def env_turn_ids(tokenizer, messages: list[dict], eos_generated: bool,
-                 where: str = "env (Observation.messages)") -> list[int]:
-    """Token ids that follow a model turn when the environment answers with ``messages``: the
-    chat template's end of the assistant turn (unless the model generated it: ``eos_generated``,
-    its last token is the tokenizer's ``eos_token``; another stop id keeps the template's),
-    the messages, and the generation prompt of the next assistant turn (see the module docstring).
-    The messages' contents are untrusted text (:mod:`policyzoo.contract.untrusted`): a special-token string
-    in them stays text, so a tool result cannot end its turn or write a fake assistant turn.
-    Raises :class:`ConfigError` when the template does not reproduce the assistant's content, and
-    :class:`ComponentError` at ``where`` when a message's role (or any field but its content)
-    holds a special-token string."""
-    base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-            {"role": "assistant", "content": _SENTINEL}]
-    marked = render_chat(tokenizer, base + list(messages), where, ComponentError, trusted=len(base),
-                         add_generation_prompt=True)
-    if _SENTINEL not in marked.raw or _SENTINEL not in marked.bound:
-        raise ConfigError("env (chat template)", "the model's chat template does not render an assistant message's "
-                          "content verbatim, so environment turns cannot be placed after it",
-                          "use a model whose chat template renders assistant messages (e.g. ChatML)")
-    rest = marked.after(_SENTINEL)
-    if eos_generated:
-        rest = rest.drop_prefix(tokenizer.eos_token or "")
-    return encode_marked(tokenizer, rest, False, where, ComponentError)
-
-
 @dataclass
 class _Trace:
     """One episode in progress: its prompt ids and the response built so far."""
@@ -163,62 +125,6 @@ def turn_seed(seed: int, prompt_index: int, n: int, sample: int, turn: int) -> i
     return (((seed * 1_000_003 + prompt_index) * n + sample) * 1_009 + turn) % SEED_MOD
 
 
-class _StepTimeout(Exception):
-    pass
-
-
-def _call_step(episode: Episode, text: str, ids: list[int], timeout: float | None):
-    """``episode.step(text, ids)``; with ``timeout`` in a daemon thread, raising :class:`_StepTimeout`
-    when it has not returned after ``timeout`` seconds (the thread is left behind)."""
-    if timeout is None:
-        return episode.step(text, ids)
-    box: dict = {}
-
-    def target():
-        try:
-            box["obs"] = episode.step(text, ids)
-        except BaseException as e:  # handed to the caller
-            box["error"] = e
-
-    worker = threading.Thread(target=target, daemon=True, name="policyzoo-episode-step")
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise _StepTimeout(f"Episode.step did not return within step_timeout = {timeout} s")
-    if "error" in box:
-        raise box["error"]
-    return box["obs"]
-
-
-def _step(env, trace: _Trace, text: str, ids: list[int]) -> Observation | None:
-    """The env's answer to a model turn, applying ``on_error`` (module docstring); None when the
-    episode ended by a failure (``drop_group``: ``trace.stop`` is then ``error`` or ``timeout``)."""
-    policy = getattr(env.params, "on_error", "stop")
-    retry = re.fullmatch(r"retry\((\d+)\)", policy)
-    tries = 1 + (int(retry.group(1)) if retry else 0)
-    for attempt in range(tries):
-        try:
-            obs = _call_step(trace.episode, text, ids, getattr(env.params, "step_timeout", None))
-            break
-        except UserError:
-            raise
-        except Exception as e:  # name the environment, keep the cause chained
-            if attempt + 1 < tries:
-                continue
-            if policy == "drop_group":
-                trace.stop = "timeout" if isinstance(e, _StepTimeout) else "error"
-                return None
-            what = str(e) if isinstance(e, _StepTimeout) else f"Episode.step raised {type(e).__name__}: {e}"
-            after = f" ({tries} attempts, on_error: {policy})" if tries > 1 else ""
-            raise ComponentError(f"env component {env!r}", what + after,
-                                 "fix the environment, or set on_error: retry(k) or drop_group (and step_timeout) "
-                                 "on the env; rerun with POLICYZOO_TRACE=1 to see the hook calls") from e
-    if not isinstance(obs, Observation):
-        raise ComponentError(f"env component {env!r}", f"Episode.step returned {type(obs).__name__}, "
-                             "not an Observation", "return policyzoo.Observation(messages=[...]) or done=True")
-    return obs
-
-
 def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                  top_p: float = 1.0, **options) -> Rollout:
     """``n`` episodes of ``env`` per row of ``rows``, as a Rollout of B = len(rows) x n rows
@@ -232,6 +138,22 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
     returns something else than an :class:`Observation`, or its ``reward`` is not a number."""
     tok, first = policy.tokenizer, getattr(policy, "first_index", 0)
     budget, max_turns = env.params.max_total_tokens, env.params.max_turns
+    traces = _start(env, rows, n, tok, seed, first)
+    for turn in range(max_turns):
+        live = [t for t in traces if not t.stop]
+        if not live:
+            break
+        outs = policy.generate_tokens([t.prompt + t.ids for t in live],
+                                      [min(max_tokens, budget - len(t.ids)) for t in live], temperature,
+                                      [t.seed + turn for t in live], top_p=top_p, **options)
+        for t, out in zip(live, outs):
+            _take_turn(env, t, out, turn == max_turns - 1, budget, tok)
+    return _pack(env, traces, rows, n, policy.pad_token_id, tok, temperature, max_tokens, first)
+
+
+def _start(env, rows: list[dict], n: int, tok, seed: int, first: int) -> list[_Trace]:
+    """The ``len(rows) x n`` episodes (``env.env(row)``, once per sample), their prompts encoded and their
+    seeds set; raises :class:`ComponentError` when ``env(row)`` raises TypeError or returns no Episode."""
     traces: list[_Trace] = []
     for i, row in enumerate(rows):
         for j in range(n):
@@ -246,37 +168,34 @@ def run_episodes(policy, env, rows: list[dict], n: int, max_tokens: int, tempera
                                      "Episode", "return an instance of a policyzoo.Episode subclass")
             traces.append(_Trace(ep, encode_prompt(tok, ep.prompt, f"env component {env!r}, Episode.prompt",
                                                  ComponentError), turn_seed(seed, first + i, n, j, 0)))
-    for turn in range(max_turns):
-        live = [t for t in traces if not t.stop]
-        if not live:
-            break
-        outs = policy.generate_tokens([t.prompt + t.ids for t in live],
-                                      [min(max_tokens, budget - len(t.ids)) for t in live], temperature,
-                                      [t.seed + turn for t in live], top_p=top_p, **options)
-        for t, out in zip(live, outs):
-            t.add(list(out.ids), list(out.logprobs))
-            t.turns += 1
-            t.cut = not out.stopped
-            obs = _step(env, t, out.text, list(out.ids))
-            if obs is None:  # a failed step under on_error: drop_group
-                continue
-            if obs.reward is not None and out.ids:
-                t.turn_rewards[len(t.ids) - 1] = float(obs.reward)
-            t.tool_calls += int(obs.tool_call)
-            t.tool_errors += int(obs.tool_error)
-            if obs.done or not obs.messages:
-                t.stop = "env"
-            elif turn == max_turns - 1:
-                t.stop = "turns"
-            else:
-                ended = bool(out.ids) and out.ids[-1] == tok.eos_token_id  # the template's end-of-turn token
-                answer = env_turn_ids(tok, obs.messages, eos_generated=ended,
-                                      where=f"env component {env!r}, Observation.messages")
-                if len(t.ids) + len(answer) >= budget:
-                    t.stop = "tokens"
-                else:
-                    t.add(answer, None)
-    return _pack(env, traces, rows, n, policy.pad_token_id, tok, temperature, max_tokens, first)
+    return traces
+
+
+def _take_turn(env, t: _Trace, out, last: bool, budget: int, tok) -> None:
+    """Append the model turn ``out`` (ids, log-probs, ``stopped``) to ``t``, then the env's answer, or end the
+    episode (stop reason ``env``, ``turns`` when ``last``, ``tokens`` past ``budget``; module docstring)."""
+    t.add(list(out.ids), list(out.logprobs))
+    t.turns += 1
+    t.cut = not out.stopped
+    obs = env_answer(env, t, out.text, list(out.ids))
+    if obs is None:  # a failed step under on_error: drop_group
+        return
+    if obs.reward is not None and out.ids:
+        t.turn_rewards[len(t.ids) - 1] = float(obs.reward)
+    t.tool_calls += int(obs.tool_call)
+    t.tool_errors += int(obs.tool_error)
+    if obs.done or not obs.messages:
+        t.stop = "env"
+    elif last:
+        t.stop = "turns"
+    else:
+        ended = bool(out.ids) and out.ids[-1] == tok.eos_token_id  # the template's end-of-turn token
+        answer = env_turn_ids(tok, obs.messages, eos_generated=ended,
+                              where=f"env component {env!r}, Observation.messages")
+        if len(t.ids) + len(answer) >= budget:
+            t.stop = "tokens"
+        else:
+            t.add(answer, None)
 
 
 class DrivesEpisodes:
