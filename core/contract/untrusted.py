@@ -25,22 +25,8 @@ template's own (its structure). Then:
   the special strings) is tokenised with special-token matching off -- what the tokenizer does
   with the text between special tokens, except that the contents' special strings stay text.
 
-Special strings: every added token the tokenizer treats as special, i.e. ``all_special_tokens``
-plus the ``added_tokens_decoder`` entries with ``special=True`` (custom ones, such as a
-``<tool_call>`` added with ``add_special_tokens``, count). Added tokens that are not special are
-ordinary vocabulary for this rule (the tokenizer forms them from text in any mode). The unknown
-token is no control token where the model gives it for unknown text (WordLevel, WordPiece).
-Fields of a message other than ``content`` (``role``, ``name``, ``tool_calls``) are structure: a
-special string there is refused with ``error(where, why, fix)``, a
-:class:`~policyzoo.errors.UserError` class chosen by the caller (``DataError`` for data rows,
-``ComponentError`` for an environment's messages).
-
-Limits (of the second way only, i.e. text that holds special strings): the pieces are tokenised
-one by one, which for byte-level BPE tokenizers (SmolLM2, Qwen, Llama 3) is what one call does,
-while a SentencePiece-style tokenizer that prefixes only a text's first word (``prepend_scheme:
-first``) prefixes every piece; a template that trims a content keeps the whitespace at its edges.
-The tokenizer's ``split_special_tokens`` switch is per call, so one tokenizer object must not
-encode from two threads at once (as before).
+Which strings are special, the fields that are structure, and the limits of the second way:
+docs/security.md ("Untrusted text: which strings are special, and the limits").
 """
 
 from __future__ import annotations
