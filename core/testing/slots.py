@@ -139,59 +139,79 @@ def spec_problems(comp, slot: str, ctx) -> list[str]:
       with the step's totals, equals the full result) and independent of right padding;
     * ``baseline``: grouping by ids, not position (shuffled rows give shuffled advantages).
     """
-    tb = toy_batch()
+    check = _SPEC_CHECKS.get(slot)
+    return check(comp, toy_batch(), ctx) if check is not None else []
+
+
+def _ratio_problems(comp, tb, ctx) -> list[str]:
+    m, same = tb.response_mask, tb.logprobs.detach()
+    tb.old_logprobs, tb.rollout_logprobs = same.clone(), torch.where(m, same, torch.zeros_like(same))
+    r = per_token("ratio", call(comp, tb, *ctx)).detach()
+    if not torch.allclose(r[m], torch.ones_like(r[m]), rtol=0, atol=1e-6):
+        return ["ratio (times its weight) is not 1 where logprobs == old_logprobs == rollout_logprobs"]
+    return []
+
+
+def _clip_problems(comp, tb, ctx) -> list[str]:
+    lp = tb.logprobs
+    kw = dict(tb.hook_kwargs(), ratio=torch.exp(lp - lp.detach()), old_logprobs=lp.detach())
+    method = getattr(comp, "clip")
+    names = [p for p in inspect.signature(method).parameters if p != "self"]
+    out = method(**{n: kw[n] for n in names if n in kw})
+    (grad,) = torch.autograd.grad(out.loss.sum(), lp)
+    check = tb.response_mask.clone()
+    for cut in (out.clipped_low, out.clipped_high):
+        if cut is not None:
+            check &= ~cut
+    if not torch.allclose(grad[check], -tb.advantages[check], rtol=1e-5, atol=1e-6):
+        return ["on-policy, d loss / d logprobs is not -A (the policy gradient)"]
+    return []
+
+
+def _kl_problems(comp, tb, ctx) -> list[str]:
     m = tb.response_mask
-    bad: list[str] = []
-    if slot == "ratio":
-        same = tb.logprobs.detach()
-        tb.old_logprobs, tb.rollout_logprobs = same.clone(), torch.where(m, same, torch.zeros_like(same))
-        r = per_token(slot, call(comp, tb, *ctx)).detach()
-        if not torch.allclose(r[m], torch.ones_like(r[m]), rtol=0, atol=1e-6):
-            bad.append("ratio (times its weight) is not 1 where logprobs == old_logprobs == rollout_logprobs")
-    elif slot == "clip":
-        lp = tb.logprobs
-        kw = dict(tb.hook_kwargs(), ratio=torch.exp(lp - lp.detach()), old_logprobs=lp.detach())
-        method = getattr(comp, "clip")
-        names = [p for p in inspect.signature(method).parameters if p != "self"]
-        out = method(**{n: kw[n] for n in names if n in kw})
-        (grad,) = torch.autograd.grad(out.loss.sum(), lp)
-        check = m.clone()
-        for cut in (out.clipped_low, out.clipped_high):
-            if cut is not None:
-                check &= ~cut
-        if not torch.allclose(grad[check], -tb.advantages[check], rtol=1e-5, atol=1e-6):
-            bad.append("on-policy, d loss / d logprobs is not -A (the policy gradient)")
-    elif slot == "kl":
-        tb.ref_logprobs = tb.logprobs.detach().clone()
-        k = call(comp, tb, *ctx).detach()
-        if not torch.allclose(k[m], torch.zeros_like(k[m]), atol=1e-6):
-            bad.append("KL is not 0 where logprobs == ref_logprobs")
-    elif slot == "reduce":
-        full = float(call(comp, tb, *ctx).detach())
-        for parts in (2, 3):
-            total = 0.0
-            for rows in torch.arange(len(m)).tensor_split(parts):
-                sub = tb.clone()
-                sub.loss, sub.response_mask = tb.loss.detach()[rows], m[rows]
-                total += float(call(comp, sub, *ctx).detach())
-            if not math.isclose(total, full, rel_tol=1e-5, abs_tol=1e-6):
-                bad.append(f"not exact under micro-batching: {parts} parts sum to {total}, full batch {full}")
-        wide = tb.clone()
-        wide.loss = torch.cat([tb.loss.detach(), torch.full((len(m), 3), 9.0)], 1)
-        wide.response_mask = torch.cat([m, torch.zeros(len(m), 3, dtype=torch.bool)], 1)
-        if not math.isclose(float(call(comp, wide, *ctx).detach()), full, rel_tol=1e-6, abs_tol=1e-7):
-            bad.append("the result changes with extra right padding")
-    elif slot == "baseline":
-        a = call(comp, tb, *ctx).advantages.detach()
-        perm = torch.tensor([5, 2, 0, 3, 1, 4])
-        sh = tb.clone()
-        for name in ("rewards", "group_ids", "response_mask", "token_rewards", "values", "reward_components",
-                     "greedy_rewards", "old_logprobs", "sum_pi_squared"):
-            setattr(sh, name, getattr(tb, name)[perm])
-        a2 = call(comp, sh, *ctx).advantages.detach()
-        if not torch.allclose(a2, a[perm], atol=1e-6):
-            bad.append("advantages depend on row order (group by group_ids, not by position)")
+    tb.ref_logprobs = tb.logprobs.detach().clone()
+    k = call(comp, tb, *ctx).detach()
+    if not torch.allclose(k[m], torch.zeros_like(k[m]), atol=1e-6):
+        return ["KL is not 0 where logprobs == ref_logprobs"]
+    return []
+
+
+def _reduce_problems(comp, tb, ctx) -> list[str]:
+    m, bad = tb.response_mask, []
+    full = float(call(comp, tb, *ctx).detach())
+    for parts in (2, 3):
+        total = 0.0
+        for rows in torch.arange(len(m)).tensor_split(parts):
+            sub = tb.clone()
+            sub.loss, sub.response_mask = tb.loss.detach()[rows], m[rows]
+            total += float(call(comp, sub, *ctx).detach())
+        if not math.isclose(total, full, rel_tol=1e-5, abs_tol=1e-6):
+            bad.append(f"not exact under micro-batching: {parts} parts sum to {total}, full batch {full}")
+    wide = tb.clone()
+    wide.loss = torch.cat([tb.loss.detach(), torch.full((len(m), 3), 9.0)], 1)
+    wide.response_mask = torch.cat([m, torch.zeros(len(m), 3, dtype=torch.bool)], 1)
+    if not math.isclose(float(call(comp, wide, *ctx).detach()), full, rel_tol=1e-6, abs_tol=1e-7):
+        bad.append("the result changes with extra right padding")
     return bad
+
+
+def _baseline_problems(comp, tb, ctx) -> list[str]:
+    a = call(comp, tb, *ctx).advantages.detach()
+    perm = torch.tensor([5, 2, 0, 3, 1, 4])
+    sh = tb.clone()
+    for name in ("rewards", "group_ids", "response_mask", "token_rewards", "values", "reward_components",
+                 "greedy_rewards", "old_logprobs", "sum_pi_squared"):
+        setattr(sh, name, getattr(tb, name)[perm])
+    a2 = call(comp, sh, *ctx).advantages.detach()
+    if not torch.allclose(a2, a[perm], atol=1e-6):
+        return ["advantages depend on row order (group by group_ids, not by position)"]
+    return []
+
+
+#: the slots :func:`spec_problems` checks, each on a fresh toy batch
+_SPEC_CHECKS = {"ratio": _ratio_problems, "clip": _clip_problems, "kl": _kl_problems, "reduce": _reduce_problems,
+                "baseline": _baseline_problems}
 
 
 def state_problems(comp, fresh, metrics: dict, ctx) -> list[str]:

@@ -117,28 +117,9 @@ def toy_batch(seed: int = 0, lengths=LENGTHS, group_ids=GROUP_IDS, rewards=REWAR
     ref = torch.where(mask, ref, junk + 4.0)
     r = torch.tensor(rewards, dtype=torch.float32)
     gid = torch.tensor(group_ids, dtype=torch.long)
-    seq_adv = torch.zeros(b)
-    for gi in gid.unique():  # population-std group advantages, for a realistic scale
-        sel = (gid == gi) & (mask.sum(-1) > 0)
-        x = r[sel]
-        seq_adv[sel] = (x - x.mean()) / (x.std(unbiased=False) + 1e-6)
-    adv = torch.where(mask, seq_adv[:, None].expand(b, t), torch.full((b, t), 5.0))
-    adv = adv * mask  # the baseline contract: 0 on masked positions
+    adv = _group_advantages(r, gid, mask)
     ids = torch.randint(3, 50, (b, t), generator=g) * mask
-    rollout = Rollout(
-        prompt_ids=[[1, 2, int(x)] for x in gid.tolist()],
-        response_ids=ids.long(),
-        response_mask=mask.clone(),
-        rollout_logprobs=rollout_lp,
-        group_ids=gid.clone(),
-        truncated=torch.tensor([n == t for n in lengths]) if t else torch.zeros(b, dtype=torch.bool),
-        prompts=[f"What is {int(x)} + 1?" for x in gid.tolist()],
-        completions=[f"The answer is {int(x) + 1 if ok else 0}." for x, ok in zip(gid.tolist(), rewards)],
-        rows=[{"prompt": f"What is {int(x)} + 1?", "answer": str(int(x) + 1)} for x in gid.tolist()],
-        temperature=1.0,
-        max_tokens=t,
-        env_rewards=r.clone(),  # as an env would report them (read by env_reward)
-    )
+    rollout = _toy_rollout(ids, mask, rollout_lp, gid, lengths, rewards, r)
     return ToyBatch(
         rollout=rollout,
         logprobs=logprobs.detach().requires_grad_(True),
@@ -157,4 +138,37 @@ def toy_batch(seed: int = 0, lengths=LENGTHS, group_ids=GROUP_IDS, rewards=REWAR
         reward_weights=torch.ones(1),
         greedy_rewards=torch.full((b,), 0.5),
         sum_pi_squared=torch.where(mask, uniform(0.05, 0.9), torch.full((b, t), 7.0)),
+    )
+
+
+def _group_advantages(r: torch.Tensor, gid: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` population-std group advantages of the rewards ``r [B]`` by ``gid [B]``, for a realistic
+    scale; 0 on masked positions (the baseline contract)."""
+    b, t = mask.shape
+    seq_adv = torch.zeros(b)
+    for gi in gid.unique():
+        sel = (gid == gi) & (mask.sum(-1) > 0)
+        x = r[sel]
+        seq_adv[sel] = (x - x.mean()) / (x.std(unbiased=False) + 1e-6)
+    adv = torch.where(mask, seq_adv[:, None].expand(b, t), torch.full((b, t), 5.0))
+    return adv * mask
+
+
+def _toy_rollout(ids, mask, rollout_lp, gid, lengths, rewards, r) -> Rollout:
+    """The toy batch's :class:`Rollout`: ``ids``, ``mask``, ``rollout_lp`` ``[B, T]``; prompts ``What is g + 1?``
+    per group id ``g``, completions right where the row's reward is truthy."""
+    b, t = mask.shape
+    return Rollout(
+        prompt_ids=[[1, 2, int(x)] for x in gid.tolist()],
+        response_ids=ids.long(),
+        response_mask=mask.clone(),
+        rollout_logprobs=rollout_lp,
+        group_ids=gid.clone(),
+        truncated=torch.tensor([n == t for n in lengths]) if t else torch.zeros(b, dtype=torch.bool),
+        prompts=[f"What is {int(x)} + 1?" for x in gid.tolist()],
+        completions=[f"The answer is {int(x) + 1 if ok else 0}." for x, ok in zip(gid.tolist(), rewards)],
+        rows=[{"prompt": f"What is {int(x)} + 1?", "answer": str(int(x) + 1)} for x in gid.tolist()],
+        temperature=1.0,
+        max_tokens=t,
+        env_rewards=r.clone(),  # as an env would report them (read by env_reward)
     )
