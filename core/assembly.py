@@ -1,9 +1,11 @@
-"""Assembly: resolve an algorithm spec into a bundle, then into a run plugin manager.
+"""Assembly: a resolved bundle into a checked :class:`Run`, its chosen components in their own plugin manager.
 
-The run manager registers only the chosen components, one per single slot, and is checked
-(slot counts and each component's cross-slot ``check``) before anything loads a model. pluggy's
-``firstresult`` would silently take the last registered implementation, so which component runs
-is decided here, never by hook order.
+Each component's parameters are validated into its typed ``Params`` here, once (:func:`build`), and the
+component receives that object. The run manager registers only the chosen components, one per single
+slot, and is checked (slot counts and each component's cross-slot ``check``) before anything loads a model.
+pluggy's ``firstresult`` would silently take the last registered implementation, so which component runs
+is decided here, never by hook order. Resolving a spec is :mod:`policyzoo.resolve`; what a run takes
+from its config besides the algorithm is :mod:`policyzoo.run_config` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any
 
 import pluggy
 
-from . import conventions
 from .catalog import Catalog, get_catalog
 from .contract import (
     KL,
@@ -34,96 +34,17 @@ from .contract import (
     Spec,
     Term,
     Use,
-    use,
     validate_params,
 )
-from .errors import ConfigError, did_you_mean
-from .step import StepSettings
+from .errors import ConfigError
+from .resolve import DEFAULT_ALGORITHM, resolve_algorithm, resolved_view
+from .run_config import reward_uses, step_settings
 
-DEFAULT_ALGORITHM = "grpo"
+__all__ = ["DEFAULT_ALGORITHM", "Run", "assemble", "build", "resolve_algorithm", "resolved_view", "reward_uses",
+           "step_settings"]
 SINGLE = [s for s, kind in SLOTS.items() if kind == "single"]
 COLLECT = [s for s, kind in SLOTS.items() if kind == "collect"]
 OPTIONAL = [s for s, kind in SLOTS.items() if kind == "optional"]
-
-
-def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
-                      where: str = "algorithm") -> Bundle:
-    """``"grpo"`` or ``{"base": "grpo", "clip": {"use": "cispo", "eps_high": 5.0}}`` -> Bundle.
-
-    Per-slot override forms: ``{use: NAME, **params}`` replaces the component;
-    ``{**params}`` (no ``use``) keeps the bundle's component and overrides parameters;
-    ``null`` removes an optional slot (``kl``, ``env``); ``reward``/``filter`` take a list of those."""
-    catalog = catalog or get_catalog()
-    if isinstance(spec, Bundle):
-        return catalog.resolve(spec)
-    if isinstance(spec, str):
-        return catalog.bundle(spec, where)
-    if not isinstance(spec, dict):
-        raise ConfigError(where, f"expected an algorithm name or a mapping with 'base', got {spec!r}",
-                          "write `algorithm: grpo` or `algorithm: {base: grpo, clip: {use: cispo}}`")
-    if "base" not in spec:  # slot overrides alone modify the default algorithm
-        spec = {"base": DEFAULT_ALGORITHM, **spec}
-    if "slots" in spec:
-        spec = _from_resolved_view(spec, where)
-    if "conventions" in spec:  # the peer's convention switches, filled where nothing else states them
-        spec = dict(spec)
-        name = conventions.check_name(spec.pop("conventions"), f"{where}.conventions")
-        return conventions.apply(resolve_algorithm(spec, catalog, where), name, catalog)[0]
-    base = catalog.bundle(spec["base"], f"{where}.base")
-    changes: dict[str, Any] = {}
-    for slot, value in spec.items():
-        if slot == "base":
-            continue
-        if slot not in SLOTS:
-            raise ConfigError(f"{where}.{slot}", f"unknown slot {slot!r}{did_you_mean(slot, SLOTS)}",
-                              f"slots are: {', '.join(SLOTS)}")
-        current = getattr(base, slot)
-        if SLOTS[slot] == "collect":
-            items = value if isinstance(value, list) else ([] if value is None else [value])
-            changes[slot] = tuple(_override(None, v, f"{where}.{slot}[{i}]") for i, v in enumerate(items))
-        elif value is None:
-            if SLOTS[slot] != "optional":
-                raise ConfigError(f"{where}.{slot}", f"the {slot} slot cannot be empty",
-                                  f"name a {slot} component with `use:`")
-            changes[slot] = None
-        else:
-            changes[slot] = _override(current, value, f"{where}.{slot}")
-    hybrid = base.replace(**changes) if changes else base
-    return hybrid
-
-
-def _from_resolved_view(spec: dict, where: str) -> dict:
-    """Read back the resolved form that ``--dry-run`` prints and ``resolved.yaml`` holds
-    (``{base, name, paper, slots: {SLOT: {from, components}}, sources}``): every slot is set
-    explicitly; ``name``, ``paper``, ``from`` and ``sources`` are information only."""
-    extra = set(spec) - {"base", "name", "paper", "slots", "sources", "conventions"}
-    if extra:
-        raise ConfigError(f"{where}.{sorted(extra)[0]}", "unknown key in a resolved algorithm",
-                          "a resolved algorithm has base, name, paper, slots and sources only")
-    out: dict[str, Any] = {"base": spec.get("base")}
-    if isinstance(spec.get("conventions"), dict):  # what --dry-run printed: the values are in the slots already
-        out["conventions"] = spec["conventions"]["name"]
-    for slot, entry in (spec.get("slots") or {}).items():
-        comps = entry.get("components", []) if isinstance(entry, dict) else entry
-        out[slot] = comps if SLOTS.get(slot) == "collect" else (comps[0] if comps else None)
-    return out
-
-
-def _override(current: Use | None, value: Any, where: str) -> Use:
-    if isinstance(value, str):
-        return Use(value, {})
-    if not isinstance(value, dict):
-        raise ConfigError(where, f"expected a mapping like {{use: NAME, param: value}}, got {value!r}",
-                          "see `policyzoo explain NAME` for parameters")
-    value = dict(value)
-    name = value.pop("use", None)
-    if name is None:
-        if current is None:
-            raise ConfigError(where, "no component named", "add `use: NAME`")
-        return current.with_params(**value)
-    if current is not None and name == current.name:
-        return current.with_params(**value)
-    return Use(str(name), value)
 
 
 class Run:
@@ -188,7 +109,7 @@ class Run:
 
     def _make(self, catalog: Catalog, slot: str, u: Use, where: str) -> Component:
         cls = catalog.component(slot, u.name, f"{where}.use")
-        comp = _construct(cls, u.params, where)
+        comp = build(cls, u.params, where)
         self.pm.register(comp, name=f"{slot}:{u.name}:{id(comp)}")
         src = catalog.components[slot][u.name][1]
         self.sources[slot] = (self.sources[slot] + ", " if slot in self.sources else "") + f"{u.name} from {src}"
@@ -257,61 +178,14 @@ def _unique(labels: list[str]) -> list[str]:
     return out
 
 
-def _construct(cls: type[Component], params: dict, where: str) -> Component:
-    validate_params(cls, params, where)  # raises ConfigError with the path
-    return cls(**params)
+def build(cls: type[Component], params: dict, where: str) -> Component:
+    """The component ``cls`` with ``params`` validated into its typed ``cls.Params`` once, here; the
+    component receives that object (:meth:`Component.__init__`'s ``_params``) and does not validate again.
+    Raises :class:`ConfigError` at ``where.KEY`` for an unknown, missing or out-of-range parameter."""
+    return cls(_params=validate_params(cls, params, where))
 
 
 def assemble(spec: str | dict | Bundle, rewards: tuple[Use, ...] = (), catalog: Catalog | None = None) -> Run:
     """Resolve ``spec`` and build a checked :class:`Run` (no model is loaded)."""
     catalog = catalog or get_catalog()
     return Run(resolve_algorithm(spec, catalog), catalog, rewards)
-
-
-def resolved_view(config, run) -> dict:
-    """The fully resolved config: every slot's component with all parameters, whether it is the
-    base algorithm's choice or an override, and which distribution provides it."""
-    view = config.model_dump()
-    algo = config.algorithm
-    base_name = algo if isinstance(algo, str) else algo.get("base", DEFAULT_ALGORITHM)
-    base = get_catalog().bundle(base_name)
-    view["algorithm"] = {"name": run.bundle.name, "base": base_name, "paper": run.bundle.paper, "slots": {}}
-    for slot in SLOTS:
-        comps = getattr(run, slot)
-        comps = comps if isinstance(comps, list) else ([] if comps is None else [comps])
-        if slot == "reward":  # the task's rewards go to `rewards:`, the algorithm keeps its extras
-            n_task = len(comps) - len(run.bundle.reward)
-            view["rewards"] = [{"use": c.name, **c.params.model_dump()} for c in comps[:n_task]]
-            comps = comps[n_task:]
-        origin = f"{base_name} default" if getattr(run.bundle, slot) == getattr(base, slot) else "override"
-        view["algorithm"]["slots"][slot] = {"from": origin, "components": [
-            {"use": c.name, **c.params.model_dump()} for c in comps]}
-    view["algorithm"]["sources"] = run.sources
-    name = algo.get("conventions") if isinstance(algo, dict) else None
-    if name is not None:  # which keys came from the preset (explicit settings won where they are absent)
-        plain = resolve_algorithm({k: v for k, v in algo.items() if k != "conventions"})
-        _, applied = conventions.apply(plain, name, get_catalog())
-        train = {f"train.{k}": v for k, v in conventions.train_defaults(name).items() if getattr(config.train, k) == v}
-        view["algorithm"]["conventions"] = {"name": name, "set": {**applied, **train}}
-    return view
-
-
-def step_settings(config, run) -> StepSettings:
-    """The step's settings: the config's ``train`` values over the run's filters' own budget."""
-    return StepSettings.for_run(run, max_sample_rounds=config.train.max_sample_rounds,
-                                updates_per_batch=config.train.updates_per_batch,
-                                micro_batches=config.train.micro_batches, on_shortfall=config.train.on_shortfall,
-                                reward_nan=config.train.reward_nan,
-                                max_tokens_per_micro_batch=config.train.max_tokens_per_micro_batch)
-
-
-def reward_uses(config, default: list, has_env: bool = False) -> tuple:
-    """``rewards:`` entries as :class:`~policyzoo.contract.Use`; when not given, the task's ``default`` --
-    or, in a run with an environment (``has_env``), the episode reward ``env_reward``."""
-    if config.rewards is None:
-        return (use("env_reward"),) if has_env else tuple(default)
-    if not config.rewards:
-        raise ConfigError("rewards", "the list is empty: every advantage would be 0 and nothing would be learned",
-                          "name at least one reward, e.g. `rewards: [{use: answer_match}]`, or drop the key "
-                          "for the task's default")
-    return tuple(_override(None, r, f"rewards[{i}]") for i, r in enumerate(config.rewards))

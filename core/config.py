@@ -17,7 +17,7 @@ from pydantic import Field
 
 from policyzoo.data.config import DataSettings
 
-from . import conventions
+from . import conventions, rules
 from .errors import ConfigError, did_you_mean
 from .settings import EngineSettings, EvalSettings, ModelSettings, Section, TrainSettings
 
@@ -34,50 +34,16 @@ class Config(Section):
     output_dir: str | None = Field(None, description="the run directory (null: runs/<algorithm>-<UTC time>)")
 
     @pydantic.model_validator(mode="after")
-    def _one_micro_batch_rule(self):
-        if self.train.max_tokens_per_micro_batch and self.train.micro_batches > 1:
-            raise ValueError("train.micro_batches and train.max_tokens_per_micro_batch both set the micro-batches: "
-                             "set only one of them")
-        return self
-
-    @pydantic.model_validator(mode="after")
-    def _autocast_needs_fp32(self):
-        if self.train.autocast and self.model.dtype != "float32":
-            raise ValueError("train.autocast computes in bf16 over fp32 weights, but model.dtype is already "
-                             f"{self.model.dtype}: set model.dtype=float32, or train.autocast=false")
-        return self
-
-    @pydantic.model_validator(mode="after")
-    def _rollout_dtype(self):
-        """A rollout in another dtype than training: the sync check needs a tolerance chosen for
-        it, and the algorithm gets ``engine.rollout_correction`` as its ratio unless it sets one."""
-        e = self.engine
-        if e.rollout_dtype is None or e.rollout_dtype == self.model.dtype:
-            return self
-        if e.sync_check and "sync_tolerance" not in e.model_fields_set:
-            raise ValueError("engine.sync_check compares sampler and trainer log-probs within "
-                             "engine.sync_tolerance (by default the trainer dtype's), but engine.rollout_dtype="
-                             f"{e.rollout_dtype} samples with other weights than the {self.model.dtype} trainer: set "
-                             "engine.sync_tolerance for that difference (e.g. 0.1), or engine.sync_check=false")
-        algo = self.algorithm
-        if e.rollout_correction and not (isinstance(algo, dict) and "ratio" in algo):
+    def _cross_section_rules(self):
+        """The rules across sections (:mod:`policyzoo.rules`, docs/config-rules.md), then the rollout
+        correction: a rollout in another dtype than training gets ``engine.rollout_correction`` as the
+        algorithm's ratio unless the algorithm sets one."""
+        rules.check_config(self)
+        e, algo = self.engine, self.algorithm
+        if e.rollout_dtype is not None and e.rollout_dtype != self.model.dtype and e.rollout_correction \
+                and not (isinstance(algo, dict) and "ratio" in algo):
             base = {"base": algo} if isinstance(algo, str) else dict(algo)
             self.algorithm = {**base, "ratio": {"use": e.rollout_correction}}
-        return self
-
-    @pydantic.model_validator(mode="after")
-    def _compile_needs_vllm(self):
-        if self.engine.vllm_compile and self.engine.rollout != "vllm":
-            raise ValueError(f"engine.vllm_compile compiles the colocated vLLM engine's forward, but engine.rollout is "
-                             f"{self.engine.rollout}: set engine.rollout=vllm, or drop engine.vllm_compile")
-        return self
-
-    @pydantic.model_validator(mode="after")
-    def _bf16_needs_zero(self):
-        if self.model.dtype == "bfloat16" and self.engine.zero_stage == 0:
-            raise ValueError("model.dtype bfloat16 needs engine.zero_stage >= 1 (DeepSpeed's bf16 at ZeRO 0 "
-                             "trains differently from fp32 on this version): set engine.zero_stage=1, or "
-                             "model.dtype=float32")  # text before ': ' is the reason, after it the fix
         return self
 
 

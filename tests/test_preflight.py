@@ -103,9 +103,9 @@ CASES = {
              "algorithm")],
     "check_answers": [("no answer column", lambda t, m: [f"data.path={_rows(t, [{'prompt': 'q'}] * 4)}",
                                                          "rewards=[{use: answer_match}]"], "data")],
-    "raise:engine.overlap": [("overlap with an env", lambda t, m: ["engine.overlap=one_step",
-                                                                   "algorithm.env.use=calculator"], "engine.overlap")],
-    "raise:engine.max_staleness": [
+    "rules.check_run": [  # the cross-section rules that read the run (policyzoo.rules)
+        ("overlap with an env", lambda t, m: ["engine.overlap=one_step", "algorithm.env.use=calculator"],
+         "engine.overlap"),
         ("async with an env", lambda t, m: ["engine.max_staleness=1", "algorithm.env.use=calculator"],
          "engine.max_staleness"),
         ("async and overlap", lambda t, m: ["engine.max_staleness=2", "engine.overlap=one_step"],

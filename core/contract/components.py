@@ -14,7 +14,8 @@ named after its slot, decorated with ``@hookimpl``::
             return rollout.response_mask.sum(-1).float().sqrt()
 
 ``Component(**params)`` validates the parameters (unknown keys and out-of-range values raise
-:class:`~policyzoo.errors.ConfigError`). ``check(run)`` is the place for cross-slot rules.
+:class:`~policyzoo.errors.ConfigError`); a run's assembly validates them once into ``Params`` and hands
+the component that typed object. ``check(run)`` is the place for cross-slot rules.
 
 State (controllers: an adaptive KL coefficient, an adaptive entropy coefficient). A component may
 keep state across steps. It then overrides three methods together: :meth:`Component.update`, the
@@ -63,8 +64,17 @@ class Component(ABC):
         if callable(fn) and not abstract and not hasattr(fn, f"{PROJECT}_impl"):  # @hookimpl is optional
             hookimpl(fn)
 
-    def __init__(self, **params: Any):
-        self.params = validate_params(type(self), params, where=f"{self.slot}: {self.name}")
+    def __init__(self, _params: Params | None = None, **params: Any):
+        """``Component(**params)`` validates ``params`` into ``self.params`` (a ``Params``); assembly passes the
+        object it validated once instead (``_params=``, keyword only through a subclass's ``**params``). Raises
+        :class:`ConfigError` for bad parameters, ``TypeError`` for ``_params`` of another class or with keys."""
+        if _params is None:
+            self.params = validate_params(type(self), params, where=f"{self.slot}: {self.name}")
+        elif type(_params) is not type(self).Params or params:
+            raise TypeError(f"{self.name}: _params must be a {type(self).Params.__qualname__} given alone, got "
+                            f"{type(_params).__qualname__}" + (f" with {sorted(params)}" if params else ""))
+        else:
+            self.params = _params
 
     def check(self, run) -> None:
         """Cross-slot compatibility; raise :class:`ConfigError` with the fix. ``run`` is the

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from policyzoo import rules
 from policyzoo.contract import SAMPLING_OPTIONS
 from policyzoo.data import fit_prompt_lengths
 from policyzoo.engine.models import ModelError, resolve_model
@@ -203,22 +204,10 @@ def check_teacher(config, run, student) -> object | None:
     vocabulary (token -> id) differs from the student's ``student.tokenizer``, or when no component
     reads the teacher; at ``algorithm.term`` when a term ``needs_ref`` and no teacher is set;
     :class:`~policyzoo.engine.models.ModelError` for a bad folder (as ``model.path``)."""
-    readers = [t.name for t in run.term if getattr(t, "needs_ref", False)]
+    rules.check_teacher_keys(config, run)  # a term that needs the teacher, a teacher no one reads, kl
     path = config.model.teacher
     if path is None:
-        if readers:
-            raise ConfigError("algorithm.term", f"the term {readers[0]!r} distils from a teacher, but model.teacher "
-                              "is not set (the reference would be the initial policy itself)",
-                              "set model.teacher to the teacher's model folder (same tokenizer as model.path)")
         return None
-    if not readers:
-        raise ConfigError("model.teacher", "a teacher is set but no component reads it",
-                          "add the distillation term (algorithm.term: [{use: distill}], or --algo distill), or "
-                          "drop model.teacher")
-    if run.kl is not None:
-        raise ConfigError("model.teacher", f"with a teacher the reference log-probs are the teacher's, so the kl "
-                          f"component {run.kl.name!r} would measure the KL to the teacher, not to the initial policy",
-                          "set algorithm.kl to null (the distill bundle does), or drop model.teacher")
     teacher = resolve_model(path, config.model.trust_remote_code, where="model.teacher")
     mine, theirs = student.tokenizer.get_vocab(), teacher.tokenizer.get_vocab()
     if mine != theirs:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from policyzoo.assembly import Run, resolve_algorithm, resolved_view, reward_uses, step_settings
+from policyzoo import rules
+from policyzoo.assembly import Run
 from policyzoo.catalog import get_catalog
 from policyzoo.contract.untrusted import encode_text
 from policyzoo.data import load_task
@@ -28,6 +29,8 @@ from policyzoo.engine.rollout.tensor_parallel import check_heads, check_tensor_p
 from policyzoo.engine.rundir import ResumeError, RunDir
 from policyzoo.engine.trainer.dsconfig import check_engine
 from policyzoo.errors import ConfigError
+from policyzoo.resolve import resolve_algorithm, resolved_view
+from policyzoo.run_config import reward_uses, step_settings
 from policyzoo.step.episodes import encode_prompt
 
 from .checks import (
@@ -122,19 +125,7 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     if own is not None:  # an env with its own data set (verifiers) replaces data:
         task = env_task(run.env.name, *own, config.data.seed)
     check_answers(task, run)
-    if config.engine.overlap != "none" and run.env is not None:
-        raise ConfigError("engine.overlap", "one_step sampling ahead prefetches single-turn batches; the "
-                          f"multi-turn episodes of the env '{run.env.name}' are not sampled ahead",
-                          "set engine.overlap=none for runs with an env")
-    if config.engine.max_staleness and (config.engine.overlap != "none" or run.env is not None):
-        s = config.engine.max_staleness
-        raise ConfigError("engine.max_staleness", *(
-            (f"engine.overlap={config.engine.overlap} and engine.max_staleness={s} both sample ahead",
-             "keep one: engine.max_staleness=1 samples continuously, also across checkpoints (what is in flight "
-             "at a checkpoint is sampled again on resume); engine.overlap=one_step stops at checkpoints, so a "
-             "resume replays exactly") if config.engine.overlap != "none" else
-            (f"asynchronous sampling prefetches single-turn batches; the multi-turn episodes of the env "
-             f"'{run.env.name}' are not sampled ahead", "set engine.max_staleness=0 for runs with an env")))
+    rules.check_run(config, run)  # overlap, staleness and the env (policyzoo.rules)
     check_trackers(config.train.report_to)
     check_sampling_options(run.sample, LMPolicy.sampling_options, config.engine.rollout)  # every path
     check_engine(config)  # the DeepSpeed settings

@@ -1,0 +1,188 @@
+"""Every rule that relates keys of different config sections (or a config key and the chosen components),
+in one place: each :class:`Rule` has a name, the keys it relates and its error text (docs/config-rules.md
+lists them; ``tests/test_rules.py`` keeps that table equal to :data:`RULES`).
+
+Two kinds, by what they need and so where they are raised, both before any weights load:
+
+* ``"config"`` rules read the config alone; :class:`~policyzoo.config.Config`'s validator calls
+  :func:`check_config`, so they fail at ``load_config`` (a ``ValueError`` whose text before ``': '`` is
+  the reason and after it the fix, turned into a :class:`ConfigError` by ``config.py``).
+* ``"run"`` rules also read the assembled run (its env, kl, terms); ``run/preload.py`` calls
+  :func:`check_run` after assembly and ``run/checks.py`` ``check_teacher`` calls :func:`check_teacher_keys`
+  before the teacher's folder is read. They raise :class:`ConfigError` at the rule's first key.
+
+A check returns None when the rule holds, else ``(why, fix)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One cross-section rule: ``keys`` it relates (the first is where a ``"run"`` rule's error points),
+    ``text`` its error text as the docs show it, ``check(config[, run]) -> (why, fix) | None``."""
+
+    name: str
+    kind: str  # "config" or "run"
+    keys: tuple[str, ...]
+    text: str
+    check: Callable
+
+
+def _micro_batches(c):
+    if c.train.max_tokens_per_micro_batch and c.train.micro_batches > 1:
+        return ("train.micro_batches and train.max_tokens_per_micro_batch both set the micro-batches",
+                "set only one of them")
+    return None
+
+
+def _autocast_dtype(c):
+    if c.train.autocast and c.model.dtype != "float32":
+        return ("train.autocast computes in bf16 over fp32 weights, but model.dtype is already "
+                f"{c.model.dtype}", "set model.dtype=float32, or train.autocast=false")
+    return None
+
+
+def _rollout_dtype_sync(c):
+    e = c.engine
+    if e.rollout_dtype is None or e.rollout_dtype == c.model.dtype:
+        return None
+    if e.sync_check and "sync_tolerance" not in e.model_fields_set:
+        return ("engine.sync_check compares sampler and trainer log-probs within engine.sync_tolerance (by default "
+                f"the trainer dtype's), but engine.rollout_dtype={e.rollout_dtype} samples with other weights than "
+                f"the {c.model.dtype} trainer", "set engine.sync_tolerance for that difference (e.g. 0.1), or "
+                "engine.sync_check=false")
+    return None
+
+
+def _compile_vllm(c):
+    if c.engine.vllm_compile and c.engine.rollout != "vllm":
+        return (f"engine.vllm_compile compiles the colocated vLLM engine's forward, but engine.rollout is "
+                f"{c.engine.rollout}", "set engine.rollout=vllm, or drop engine.vllm_compile")
+    return None
+
+
+def _bf16_zero(c):
+    if c.model.dtype == "bfloat16" and c.engine.zero_stage == 0:
+        return ("model.dtype bfloat16 needs engine.zero_stage >= 1 (DeepSpeed's bf16 at ZeRO 0 trains differently "
+                "from fp32 on this version)", "set engine.zero_stage=1, or model.dtype=float32")
+    return None
+
+
+def _overlap_env(c, run):
+    if c.engine.overlap != "none" and run.env is not None:
+        return ("one_step sampling ahead prefetches single-turn batches; the multi-turn episodes of the env "
+                f"'{run.env.name}' are not sampled ahead", "set engine.overlap=none for runs with an env")
+    return None
+
+
+def _staleness_overlap(c, run):
+    s = c.engine.max_staleness
+    if s and c.engine.overlap != "none":
+        return (f"engine.overlap={c.engine.overlap} and engine.max_staleness={s} both sample ahead",
+                "keep one: engine.max_staleness=1 samples continuously, also across checkpoints (what is in flight "
+                "at a checkpoint is sampled again on resume); engine.overlap=one_step stops at checkpoints, so a "
+                "resume replays exactly")
+    return None
+
+
+def _staleness_env(c, run):
+    if c.engine.max_staleness and run.env is not None:
+        return (f"asynchronous sampling prefetches single-turn batches; the multi-turn episodes of the env "
+                f"'{run.env.name}' are not sampled ahead", "set engine.max_staleness=0 for runs with an env")
+    return None
+
+
+def _readers(run) -> list[str]:
+    return [t.name for t in run.term if getattr(t, "needs_ref", False)]
+
+
+def _term_needs_teacher(c, run):
+    readers = _readers(run)
+    if c.model.teacher is None and readers:
+        return (f"the term {readers[0]!r} distils from a teacher, but model.teacher is not set (the reference would "
+                "be the initial policy itself)",
+                "set model.teacher to the teacher's model folder (same tokenizer as model.path)")
+    return None
+
+
+def _teacher_needs_reader(c, run):
+    if c.model.teacher is not None and not _readers(run):
+        return ("a teacher is set but no component reads it", "add the distillation term (algorithm.term: "
+                "[{use: distill}], or --algo distill), or drop model.teacher")
+    return None
+
+
+def _teacher_without_kl(c, run):
+    if c.model.teacher is not None and run.kl is not None:
+        return (f"with a teacher the reference log-probs are the teacher's, so the kl component {run.kl.name!r} "
+                "would measure the KL to the teacher, not to the initial policy",
+                "set algorithm.kl to null (the distill bundle does), or drop model.teacher")
+    return None
+
+
+RULES: dict[str, Rule] = {r.name: r for r in (
+    Rule("one_micro_batch_rule", "config", ("train.micro_batches", "train.max_tokens_per_micro_batch"),
+         "train.micro_batches and train.max_tokens_per_micro_batch both set the micro-batches", _micro_batches),
+    Rule("autocast_needs_fp32", "config", ("train.autocast", "model.dtype"),
+         "train.autocast computes in bf16 over fp32 weights, but model.dtype is already {dtype}", _autocast_dtype),
+    Rule("rollout_dtype_needs_tolerance", "config",
+         ("engine.rollout_dtype", "model.dtype", "engine.sync_check", "engine.sync_tolerance"),
+         "engine.sync_check compares sampler and trainer log-probs within engine.sync_tolerance ...",
+         _rollout_dtype_sync),
+    Rule("compile_needs_vllm", "config", ("engine.vllm_compile", "engine.rollout"),
+         "engine.vllm_compile compiles the colocated vLLM engine's forward, but engine.rollout is {rollout}",
+         _compile_vllm),
+    Rule("bf16_needs_zero", "config", ("model.dtype", "engine.zero_stage"),
+         "model.dtype bfloat16 needs engine.zero_stage >= 1", _bf16_zero),
+    Rule("overlap_without_env", "run", ("engine.overlap", "algorithm.env"),
+         "one_step sampling ahead prefetches single-turn batches; the multi-turn episodes of the env ... are not "
+         "sampled ahead", _overlap_env),
+    Rule("staleness_or_overlap", "run", ("engine.max_staleness", "engine.overlap"),
+         "engine.overlap={overlap} and engine.max_staleness={s} both sample ahead", _staleness_overlap),
+    Rule("staleness_without_env", "run", ("engine.max_staleness", "algorithm.env"),
+         "asynchronous sampling prefetches single-turn batches; the multi-turn episodes of the env ... are not "
+         "sampled ahead", _staleness_env),
+    Rule("term_needs_teacher", "run", ("algorithm.term", "model.teacher"),
+         "the term {name} distils from a teacher, but model.teacher is not set", _term_needs_teacher),
+    Rule("teacher_needs_reader", "run", ("model.teacher", "algorithm.term"),
+         "a teacher is set but no component reads it", _teacher_needs_reader),
+    Rule("teacher_without_kl", "run", ("model.teacher", "algorithm.kl"),
+         "with a teacher the reference log-probs are the teacher's, so the kl component {name} would measure the "
+         "KL to the teacher", _teacher_without_kl),
+)}
+#: the teacher rules, checked by ``check_teacher`` just before the teacher's folder is read
+TEACHER = ("term_needs_teacher", "teacher_needs_reader", "teacher_without_kl")
+
+
+def check_config(config) -> None:
+    """Every ``"config"`` rule on a :class:`~policyzoo.config.Config`, in :data:`RULES` order. Raises
+    ``ValueError("WHY: FIX")`` for the first broken one (pydantic turns it into the config's error)."""
+    for rule in RULES.values():
+        found = rule.check(config) if rule.kind == "config" else None
+        if found:
+            raise ValueError(": ".join(found))
+
+
+def _raise_run_rules(config, run, names) -> None:
+    for name in names:
+        rule = RULES[name]
+        found = rule.check(config, run)
+        if found:
+            raise ConfigError(rule.keys[0], *found)
+
+
+def check_run(config, run) -> None:
+    """Every ``"run"`` rule but the teacher's on a config and its assembled
+    :class:`~policyzoo.assembly.Run`; raises :class:`ConfigError` at the first broken rule's first key."""
+    _raise_run_rules(config, run, [n for n, r in RULES.items() if r.kind == "run" and n not in TEACHER])
+
+
+def check_teacher_keys(config, run) -> None:
+    """The teacher rules (:data:`TEACHER`), before the teacher's folder is read; raises :class:`ConfigError`."""
+    _raise_run_rules(config, run, TEACHER)
