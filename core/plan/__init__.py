@@ -38,126 +38,17 @@ to this engine; all stated so a reader can check them by hand, ``tests/test_plan
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
-from policyzoo.errors import UserError
 from policyzoo.step import needs_reference
 
-#: model types whose MLP is two matrices (up, down) rather than gated (gate, up, down)
-UNGATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "phi", "starcoder2", "gpt_bigcode", "falcon"}
-#: the embedded default (SmolLM2-135M-Instruct)'s config.json, so a plan needs no conversion
-DEFAULT_CONFIG = {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-                  "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
-                  "tie_word_embeddings": True}
+from .model_shape import DEFAULT_CONFIG, UNGATED, PlanError, Shape, load_shape
+
+__all__ = ["DEFAULT_CONFIG", "DTYPE_BYTES", "GiB", "UNGATED", "Options", "PlanError", "Shape", "Sizes",
+           "fitting_settings", "flops", "load_shape", "measured_split", "memory", "options_for"]
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GiB = 2**30
-
-
-class PlanError(UserError):
-    """The model config or the sizes given to ``policyzoo plan`` cannot be planned."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The sizes of a decoder-only transformer that its costs depend on."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
-    gated: bool
-    window: int | None = None
-
-    @classmethod
-    def from_config(cls, cfg: dict, where: str = "config.json") -> "Shape":
-        """From a transformers ``config.json`` dict (Llama/Qwen/Mistral keys, GPT-2 aliases)."""
-        cfg = {**cfg, **cfg.get("text_config", {})}
-
-        def get(*keys, default=None):
-            for k in keys:
-                if cfg.get(k) is not None:
-                    return cfg[k]
-            if default is None:
-                raise PlanError(where, f"none of {', '.join(keys)} is set", "give the config.json of a "
-                                "decoder-only transformers model")
-            return default
-
-        h = int(get("hidden_size", "n_embd", "d_model"))
-        heads = int(get("num_attention_heads", "n_head"))
-        return cls(hidden=h, intermediate=int(get("intermediate_size", "n_inner", "ffn_dim", default=4 * h)),
-                   layers=int(get("num_hidden_layers", "n_layer")), heads=heads,
-                   kv_heads=int(get("num_key_value_heads", "num_attention_heads", "n_head")),
-                   head_dim=int(get("head_dim", default=h // heads)), vocab=int(get("vocab_size")),
-                   tied=bool(cfg.get("tie_word_embeddings", True)), gated=cfg.get("model_type") not in UNGATED,
-                   window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None)
-
-    @property
-    def dq(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def dkv(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def layer_matmul(self) -> int:
-        """Matmul parameters of one layer."""
-        h = self.hidden
-        return 2 * h * self.dq + 2 * h * self.dkv + (3 if self.gated else 2) * h * self.intermediate
-
-    @property
-    def params(self) -> int:
-        emb = self.vocab * self.hidden * (1 if self.tied else 2)
-        return self.layers * (self.layer_matmul + 2 * self.hidden) + emb + self.hidden
-
-    def context_sum(self, offset: int, n: int) -> int:
-        """Sum of attended positions over ``n`` tokens that follow ``offset`` earlier ones (each
-        attends to itself and what precedes it, up to the window)."""
-        def s(m):  # sum_{c=1..m} min(c, window)
-            w = self.window
-            return m * (m + 1) // 2 if w is None or m <= w else w * (w + 1) // 2 + (m - w) * w
-        return s(offset + n) - s(offset)
-
-    def forward(self, tokens: int, offset: int = 0, logits: int = 0, head: bool = True) -> int:
-        """FLOPs of a forward over ``tokens`` positions after ``offset`` cached ones, with logits at
-        ``logits`` of them (``head=False``: a value model, 2*h per position instead)."""
-        body = 2 * self.layers * self.layer_matmul * tokens + 4 * self.layers * self.dq * self.context_sum(offset,
-                                                                                                            tokens)
-        return body + (2 * self.hidden * self.vocab * logits if head else 2 * self.hidden * tokens)
-
-    def lora_params(self, r: int, targets: str | list[str] = "all-linear") -> int:
-        """Adapter parameters: ``r x (in + out)`` per adapted linear layer (Llama names; all-linear:
-        every linear layer of the decoder, not the LM head)."""
-        h, i = self.hidden, self.intermediate
-        shapes = {"q_proj": (h, self.dq), "k_proj": (h, self.dkv), "v_proj": (h, self.dkv), "o_proj": (self.dq, h),
-                  "up_proj": (h, i), "down_proj": (i, h)} | ({"gate_proj": (h, i)} if self.gated else {})
-        names = list(shapes) if targets == "all-linear" else [t for t in targets if t in shapes]
-        return self.layers * sum(r * sum(shapes[n]) for n in names)
-
-    def act_per_token(self) -> int:
-        """Activation values kept for backward per token and layer (see the module docstring)."""
-        return 4 * self.hidden + 2 * self.dq + 2 * self.dkv + (3 if self.gated else 2) * self.intermediate
-
-
-def load_shape(model: str | None) -> Shape:
-    """``model``: a folder with ``config.json``, a ``config.json`` file, or None (the default)."""
-    if model is None:
-        return Shape.from_config(DEFAULT_CONFIG, "the embedded default")
-    p = Path(model)
-    f = p / "config.json" if p.is_dir() else p
-    if not f.is_file():
-        raise PlanError(f"model={model}", "no config.json there", "give a model folder or its config.json file")
-    try:
-        cfg = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise PlanError(str(f), f"not readable as JSON ({e})", "give the model's config.json") from None
-    return Shape.from_config(cfg, str(f))
 
 
 @dataclass(frozen=True)

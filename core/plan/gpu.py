@@ -142,6 +142,31 @@ def compared(p: Placement) -> list[Placement]:
 def print_gpu_plan(out, m: Shape, s: Sizes, o: Options, p: Placement, budget: int, where: str, v: Vllm) -> None:
     """Print the GiB per GPU of :func:`compared`'s placements, which fit ``budget`` bytes (``where`` names it),
     the verdict on ``p`` and, when none fits, :func:`smallest_fits`'s placements, to the rich console ``out``."""
+    _print_gpu_table(out, m, s, o, p, budget, where, v)
+    mine = per_gpu(m, s, o, p, budget, v)
+    worst = max(sum(parts.values()) for parts in mine.values())
+    ok = fits(m, s, o, p, budget, v)
+    out.print(f"{describe(p)}: {worst / GiB:.2f} GiB on the fullest GPU, " + ("fits" if ok else "does not fit")
+              + f" in {where} ({budget / GiB:.1f} GiB).")
+    others = [q for q in compared(p)[1:] if fits(m, s, o, q, budget, v)]
+    if not ok and others:
+        out.print("placements of the same GPUs that fit: " + "; ".join(describe(q) for q in others))
+    if not ok and not others:
+        _print_none_fits(out, m, s, o, p, budget, v)
+    if p.mode == "colocated" and v.sleep == 0:
+        parts = mine["trainer GPU"]
+        need = parts["vLLM copy"] + parts["KV cache"]
+        share = -(-100 * need // budget) / 100  # the fraction of the GPU vLLM needs, rounded up to 0.01
+        if need > v.utilization * budget:
+            out.print(f"vLLM's copy and KV cache need {need / GiB:.2f} GiB, more than engine.gpu_memory_utilization="
+                      f"{v.utilization:g} of the GPU: " + (f"give engine.gpu_memory_utilization >= {share:.2f}."
+                      if share < 0.95 else f"that is {share:.2f} GPUs' memory, more than one GPU holds: shard vLLM "
+                      "over more GPUs (--rollout-tp k, engine.vllm_tensor_parallel_size) or put it on a rollout "
+                      "server (--rollout server)."))
+
+
+def _print_gpu_table(out, m: Shape, s: Sizes, o: Options, p: Placement, budget: int, where: str, v: Vllm) -> None:
+    """The table of GiB per GPU of :func:`compared`'s placements of ``p``, and whether each fits ``budget`` bytes."""
     from rich.table import Table
 
     cols = {}
@@ -164,33 +189,19 @@ def print_gpu_plan(out, m: Shape, s: Sizes, o: Options, p: Placement, budget: in
     if s.prompts % p.gpus:
         out.print(f"train.prompts_per_step={s.prompts} is not a multiple of {p.gpus}: the engine refuses it (planned "
                   f"with {share} per rank).")
-    mine = per_gpu(m, s, o, p, budget, v)
-    worst = max(sum(parts.values()) for parts in mine.values())
-    ok = fits(m, s, o, p, budget, v)
-    out.print(f"{describe(p)}: {worst / GiB:.2f} GiB on the fullest GPU, " + ("fits" if ok else "does not fit")
-              + f" in {where} ({budget / GiB:.1f} GiB).")
-    others = [q for q in compared(p)[1:] if fits(m, s, o, q, budget, v)]
-    if not ok and others:
-        out.print("placements of the same GPUs that fit: " + "; ".join(describe(q) for q in others))
-    if not ok and not others:
-        best = smallest_fits(m, s, o, p, budget, v)
-        out.print(f"no placement of {p.gpus} GPUs fits: " + (
-            "needs >= " + ", or >= ".join(describe(q) for q in best) if best else
-            f"none of up to {SEARCH_GPUS[-1]} GPUs fits with these settings") + " (train.prompts_per_step a multiple "
-            "of the GPU count).")
-        lean = dataclasses.replace(o, gradient_checkpointing=True, max_tokens_per_micro_batch=s.prompt + s.response)
-        if lean != o and (small := smallest_fits(m, s, lean, p, budget, v)) and (
-                not best or min(q.gpus for q in small) < min(q.gpus for q in best)):
-            out.print(f"  with {LEAN.format(s.prompt + s.response)}: >= " + ", or >= ".join(map(describe, small)))
-        elif not best:
-            out.print("  train a LoRA adapter (model.lora={r: 16}) or plan a smaller model")
-    if p.mode == "colocated" and v.sleep == 0:
-        parts = mine["trainer GPU"]
-        need = parts["vLLM copy"] + parts["KV cache"]
-        share = -(-100 * need // budget) / 100  # the fraction of the GPU vLLM needs, rounded up to 0.01
-        if need > v.utilization * budget:
-            out.print(f"vLLM's copy and KV cache need {need / GiB:.2f} GiB, more than engine.gpu_memory_utilization="
-                      f"{v.utilization:g} of the GPU: " + (f"give engine.gpu_memory_utilization >= {share:.2f}."
-                      if share < 0.95 else f"that is {share:.2f} GPUs' memory, more than one GPU holds: shard vLLM "
-                      "over more GPUs (--rollout-tp k, engine.vllm_tensor_parallel_size) or put it on a rollout "
-                      "server (--rollout server)."))
+
+
+def _print_none_fits(out, m: Shape, s: Sizes, o: Options, p: Placement, budget: int, v: Vllm) -> None:
+    """When no placement of ``p``'s GPUs fits: the smallest that fit (:func:`smallest_fits`), with and without
+    the lean settings, or the advice to train an adapter."""
+    best = smallest_fits(m, s, o, p, budget, v)
+    out.print(f"no placement of {p.gpus} GPUs fits: " + (
+        "needs >= " + ", or >= ".join(describe(q) for q in best) if best else
+        f"none of up to {SEARCH_GPUS[-1]} GPUs fits with these settings") + " (train.prompts_per_step a multiple "
+        "of the GPU count).")
+    lean = dataclasses.replace(o, gradient_checkpointing=True, max_tokens_per_micro_batch=s.prompt + s.response)
+    if lean != o and (small := smallest_fits(m, s, lean, p, budget, v)) and (
+            not best or min(q.gpus for q in small) < min(q.gpus for q in best)):
+        out.print(f"  with {LEAN.format(s.prompt + s.response)}: >= " + ", or >= ".join(map(describe, small)))
+    elif not best:
+        out.print("  train a LoRA adapter (model.lora={r: 16}) or plan a smaller model")

@@ -31,37 +31,16 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
     Raises :class:`~policyzoo.plan.PlanError` when P G L are given with a run's split, or both ``budget``
     and ``gpu``, or both ``model`` and ``shape_name``."""
     run = Run(resolve_algorithm(config.algorithm))
-    p, g, n = sizes or (config.train.prompts_per_step, run.sample.params.n, run.sample.params.max_tokens)
-    if split and sizes:
-        raise PlanError(" ".join(map(str, sizes)), "--from-run sets the run's measured times against the run's own "
-                        "sizes", "drop P G L with --from-run, or plan those sizes without it")
-    if split:
-        n = max(1, round(split["response_length_mean"]))
-        if prompt is None and split["prompt_length_mean"]:
-            prompt = max(1, round(split["prompt_length_mean"]))
-    prompt = prompt or 103
+    p, g, n, prompt = _step_sizes(config, run, sizes, prompt, split)
     if budget and gpu:
         raise PlanError(f"--gpu {gpu} memory=", "both give one GPU's memory", "give one of them")
-    if shape_name and model:
-        raise PlanError(f"--shape {shape_name} model={model}", "both name the model", "give one of them")
-    if shape_name:
-        cfg, source = shape_config(shape_name)
-        shape, model = Shape.from_config(cfg, source), f"{shape_name} (config.json of {source})"
-    else:
-        shape = load_shape(model)
+    shape, model = _model_shape(model, shape_name)
     opts = options_for(config, run, shape)
     s = Sizes(p, g, n, prompt)
     f = flops(shape, s, opts)
-    total = sum(f.values())
     out.print(f"{model or 'embedded default'}: {shape.params / 1e6:.1f} M parameters, {shape.layers} layers; "
               f"P={p} prompts x G={g} samples, {prompt} prompt + {n} response tokens; {opts.dtype}")
-    t = Table(title="FLOPs of one step")
-    for col in ("part", "GFLOP", "share"):
-        t.add_column(col, justify="right" if col != "part" else "left")
-    for k, v in f.items():
-        t.add_row(k, f"{v / 1e9:.2f}", f"{v / total:.1%}")
-    t.add_row("total", f"{total / 1e9:.2f}", "100%")
-    out.print(t)
+    _print_flops(out, f)
     placed = bool(gpus or rollout_tp or rollout)
     where = f"memory={budget / GiB:g} GiB" if budget else None
     if gpu or (placed and not budget):
@@ -77,26 +56,69 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
     else:
         print_rank(out, shape, s, opts, budget, where)
     if split:
-        roll = f["rollout prefill"] + f["rollout decode"]
-        train = total - roll
-        c = Table(title=f"measured split of {from_run} (median s per step) vs the FLOP split")
-        for col in ("part", "seconds", "share of time", "share of FLOPs", "GFLOP/s achieved"):
-            c.add_column(col, justify="right" if col != "part" else "left")
-        # with engine.overlap the rollout runs beside training: a step logs only its wait for it
-        hidden = config.engine.overlap != "none" or config.engine.max_staleness > 0
-        busy = split["train"] + (0.0 if hidden else split["rollout"])
-        for name, sec, fl in (("rollout", split["rollout"], roll), ("train", split["train"], train)):
-            if name == "rollout" and hidden:
-                c.add_row(name, f"{sec:.2f} (wait)", "-", f"{fl / total:.1%}", "-")
-                continue
-            c.add_row(name, f"{sec:.2f}", f"{sec / busy:.1%}" if busy else "-", f"{fl / total:.1%}",
-                      f"{fl / sec / 1e9:.1f}" if sec else "-")
-        c.add_row("sync", f"{split['sync']:.2f}", "-", "-", "-")
-        out.print(c)
-        if hidden:
-            out.print("engine.overlap / max_staleness: the rollout ran in the background while the previous step "
-                      "trained; its time is not on the step's clock, so it gets no rate here (plan a run without "
-                      "overlap to measure it).")
+        _print_split(out, config, split, f, from_run)
+
+
+def _step_sizes(config, run, sizes: list[int], prompt: int | None, split: dict | None) -> tuple[int, int, int, int]:
+    """``(P, G, L, prompt tokens)``: ``sizes`` or the config's, L and the prompt the run's means with ``split``
+    (prompt default 103). Raises :class:`~policyzoo.plan.PlanError` when ``sizes`` come with ``split``."""
+    p, g, n = sizes or (config.train.prompts_per_step, run.sample.params.n, run.sample.params.max_tokens)
+    if split and sizes:
+        raise PlanError(" ".join(map(str, sizes)), "--from-run sets the run's measured times against the run's own "
+                        "sizes", "drop P G L with --from-run, or plan those sizes without it")
+    if split:
+        n = max(1, round(split["response_length_mean"]))
+        if prompt is None and split["prompt_length_mean"]:
+            prompt = max(1, round(split["prompt_length_mean"]))
+    return p, g, n, prompt or 103
+
+
+def _model_shape(model: str | None, shape_name: str | None) -> tuple[Shape, str | None]:
+    """The :class:`~policyzoo.plan.Shape` of ``model`` (or of the known shape ``shape_name``) and the model's
+    name as printed. Raises :class:`~policyzoo.plan.PlanError` when both are given."""
+    if shape_name and model:
+        raise PlanError(f"--shape {shape_name} model={model}", "both name the model", "give one of them")
+    if shape_name:
+        cfg, source = shape_config(shape_name)
+        return Shape.from_config(cfg, source), f"{shape_name} (config.json of {source})"
+    return load_shape(model), model
+
+
+def _print_flops(out: Console, f: dict[str, int]) -> None:
+    """The FLOPs table: each part's GFLOP and share of the step's total."""
+    total = sum(f.values())
+    t = Table(title="FLOPs of one step")
+    for col in ("part", "GFLOP", "share"):
+        t.add_column(col, justify="right" if col != "part" else "left")
+    for k, v in f.items():
+        t.add_row(k, f"{v / 1e9:.2f}", f"{v / total:.1%}")
+    t.add_row("total", f"{total / 1e9:.2f}", "100%")
+    out.print(t)
+
+
+def _print_split(out: Console, config, split: dict, f: dict[str, int], from_run: str | None) -> None:
+    """The run's measured seconds per part (``split``, median s per step) next to the FLOP split ``f``."""
+    total = sum(f.values())
+    roll = f["rollout prefill"] + f["rollout decode"]
+    train = total - roll
+    c = Table(title=f"measured split of {from_run} (median s per step) vs the FLOP split")
+    for col in ("part", "seconds", "share of time", "share of FLOPs", "GFLOP/s achieved"):
+        c.add_column(col, justify="right" if col != "part" else "left")
+    # with engine.overlap the rollout runs beside training: a step logs only its wait for it
+    hidden = config.engine.overlap != "none" or config.engine.max_staleness > 0
+    busy = split["train"] + (0.0 if hidden else split["rollout"])
+    for name, sec, fl in (("rollout", split["rollout"], roll), ("train", split["train"], train)):
+        if name == "rollout" and hidden:
+            c.add_row(name, f"{sec:.2f} (wait)", "-", f"{fl / total:.1%}", "-")
+            continue
+        c.add_row(name, f"{sec:.2f}", f"{sec / busy:.1%}" if busy else "-", f"{fl / total:.1%}",
+                  f"{fl / sec / 1e9:.1f}" if sec else "-")
+    c.add_row("sync", f"{split['sync']:.2f}", "-", "-", "-")
+    out.print(c)
+    if hidden:
+        out.print("engine.overlap / max_staleness: the rollout ran in the background while the previous step "
+                  "trained; its time is not on the step's clock, so it gets no rate here (plan a run without "
+                  "overlap to measure it).")
 
 
 def print_rank(out: Console, shape, s, opts, budget: float | None, where: str | None) -> None:
