@@ -38,55 +38,63 @@ def calc(expr: str) -> str:
     if len(text) > MAX_EXPR_CHARS:
         raise CalcError(f"expression longer than {MAX_EXPR_CHARS} characters")
     tokens = [m.group(1) or m.group(2) for m in _TOKEN.finditer(text) if (m.group(1) or m.group(2) or "").strip()]
-    pos = 0
+    value = _Parser(tokens).parse()
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{float(value):.6f}".rstrip("0").rstrip(".")
 
-    def peek():
-        return tokens[pos] if pos < len(tokens) else None
 
-    def take():
-        nonlocal pos
-        pos += 1
-        return tokens[pos - 1]
+class _Parser:
+    """Recursive descent over ``tokens`` by :func:`calc`'s grammar, exact in :class:`Fraction`."""
 
-    def expr_(depth):
-        value = term(depth)
-        while peek() in ("+", "-"):
-            value = value + term(depth) if take() == "+" else value - term(depth)
+    def __init__(self, tokens: list[str]):
+        self.tokens, self.pos = tokens, 0
+
+    def parse(self) -> Fraction:
+        value = self.expr(0)
+        if self.pos != len(self.tokens):
+            raise CalcError(f"unexpected {self.tokens[self.pos]!r}")
         return value
 
-    def term(depth):
-        value = unary(depth)
-        while peek() in ("*", "/"):
-            op, right = take(), unary(depth)
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self) -> str:
+        self.pos += 1
+        return self.tokens[self.pos - 1]
+
+    def expr(self, depth: int) -> Fraction:
+        value = self.term(depth)
+        while self.peek() in ("+", "-"):
+            value = value + self.term(depth) if self.take() == "+" else value - self.term(depth)
+        return value
+
+    def term(self, depth: int) -> Fraction:
+        value = self.unary(depth)
+        while self.peek() in ("*", "/"):
+            op, right = self.take(), self.unary(depth)
             if op == "/" and right == 0:
                 raise CalcError("division by zero")
             value = value * right if op == "*" else value / right
         return value
 
-    def unary(depth):
+    def unary(self, depth: int) -> Fraction:
         if depth > MAX_DEPTH:
             raise CalcError(f"more than {MAX_DEPTH} nested parentheses or signs")
-        tok = peek()
+        tok = self.peek()
         if tok == "-":
-            take()
-            return -unary(depth + 1)
+            self.take()
+            return -self.unary(depth + 1)
         if tok == "(":
-            take()
-            value = expr_(depth + 1)
-            if peek() != ")":
+            self.take()
+            value = self.expr(depth + 1)
+            if self.peek() != ")":
                 raise CalcError("missing ')'")
-            take()
+            self.take()
             return value
         if tok is not None and tok[0].isdigit() or (tok or "").startswith("."):
-            return Fraction(Decimal(take()))
+            return Fraction(Decimal(self.take()))
         raise CalcError(f"unexpected {tok!r}" if tok is not None else "unexpected end of expression")
-
-    value = expr_(0)
-    if pos != len(tokens):
-        raise CalcError(f"unexpected {tokens[pos]!r}")
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{float(value):.6f}".rstrip("0").rstrip(".")
 
 
 def find_call(text: str) -> str | None:
