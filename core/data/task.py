@@ -178,6 +178,28 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     rows = check_rows(raw, pc, s.answer_column, s.answer_type, train_where)
     origin = {id(r): f"{train_where}, row {i}" for i, r in enumerate(rows)}  # the source's own row numbers
     warnings: list[str] = []
+    held, pool = _held_out(s, where, read, rows, pc, default_eval_split, has_splits, origin, warnings)
+    k = s.few_shot or 0
+    examples, train = pool[:k], pool[k:]
+    train = train[:s.limit] if s.limit else train
+    if not train:
+        raise DataError(where, f"no training rows left: {len(rows)} rows, {len(rows) - len(pool)} held out for "
+                        f"evaluation, {len(examples)} used as few-shot examples",
+                        "lower data.eval_size or data.few_shot, or set data.eval_split")
+    system = system if s.system_prompt is None else s.system_prompt
+    plain = s.prompt_format == "plain"
+    missing = None if any("answer" in r for r in rows) else missing_column(raw, s.answer_column, "answer_column", where)
+    return Task(name_of(s), build_prompts(train, pc, system, examples, solved, plain),
+                build_prompts(held, pc, system, examples, solved, plain), [use("math_verify")], s.seed,
+                [origin[id(r)] for r in train], [origin[id(r)] for r in held], warnings, missing)
+
+
+def _held_out(s: DataSettings, where: str, read: Callable[[str], list[dict]], rows: list[dict], pc: str,
+              default_eval_split: str | None, has_splits: bool, origin: dict, warnings: list[str]):
+    """``(held-out rows, training pool)``: from ``data.eval_path``, another split, or ``eval_size`` rows of
+    ``rows`` held out by prompt; records each held-out row's source in ``origin`` and appends the warnings
+    (held-out prompts also trained on, rows left out). Raises :class:`ConfigError` for ``data.eval_split``
+    on a single file."""
     eval_split = s.eval_split or default_eval_split
     if s.eval_split is not None and not has_splits:
         raise ConfigError("data.eval_split", f"{s.path} is a single file, it has no splits",
@@ -212,19 +234,7 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
             warnings.append(f"{overlap} of the {len(held)} held-out prompts also appear in the training rows "
                             "(same prompt text), so held-out accuracy partly measures trained prompts; "
                             "deduplicate the held-out set against the training data")
-    k = s.few_shot or 0
-    examples, train = pool[:k], pool[k:]
-    train = train[:s.limit] if s.limit else train
-    if not train:
-        raise DataError(where, f"no training rows left: {len(rows)} rows, {len(rows) - len(pool)} held out for "
-                        f"evaluation, {len(examples)} used as few-shot examples",
-                        "lower data.eval_size or data.few_shot, or set data.eval_split")
-    system = system if s.system_prompt is None else s.system_prompt
-    plain = s.prompt_format == "plain"
-    missing = None if any("answer" in r for r in rows) else missing_column(raw, s.answer_column, "answer_column", where)
-    return Task(name_of(s), build_prompts(train, pc, system, examples, solved, plain),
-                build_prompts(held, pc, system, examples, solved, plain), [use("math_verify")], s.seed,
-                [origin[id(r)] for r in train], [origin[id(r)] for r in held], warnings, missing)
+    return held, pool
 
 
 def env_task(name: str, train: list[dict], held: list[dict], seed: int) -> Task:
