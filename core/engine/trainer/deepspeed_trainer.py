@@ -28,30 +28,24 @@ from __future__ import annotations
 
 import torch
 
-from policyzoo.contract import Rollout, token_budget_bounds
 from policyzoo.engine.device import local_device, set_thread_device
-from policyzoo.engine.dist import any_rank, gather, world_size
+from policyzoo.engine.dist import any_rank, world_size
 
 from . import lora as lora_mod
 from . import sharded
 from .checkpoint_io import TrainerIO
-from .compute import autocast, enable_gradient_checkpointing
+from .compute import enable_gradient_checkpointing
 from .dsconfig import BETAS, check_stage, ds_config, initialize, merge, read_user_config
 from .dsconfig import zero_stage as stage_of
-from .logprob import sum_pi_squared
 from .modeling import ValueModel, lr_schedule, pack
-from .prefix import shared_prompt_logprobs, token_logprobs
+from .prefix import token_logprobs
+from .scoring import SHARE_PROMPT_TOLERANCE, Scoring
 
-__all__ = ["BETAS", "Trainer", "ValueModel", "ds_config", "lr_schedule", "pack", "token_logprobs"]
-
-
-#: shared-prompt check tolerance (nats) per weight dtype: fp32 forwards of other shapes agree to
-#: ~1e-5; bf16 ones round differently by ~1e-2 (reduction order; not measured on a GPU here); a
-#: wrong cache (a prompt seen by the wrong rows, positions shifted) differs by > 1 nat
-SHARE_PROMPT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+__all__ = ["BETAS", "SHARE_PROMPT_TOLERANCE", "Trainer", "ValueModel", "ds_config", "lr_schedule", "pack",
+           "token_logprobs"]
 
 
-class Trainer(TrainerIO):
+class Trainer(TrainerIO, Scoring):
     """DeepSpeed engine(s) for one run. ``need_ref`` / ``need_critic`` load those models."""
 
     stage, world = 0, 1  #: ZeRO stage and data-parallel ranks (set by ``__init__``)
@@ -60,8 +54,6 @@ class Trainer(TrainerIO):
     lora = False  #: the policy is a PEFT model with LoRA adapters (set by ``__init__``)
     teacher = False  #: the reference is a teacher from model.teacher (set by ``__init__``)
     dtype = "float32"  #: the weights' dtype (``model.dtype``; set by ``__init__``)
-    #: max and mean |shared - per-row| log-prob of the start-up check and its tolerance (None: not run)
-    share_prompt_check: dict | None = None
 
     def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
@@ -70,8 +62,6 @@ class Trainer(TrainerIO):
                  score_tokens: int | None = None, ref_path: str | None = None,
                  betas: tuple[float, float] = BETAS, eps: float = 1e-8, schedule: str = "constant",
                  warmup_steps: int = 0, total_steps: int = 1):
-        from transformers import AutoModelForCausalLM
-
         user = read_user_config(deepspeed_config)
         policy_cfg = merge(ds_config(zero_stage, lr, weight_decay, grad_clip, dtype, betas, eps), user)
         sched = lr_schedule(schedule, warmup_steps, total_steps)
@@ -87,37 +77,20 @@ class Trainer(TrainerIO):
         self.autocast = autocast
         set_thread_device()
         self.device = local_device()  # cuda:LOCAL_RANK (one GPU per rank) or cpu
-        tdtype = getattr(torch, dtype)
-        path = str(info.path)
+        tdtype, path = getattr(torch, dtype), str(info.path)
         # ZeRO 3: models load partitioned (deepspeed.zero.Init via transformers) while this is referenced
         zero3 = sharded.zero3_loading(policy_cfg) if zero_stage == 3 else None
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
-        model.eval()  # no dropout: the trainer must score exactly what the sampler sampled
         self.lora = lora is not None
-        if self.lora:
-            model = lora_mod.wrap(model, lora, seed)
-            model.eval()
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(model)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        #: trained parameters (all of them, or the LoRA adapter's)
-        self.trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)  # ZeRO 3: partitioned
-        self.engine = initialize(model, trainable, policy_cfg, sched)
-        self.ref = None
+        self._load_policy(path, tdtype, policy_cfg, sched, lora, seed, gradient_checkpointing, trust_remote_code)
         #: the reference is another model: a teacher (model.teacher, on-policy distillation)
         self.teacher = ref_path is not None
+        self.ref = None
         if need_ref and (self.teacher or not self.lora):  # with LoRA the reference is the base model (adapter off)
-            self.ref = AutoModelForCausalLM.from_pretrained(ref_path or path, dtype=tdtype,
-                                                            trust_remote_code=trust_remote_code)
-            self.ref.eval().requires_grad_(False)
-            self.ref = sharded.reference_engine(self.ref, policy_cfg) if zero3 else self.ref.to(self.device)
+            self.ref = self._load_reference(ref_path or path, tdtype, trust_remote_code, policy_cfg, zero3 is not None)
         self.critic = None
         if need_critic:
-            vm = ValueModel(path, tdtype, trust_remote_code)
-            if gradient_checkpointing:
-                enable_gradient_checkpointing(vm.body)
             cfg = merge(ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype, betas, eps), user)
-            self.critic = initialize(vm, vm.parameters(), cfg, sched)
+            self.critic = self._load_critic(path, tdtype, trust_remote_code, cfg, sched, gradient_checkpointing)
         del zero3  # later loads in this process (the transformers rollout) are whole again
         self._need_ref = need_ref
         self._nonfinite = 0
@@ -125,151 +98,44 @@ class Trainer(TrainerIO):
         #: average is the full-batch gradient (see policyzoo.engine.dist)
         self.world = world_size()
 
+    def _load_policy(self, path: str, tdtype, cfg: dict, sched, lora, seed: int, checkpointing: bool,
+                     trust_remote_code: bool) -> None:
+        """The policy (LoRA-wrapped with ``lora``) in eval mode in its DeepSpeed engine (``self.engine``)."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
+        model.eval()  # no dropout: the trainer must score exactly what the sampler sampled
+        if lora is not None:
+            model = lora_mod.wrap(model, lora, seed)
+            model.eval()
+        if checkpointing:
+            enable_gradient_checkpointing(model)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        #: trained parameters (all of them, or the LoRA adapter's)
+        self.trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)  # ZeRO 3: partitioned
+        self.engine = initialize(model, trainable, cfg, sched)
+
+    def _load_reference(self, path: str, tdtype, trust_remote_code: bool, cfg: dict, zero3: bool):
+        """The frozen reference (or teacher) from ``path``: on the device, or a ZeRO-3 inference engine."""
+        from transformers import AutoModelForCausalLM
+
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=tdtype, trust_remote_code=trust_remote_code)
+        ref.eval().requires_grad_(False)
+        return sharded.reference_engine(ref, cfg) if zero3 else ref.to(self.device)
+
+    @staticmethod
+    def _load_critic(path: str, tdtype, trust_remote_code: bool, cfg: dict, sched, checkpointing: bool):
+        """The critic (:class:`ValueModel`) in its own DeepSpeed engine."""
+        vm = ValueModel(path, tdtype, trust_remote_code)
+        if checkpointing:
+            enable_gradient_checkpointing(vm.body)
+        return initialize(vm, vm.parameters(), cfg, sched)
+
     def models_loaded(self) -> list[str]:
         """The models this run holds, for the summary (with LoRA the reference is the base model)."""
         name = "teacher" if self.teacher else "reference (base model, adapter off)" if self.lora else "reference"
         ref = [name] if self._need_ref else []
         return ["policy"] + ref + (["critic"] if self.critic is not None else [])
-
-    # ---------------------------------------------------------------------------- scoring
-    def _logprobs(self, model, rollout: Rollout, entropy: bool, share: bool | None = None, cast: bool | None = None,
-                  entropy_grad: bool = False):
-        """Log-probs (and entropies) ``[B, T]``, exactly 0 where ``response_mask`` is False (under
-        bf16 autocast when ``train.autocast`` is on, unless ``cast`` is False); the entropy with
-        grad only with ``entropy_grad``."""
-        with autocast(self.device, self.autocast if cast is None else cast):
-            return self._logprobs_inner(model, rollout, entropy, share, entropy_grad)
-
-    def _logprobs_inner(self, model, rollout: Rollout, entropy: bool, share: bool | None, entropy_grad: bool = False):
-        if self.share_prompt if share is None else share:
-            lp, ent = shared_prompt_logprobs(model, rollout, self.pad_id, self.device, entropy, entropy_grad)
-        else:
-            ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
-            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
-            # the last position predicts nothing used: scored against a dummy target and dropped
-            # from the [B, T + 1] results, so the logits are never sliced into a [B, T, V] copy
-            targets = torch.nn.functional.pad(rollout.response_ids.to(self.device), (0, 1))
-            lp, ent = token_logprobs(logits, targets, rollout.temperature, entropy, entropy_grad)
-            lp, ent = lp[:, :-1], (ent[:, :-1] if entropy else None)
-            mask = rollout.response_mask.to(self.device)
-            lp, ent = torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
-        return lp.cpu(), (ent.cpu() if ent is not None else None)
-
-    @torch.no_grad()
-    def check_share_prompt(self, ids: list[int], tolerance: float | None = None) -> str | None:
-        """Compare shared-prompt scoring with the per-row forward on rows built from ``ids``: two
-        prompts of different lengths (left padding), a long response, a short one and a one-token
-        one (so that the rows form several length groups and the cache is restored between them).
-        On a difference above ``tolerance`` nats, or an error (a model without cache support, a
-        cache kind not known to be restorable), turn sharing off and return why (for a warning);
-        None when it agrees or is off. ``tolerance`` defaults to :data:`SHARE_PROMPT_TOLERANCE` of the
-        weights' dtype; the max and mean difference are kept in :attr:`share_prompt_check`."""
-        tolerance = SHARE_PROMPT_TOLERANCE[self.dtype] if tolerance is None else tolerance
-        if not self.share_prompt:
-            return None
-        if len(ids) < 8:
-            self.share_prompt = False
-            return f"the check sequence has {len(ids)} tokens (< 8): shared-prompt scoring left unchecked and off"
-        h = len(ids) // 2
-        t = len(ids) - h
-        resp = torch.tensor([ids[h:], ids[h:][::-1], ids[h - 1:][:t], ids[h:][:t]])
-        mask = torch.ones(4, t, dtype=torch.bool)
-        mask[1, 2:] = False  # 2 tokens
-        mask[3, 1:] = False  # 1 token
-        r = Rollout(prompt_ids=[ids[:h], ids[:h], ids[:h - 1], ids[:h - 1]], response_ids=resp, response_mask=mask,
-                    rollout_logprobs=torch.zeros(4, t), group_ids=torch.tensor([0, 0, 1, 1]),
-                    truncated=torch.zeros(4, dtype=torch.bool))
-        try:
-            d = (self._logprobs(self.engine, r, False, True, cast=False)[0]
-                 - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs()[mask]
-        except Exception as e:  # noqa: BLE001 - any failure means: score per row
-            self.share_prompt = False
-            return f"shared-prompt scoring failed on this model ({type(e).__name__}: {e}); scoring per row"
-        diff = float(d.max())
-        self.share_prompt_check = {"max_diff": diff, "mean_diff": float(d.mean()), "tolerance": tolerance}
-        if not diff <= tolerance:
-            self.share_prompt = False
-            return (f"shared-prompt scoring differs from the per-row forward by up to {diff:.3g} nats (mean "
-                    f"{float(d.mean()):.3g}, tolerance {tolerance:g}); scoring per row")
-        return None
-
-    def _chunked(self, fn, rollout: Rollout):
-        """``fn`` over row chunks of the no-grad scoring passes: ``score_rows`` rows each, or with
-        ``score_tokens`` (``train.max_tokens_per_micro_batch``) contiguous chunks of at most that
-        many prompt + real response tokens, so long answers never score more at once than a
-        training micro-batch does."""
-        if self.score_tokens:
-            costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, rollout.response_mask.sum(-1).tolist())]
-            bounds = token_budget_bounds(costs, self.score_tokens)
-        else:
-            bounds = [(k, min(k + self.score_rows, len(rollout))) for k in range(0, len(rollout), self.score_rows)]
-        real = len(bounds)
-        if self.stage == 3 and self.world > 1:  # ZeRO 3 gathers weights per forward: every rank runs as many
-            most = max(gather(len(bounds)))
-            if self.score_tokens and most > len(bounds):  # smaller chunks where the rows allow it
-                n = min(most, len(rollout))
-                cuts = [round(i * len(rollout) / n) for i in range(n + 1)]
-                bounds = list(zip(cuts[:-1], cuts[1:]))
-                real = len(bounds)
-            bounds += [(0, 1)] * (most - len(bounds))  # then padding forwards of one row (outputs dropped)
-        rows = torch.arange(len(rollout))
-        outs = [fn(rollout.select((rows >= lo) & (rows < hi))) for lo, hi in bounds][:real]
-        if isinstance(outs[0], tuple):
-            return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
-        return torch.cat(outs)
-
-    def logprobs(self, rollout: Rollout, grad: bool, entropy: bool = False, entropy_grad: bool = False):
-        if grad:
-            with lora_mod.adapter_dropout(self.engine.module, self.lora):
-                return self._logprobs(self.engine, rollout, entropy, entropy_grad=entropy_grad)
-        with torch.no_grad():
-            return self._chunked(lambda r: self._logprobs(self.engine, r, entropy), rollout)
-
-    @torch.no_grad()
-    def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
-        if not self._need_ref:
-            raise RuntimeError("ref_logprobs called but no kl component is active (no reference model loaded)")
-        if self.lora and not self.teacher:  # the base model: the adapter switched off
-            with self.engine.module.disable_adapter():
-                return self._chunked(lambda r: self._logprobs(self.engine, r, False)[0], rollout)
-        return self._chunked(lambda r: self._logprobs(self.ref, r, False)[0], rollout)
-
-    @torch.no_grad()
-    def sum_pi_squared(self, rollout: Rollout) -> torch.Tensor:
-        """``[B, T]``: sum_v softmax(logits / temperature)_v^2 at each response position (the
-        per-row forward, float32), 0 where ``response_mask`` is False."""
-        def run(r):
-            ids, attn, pos, t = pack(r, self.pad_id, self.device)
-            logits = self.engine(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
-            s2 = sum_pi_squared(logits, r.temperature)[:, :-1]  # chunked: no [B, T, V] softmax
-            return torch.where(r.response_mask.to(self.device), s2, 0.0).cpu()
-        return self._chunked(run, rollout)
-
-    def values(self, rollout: Rollout, grad: bool) -> torch.Tensor:
-        if self.critic is None:
-            raise RuntimeError("values called but the baseline needs no critic (no value model loaded)")
-
-        def run(r):
-            ids, attn, pos, t = pack(r, self.pad_id, self.device)
-            with autocast(self.device, self.autocast):
-                return self.critic(ids, attn, pos, t).cpu()
-        if grad:
-            return run(rollout)
-        with torch.no_grad():
-            return self._chunked(run, rollout)
-
-    @torch.no_grad()
-    def score_sequence(self, ids: list[int]) -> torch.Tensor:
-        """Log-probs ``[len(ids) - 1]`` of tokens 1.. at temperature 1 (for the sync check)."""
-        x = torch.tensor([ids], device=self.device)
-        logits = self.engine(input_ids=x).logits[0, :-1]  # [L - 1, V], a contiguous view
-        return token_logprobs(logits, x[0, 1:], 1.0, False)[0].cpu()
-
-    @torch.no_grad()
-    def next_logprobs(self, ids: list[int]) -> torch.Tensor:
-        """Log-probs ``[V]`` of every token after ``ids`` at temperature 1 (for the sync check)."""
-        x = torch.tensor([ids], device=self.device)
-        return self.engine(input_ids=x).logits[0, -1].float().log_softmax(-1).cpu()
 
     # ---------------------------------------------------------------------------- updates
     def backward(self, loss: torch.Tensor, value_loss: torch.Tensor | None = None) -> None:

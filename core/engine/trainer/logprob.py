@@ -15,8 +15,10 @@ the saved ``logsumexp [N]``: one vocabulary-wide tensor instead of three.
 
 Values equal the textbook formula's up to float summation order (<= 1e-5 nats and 1e-5 in every
 gradient on the test models and random logits, ``tests/test_logprob_fused.py``). The entropy
-``H = -sum_v p_v log p_v`` (nats, ``p = softmax(z)``) is computed only when asked, carries no
-gradient, and costs one chunk-sized exponential more.
+``H = -sum_v p_v log p_v`` (nats, ``p = softmax(z)``) is computed only when asked and costs one
+chunk-sized exponential more. It carries no gradient, except for a loss term that ``needs_entropy``
+(:class:`_TokenLogProbEntropy`): then ``d H / d z_v = -p_v (log p_v + H)`` is added chunk by chunk
+into the same one gradient tensor, so an entropy bonus builds no vocabulary-wide fp32 tensor either.
 """
 
 from __future__ import annotations
@@ -88,13 +90,53 @@ def _entropy(flat: torch.Tensor, logz: torch.Tensor, temperature: float) -> torc
     return out
 
 
+class _TokenLogProbEntropy(torch.autograd.Function):
+    """``flat [N, V]``, ``targets [N]`` -> log-probs ``[N]`` and entropies ``[N]`` (nats), both
+    differentiable w.r.t. ``flat``: with ``z = flat / T``, ``p = softmax(z)``,
+    ``d lp / d z = onehot(target) - p`` and ``d H / d z = -p (log p + H)``, so the gradient is
+    ``(p * (-g_lp - g_H (log p + H)) + onehot(target) g_lp) / T``, written chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, flat, targets, temperature):
+        n, v = flat.shape
+        lp = torch.empty(n, dtype=torch.float32, device=flat.device)
+        logz = torch.empty(n, dtype=torch.float32, device=flat.device)
+        ent = torch.empty(n, dtype=torch.float32, device=flat.device)
+        for lo, hi in _chunks(n, v):
+            z = _scaled(flat[lo:hi], temperature)
+            logz[lo:hi] = torch.logsumexp(z, -1)
+            lp[lo:hi] = z.gather(-1, targets[lo:hi, None]).squeeze(-1) - logz[lo:hi]
+            logp = z - logz[lo:hi, None]
+            ent[lo:hi] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(flat, targets, logz, ent)
+        ctx.temperature = temperature
+        return lp, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_lp, grad_ent):
+        flat, targets, logz, ent = ctx.saved_tensors
+        t = ctx.temperature
+        n, v = flat.shape
+        grad = torch.empty_like(flat)
+        for lo, hi in _chunks(n, v):
+            g, gh = grad_lp[lo:hi, None].float(), grad_ent[lo:hi, None].float()
+            logp = _scaled(flat[lo:hi], t) - logz[lo:hi, None]
+            p = logp.exp()
+            d = logp.add_(ent[lo:hi, None]).mul_(-gh).sub_(g).mul_(p)  # p (-g - gh (log p + H))
+            d.scatter_add_(-1, targets[lo:hi, None], g)
+            grad[lo:hi] = d if t == 1.0 else d.div_(t)
+        return grad, None, None
+
+
 def fused_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                         entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logits [..., V]`` (any float dtype) at the positions before ``targets [...]`` (long, each
     in ``[0, V)``) -> log-probs ``[...]`` (fp32, differentiable w.r.t. ``logits``) of the targets
-    under softmax(logits / temperature), and the entropy ``[...]`` (fp32 nats, no grad) when
-    ``entropy`` else None. Logits that cannot be viewed as ``[N, V]`` are copied once (pass
-    contiguous ones). Raises ValueError when the leading shapes differ or ``temperature <= 0``."""
+    under softmax(logits / temperature), and the entropy ``[...]`` (fp32 nats; no grad unless
+    ``entropy_grad``) when ``entropy`` else None. Logits that cannot be viewed as ``[N, V]`` are
+    copied once (pass contiguous ones). Raises ValueError when the leading shapes differ or
+    ``temperature <= 0``."""
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"token_logprobs: logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}"
                          " (expected logits [..., V] with targets [...])")
@@ -102,6 +144,9 @@ def fused_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatur
         raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     shape, v = targets.shape, logits.shape[-1]
     flat = logits.reshape(-1, v)
+    if entropy and entropy_grad:
+        lp, ent = _TokenLogProbEntropy.apply(flat, targets.reshape(-1), float(temperature))
+        return lp.view(shape), ent.view(shape)
     lp, logz = _TokenLogProb.apply(flat, targets.reshape(-1), float(temperature))
     ent = _entropy(flat, logz, float(temperature)).view(shape) if entropy else None
     return lp.view(shape), ent

@@ -60,21 +60,9 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     the targets under softmax(logits / temperature), and the entropy ``[B, T]`` (nats; no grad
     unless ``entropy_grad``, asked only by a loss term that ``needs_entropy``) when ``entropy`` else
     None. Computed in chunks of rows with a fused backward, never building another [B, T, V] tensor
-    (:func:`policyzoo.engine.trainer.logprob.fused_token_logprobs`); with ``entropy_grad`` the plain
-    differentiable formula instead (:func:`_with_entropy_grad`)."""
-    if entropy and entropy_grad:
-        return _with_entropy_grad(logits, targets, temperature)
-    return fused_token_logprobs(logits, targets, temperature, entropy)
-
-
-def _with_entropy_grad(logits: torch.Tensor, targets: torch.Tensor,
-                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`token_logprobs` with the entropy H = logZ - sum softmax(z) z differentiable (an entropy
-    term in the loss: verl ``entropy_coeff``, TRL ``entropy_coef``)."""
-    z = logits.float() / temperature
-    logz = torch.logsumexp(z, -1)
-    lp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
-    return lp, logz - (torch.softmax(z, -1) * z).sum(-1)
+    (:func:`policyzoo.engine.trainer.logprob.fused_token_logprobs`), with or without the entropy's
+    gradient. Raises ValueError for mismatched shapes or ``temperature <= 0``."""
+    return fused_token_logprobs(logits, targets, temperature, entropy, entropy_grad)
 
 
 def length_buckets(lengths: list[int], overhead: int = 16) -> list[list[int]]:
@@ -119,6 +107,42 @@ def _cache_layers(cache) -> list:
     return [copy.copy(layer) for layer in layers]
 
 
+def _prompt_pass(model, rollout: Rollout, pad_id: int, device):
+    """One forward over the distinct prompts: ``(last [U, V]`` logits of each prompt's last position,
+    the cache, its restorable layers, ``index [B]``, ``p_attn [U, Pmax]``)."""
+    distinct, index = distinct_prompts(rollout.prompt_ids)
+    p_ids, p_attn, p_pos = left_pad(distinct, pad_id)
+    out = model(input_ids=p_ids.to(device), attention_mask=p_attn.to(device), position_ids=p_pos.to(device),
+                use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1], out.past_key_values, _cache_layers(out.past_key_values), index, p_attn
+
+
+def _group(model, rollout: Rollout, rows: list[int], width: int, prompt, device, entropy: bool,
+           entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) ``[len(rows), width]`` of one length group: token 0 from the prompts'
+    last logits, tokens 1.. from one response forward over the group's rows attending to the cache;
+    scored apart and their ``[rows, .]`` results joined, never their logits."""
+    last, cache, base, index, p_attn = prompt
+    sel = index[rows]
+    targets = rollout.response_ids[rows, :width].to(device)
+    lp, ent = token_logprobs(last[sel.to(device)], targets[:, 0], rollout.temperature, entropy, entropy_grad)
+    lps, ents = [lp[:, None]], ([ent[:, None]] if entropy else None)
+    if width > 1:
+        cache.layers = [copy.copy(layer) for layer in base]  # the prompt-only cache again
+        cache.batch_select_indices(sel.to(device))  # [U, ...] -> [rows, ...], differentiable
+        resp = rollout.response_ids[rows, :width - 1]  # the last token predicts nothing used
+        attn = torch.cat([p_attn[sel], torch.ones_like(resp)], dim=1)  # as in the per-row pack()
+        pos = p_attn.sum(-1)[sel].unsqueeze(1) + torch.arange(width - 1)
+        rest = model(input_ids=resp.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                     past_key_values=cache, use_cache=True, logits_to_keep=width - 1).logits
+        r_lp, r_ent = token_logprobs(rest, targets[:, 1:], rollout.temperature, entropy, entropy_grad)
+        del rest  # [rows, width - 1, V]: freed before the next group's forward
+        lps.append(r_lp)
+        if entropy:
+            ents.append(r_ent)
+    return torch.cat(lps, 1), (torch.cat(ents, 1) if entropy else None)
+
+
 def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
                            entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` of ``response_ids`` at ``rollout.temperature`` (and the entropy
@@ -132,12 +156,7 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
     ``model(input_ids=, attention_mask=, position_ids=, past_key_values=, use_cache=, logits_to_keep=)``.
     Raises whatever the model raises when it does not support a cache, and TypeError for cache
     layer kinds not known to be restorable (the start-up check catches both and falls back)."""
-    distinct, index = distinct_prompts(rollout.prompt_ids)
-    p_ids, p_attn, p_pos = left_pad(distinct, pad_id)
-    out = model(input_ids=p_ids.to(device), attention_mask=p_attn.to(device), position_ids=p_pos.to(device),
-                use_cache=True, logits_to_keep=1)
-    last = out.logits[:, -1]  # [U, V]: the logits that score each prompt's response token 0
-    cache, base = out.past_key_values, _cache_layers(out.past_key_values)
+    prompt = _prompt_pass(model, rollout, pad_id, device)
     b, t = rollout.response_ids.shape
     cols = torch.arange(1, t + 1).expand(b, t)
     lengths = torch.where(rollout.response_mask, cols, 0).amax(-1).clamp(min=1).tolist()  # through the last real token
@@ -145,29 +164,10 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
     ent = torch.zeros(b, t, device=device) if entropy else None
     for rows in length_buckets(lengths):
         width = max(lengths[r] for r in rows)
-        sel = index[rows]
-        targets = rollout.response_ids[rows, :width].to(device)
-        # token 0 from the prompts' last logits, tokens 1.. from the response forward: scored
-        # apart and their [rows, .] results joined, never their logits
-        g_lp, g_ent = token_logprobs(last[sel.to(device)], targets[:, 0], rollout.temperature, entropy,
-                                     entropy_grad)
-        g_lp, g_ent = [g_lp[:, None]], [g_ent[:, None]] if entropy else None
-        if width > 1:
-            cache.layers = [copy.copy(layer) for layer in base]  # the prompt-only cache again
-            cache.batch_select_indices(sel.to(device))  # [U, ...] -> [rows, ...], differentiable
-            resp = rollout.response_ids[rows, :width - 1]  # the last token predicts nothing used
-            attn = torch.cat([p_attn[sel], torch.ones_like(resp)], dim=1)  # as in the per-row pack()
-            pos = p_attn.sum(-1)[sel].unsqueeze(1) + torch.arange(width - 1)
-            rest = model(input_ids=resp.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
-                         past_key_values=cache, use_cache=True, logits_to_keep=width - 1).logits
-            r_lp, r_ent = token_logprobs(rest, targets[:, 1:], rollout.temperature, entropy, entropy_grad)
-            del rest  # [rows, width - 1, V]: freed before the next group's forward
-            g_lp.append(r_lp)
-            if entropy:
-                g_ent.append(r_ent)
+        g_lp, g_ent = _group(model, rollout, rows, width, prompt, device, entropy, entropy_grad)
         idx = torch.tensor(rows, device=device)
-        lp = lp.index_copy(0, idx, torch.nn.functional.pad(torch.cat(g_lp, 1), (0, t - width)))
+        lp = lp.index_copy(0, idx, torch.nn.functional.pad(g_lp, (0, t - width)))
         if entropy:
-            ent = ent.index_copy(0, idx, torch.nn.functional.pad(torch.cat(g_ent, 1), (0, t - width)))
+            ent = ent.index_copy(0, idx, torch.nn.functional.pad(g_ent, (0, t - width)))
     mask = rollout.response_mask.to(device)
     return torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
