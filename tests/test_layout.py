@@ -27,7 +27,7 @@ REMOVED = ("hookspecs", "slots", "batch", "components", "policy", "stats", "runs
 BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyzoo.conventions", "policyzoo.data",
          "policyzoo.plan", "policyzoo.settings", "policyzoo.resolve", "policyzoo.run_config", "policyzoo.rules")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
-                  "slots": 2, "hookspecs": 3, "": 4}
+                  "loss_slots": 1.5, "slots": 2, "hookspecs": 3, "": 4}
 ROOMS = ("rollout", "ahead", "trainer", "run", "report")
 
 
@@ -313,3 +313,72 @@ def test_one_step_function_composes_the_phases():
     from policyzoo.step import train_step
 
     assert "ahead" in inspect.signature(train_step).parameters
+
+
+# ----------------------------------------------------------------------------- sizes (issue 33)
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 50
+
+
+def size_problems(root: Path) -> list[str]:
+    """Every module of core/, plugins/ and zoo/ longer than MAX_FILE_LINES lines and every function or
+    method longer than MAX_FUNCTION_LINES (``end_lineno - lineno + 1``: from its ``def`` line to its last
+    line, decorators not counted), as ``path[:line]: why``."""
+    bad = []
+    for path in module_files(root).values():
+        rel, text = path.relative_to(root), path.read_text()
+        if (n := len(text.splitlines())) > MAX_FILE_LINES:
+            bad.append(f"{rel}: {n} lines, over {MAX_FILE_LINES}: split it by job")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                    bad.append(f"{rel}:{node.lineno} {node.name}: {n} lines, over {MAX_FUNCTION_LINES}: "
+                               "split it into helpers")
+    return bad
+
+
+def test_no_file_over_300_lines_and_no_function_over_50_lines():
+    assert size_problems(ROOT) == []
+
+
+def test_planted_long_file_and_function_fail_and_the_limits_pass(tmp_path):
+    root = _copy(tmp_path)
+    fifty, forty_nine = "    x = 0\n" * 50, "    x = 0\n" * 49
+    # a def line + 50 body lines = 51 lines (over); a def line + 49 = 50 (the limit, passes)
+    (root / "core" / "planted_long_def.py").write_text(f"def long():\n{fifty}\n\ndef fits():\n{forty_nine}")
+    # 301 lines (over) and 300 lines (the limit) of one statement each
+    (root / "plugins" / "kl" / "planted_301.py").write_text("y = 0\n" * 301)
+    (root / "zoo" / "planted_300.py").write_text("y = 0\n" * 300)
+    problems = size_problems(root)
+    assert "core/planted_long_def.py:1 long: 51 lines, over 50: split it into helpers" in problems
+    assert not any("planted_long_def.py" in p and " fits:" in p for p in problems)
+    assert "plugins/kl/planted_301.py: 301 lines, over 300: split it by job" in problems
+    assert not any("planted_300.py" in p for p in problems)
+
+
+# ----------------------------------------------------------------------------- the run loop (issue 33, item 2)
+def run_room_problems(root: Path) -> list[str]:
+    """In core/engine/run/: every ``getattr(self`` (an attribute that may not exist: the session and the
+    loop make theirs in their ``__init__``) and every function over 50 lines (``def`` line to last line)."""
+    bad = []
+    for path in sorted((root / "core" / "engine" / "run").glob("*.py")):
+        rel, text = path.relative_to(root).as_posix(), path.read_text()
+        bad += [f"{rel}:{i}: getattr(self" for i, line in enumerate(text.splitlines(), 1) if "getattr(self" in line]
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50:
+                bad.append(f"{rel}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    return bad
+
+
+def test_the_run_room_has_no_getattr_self_and_no_long_function():
+    assert run_room_problems(ROOT) == []
+
+
+def test_planted_getattr_self_and_long_function_in_the_run_room_fail(tmp_path):
+    root = _copy(tmp_path)
+    body50, body49 = "    x = 0\n" * 50, "    x = 0\n" * 49
+    # line 1: a def with a getattr(self ...) default; lines 3-53: def + 50 body lines = 51 (over);
+    # lines 55-104: def + 49 = 50 lines (the limit, passes)
+    (root / "core" / "engine" / "run" / "planted.py").write_text(
+        f"def f(self): return getattr(self, 'x', 0)\n\ndef long():\n{body50}\ndef fits():\n{body49}")
+    assert sorted(p for p in run_room_problems(root) if "planted.py" in p) == [
+        "core/engine/run/planted.py:1: getattr(self", "core/engine/run/planted.py:3 long: 51 lines"]
