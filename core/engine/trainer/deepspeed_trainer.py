@@ -31,8 +31,8 @@ import torch
 from policyzoo.engine.device import local_device, set_thread_device
 from policyzoo.engine.dist import any_rank, world_size
 
+from . import clipping, sharded
 from . import lora as lora_mod
-from . import sharded
 from .checkpoint_io import TrainerIO
 from .compute import enable_gradient_checkpointing
 from .dsconfig import BETAS, check_stage, ds_config, initialize, merge, read_user_config
@@ -149,14 +149,6 @@ class Trainer(TrainerIO, Scoring):
                 continue
             eng.backward(part.to(self.device) * self.world, scale_wrt_gas=False)
 
-    @staticmethod
-    def _grad_norm(eng) -> torch.Tensor:
-        """L2 norm of the gradients held on this rank's module parameters (all of them at ZeRO 0/1;
-        partitioned away at 2/3). Not finite when any gradient entry is NaN or inf (or the sum of
-        squares overflows fp32), which is how :meth:`step` detects a bad gradient in one pass."""
-        grads = [p.grad for p in eng.module.parameters() if p.grad is not None]
-        return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-
     def step(self, skip: bool = False) -> dict:
         """Apply the accumulated gradients once. Returns ``grad_norm`` (before clipping; the norm of
         the gradient averaged over ranks, at every ZeRO stage: at stage 0, where DeepSpeed averages
@@ -168,19 +160,21 @@ class Trainer(TrainerIO, Scoring):
         if reduced:  # ZeRO 0 averages inside step(): average first, so the norm is the global one
             for e in engines:
                 e.buffered_allreduce_fallback(grads=None)
-        norms = [self._grad_norm(e) for e in engines]
+        norms, per_param = zip(*(clipping.step_norm(e, self.world) for e in engines))
         bad = skip or bool(self._nonfinite) or not all(bool(torch.isfinite(n)) for n in norms)
         if any_rank(bad):
             self.discard()
             return {"skipped": 1}
         pre = float(norms[0]) if self.stage == 0 else None
-        for e in engines:
+        for e, n in zip(engines, per_param):
             if reduced:  # already averaged: step() must not average again
                 e.enable_backward_allreduce, saved = False, e.enable_backward_allreduce
                 try:
                     e.step()
                 finally:
                     e.enable_backward_allreduce = saved
+            elif n is not None:  # one process at ZeRO 0: clipped from the norms above (clipping.clips_itself)
+                clipping.step_clipped(e, n)
             else:
                 e.step()
         out = {"skipped": 0}
