@@ -44,50 +44,47 @@ def _scaled(x: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 class _TokenLogProb(torch.autograd.Function):
-    """``flat [N, V]``, ``targets [N]`` -> log-probs ``[N]`` and logsumexp ``[N]`` (no grad);
-    the backward of the log-probs only (see the module docstring)."""
+    """``flat [N, V]``, ``targets [N]`` -> log-probs ``[N]``, logsumexp ``[N]`` (no grad) and, with
+    ``entropy``, the entropies ``[N]`` (no grad; else an empty tensor), taken from the same chunk
+    as the logsumexp while it is at hand; the backward of the log-probs only (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, flat, targets, temperature):
+    def forward(ctx, flat, targets, temperature, entropy):
         n, v = flat.shape
         lp = torch.empty(n, dtype=torch.float32, device=flat.device)
         logz = torch.empty(n, dtype=torch.float32, device=flat.device)
+        ent = torch.empty(n if entropy else 0, dtype=torch.float32, device=flat.device)
         for lo, hi in _chunks(n, v):
             z = _scaled(flat[lo:hi], temperature)
             logz[lo:hi] = torch.logsumexp(z, -1)
             lp[lo:hi] = z.gather(-1, targets[lo:hi, None]).squeeze(-1) - logz[lo:hi]
+            if entropy:  # H = -sum_v p_v log p_v with log p = z - logZ (no cancellation)
+                logp = z - logz[lo:hi, None]
+                ent[lo:hi] = -logp.exp().mul_(logp).sum(-1)
         ctx.save_for_backward(flat, targets, logz)
         ctx.temperature = temperature
-        ctx.mark_non_differentiable(logz)
-        return lp, logz
+        ctx.mark_non_differentiable(logz, ent)
+        return lp, logz, ent
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_lp, _grad_logz):
+    def backward(ctx, grad_lp, _grad_logz, _grad_ent):
         flat, targets, logz = ctx.saved_tensors
         t = ctx.temperature
         n, v = flat.shape
         grad = torch.empty_like(flat)
         for lo, hi in _chunks(n, v):
             g = grad_lp[lo:hi, None].float()
-            # (onehot - softmax(z)) * g / T, softmax from the saved logsumexp
-            d = torch.exp(_scaled(flat[lo:hi], t) - logz[lo:hi, None]).mul_(-g)
+            # (onehot - softmax(z)) * g / T, softmax from the saved logsumexp; fp32 logits: written
+            # straight into the gradient's rows (no chunk copy), else computed in fp32 and cast
+            d = grad[lo:hi] if flat.dtype == torch.float32 else None
+            d = torch.sub(_scaled(flat[lo:hi], t), logz[lo:hi, None], out=d).exp_().mul_(-g)
             d.scatter_add_(-1, targets[lo:hi, None], g)
-            grad[lo:hi] = d if t == 1.0 else d.div_(t)
-        return grad, None, None
-
-
-def _entropy(flat: torch.Tensor, logz: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``[N]`` nats, no grad: ``-sum_v p_v log p_v`` with ``log p = z - logz``, chunk by chunk (the
-    same value as ``logz - sum_v p_v z_v`` without its cancellation: near-certain rows keep their
-    small entropies to float precision)."""
-    out = torch.empty_like(logz)
-    with torch.no_grad():
-        for lo, hi in _chunks(*flat.shape):
-            z = _scaled(flat[lo:hi].detach(), temperature)
-            logp = z - logz[lo:hi, None]
-            out[lo:hi] = -(logp.exp() * logp).sum(-1)
-    return out
+            if t != 1.0:
+                d.div_(t)
+            if flat.dtype != torch.float32:
+                grad[lo:hi] = d
+        return grad, None, None, None
 
 
 class _TokenLogProbEntropy(torch.autograd.Function):
@@ -147,9 +144,8 @@ def fused_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatur
     if entropy and entropy_grad:
         lp, ent = _TokenLogProbEntropy.apply(flat, targets.reshape(-1), float(temperature))
         return lp.view(shape), ent.view(shape)
-    lp, logz = _TokenLogProb.apply(flat, targets.reshape(-1), float(temperature))
-    ent = _entropy(flat, logz, float(temperature)).view(shape) if entropy else None
-    return lp.view(shape), ent
+    lp, _, ent = _TokenLogProb.apply(flat, targets.reshape(-1), float(temperature), bool(entropy))
+    return lp.view(shape), (ent.view(shape) if entropy else None)
 
 
 @torch.no_grad()
