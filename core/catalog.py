@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import pluggy
 
-from .contract import BASES, PROJECT, SLOTS, Bundle, Component, Spec
+from .conformance import component_problem
+from .contract import PROJECT, SLOTS, Bundle, Component, Spec
 from .errors import ConfigError, PluginError, did_you_mean
 
 ENTRY_POINT_GROUP = "policyzoo"
@@ -129,41 +130,14 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
     if allow is None and os.environ.get("POLICYZOO_PLUGINS"):
         allow = [d.strip() for d in os.environ["POLICYZOO_PLUGINS"].split(",") if d.strip()]
 
+    own = _version("policyzoo")
+    loaded = [(module, PluginInfo("policyzoo", own, module.__name__)) for module in (policyzoo.plugins, policyzoo.zoo)]
+    broken: list[BrokenPlugin] = []
+    if autoload:
+        loaded += _load_entry_points(allow, keep_broken, broken)
+    loaded += [(obj, PluginInfo("(in-process)", "", getattr(obj, "__name__", repr(obj)))) for obj in extra]
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(Spec)
-    own = _version("policyzoo")
-    loaded: list[tuple[object, PluginInfo]] = []
-    broken: list[BrokenPlugin] = []
-    for module in (policyzoo.plugins, policyzoo.zoo):
-        loaded.append((module, PluginInfo("policyzoo", own, module.__name__)))
-    if autoload:
-        wanted = None if allow is None else {_normalise(a) for a in allow}
-        seen: set[str] = set()
-        for dist, ep in _entry_points():
-            seen.add(_normalise(dist))
-            if wanted is not None and _normalise(dist) not in wanted:
-                continue
-            try:
-                obj = ep.load()
-            except Exception as e:  # a broken plugin is reported by name, not by traceback
-                if keep_broken:
-                    broken.append(BrokenPlugin(dist, _version(dist), ep.value, f"{type(e).__name__}: {e}"))
-                    continue
-                raise PluginError(f"plugin distribution {dist!r} (entry point {ep.value})",
-                                  f"importing it raised {type(e).__name__}: {e}",
-                                  f"fix or uninstall {dist!r}, or run with POLICYZOO_PLUGINS set "
-                                  "to the distributions you need (POLICYZOO_DISABLE_PLUGIN_AUTOLOAD=1 "
-                                  "loads none)") from None
-            loaded.append((obj, PluginInfo(dist, _version(dist), getattr(obj, "__name__", ep.value))))
-        if wanted is not None and wanted - seen:
-            raise PluginError("POLICYZOO_PLUGINS (plugin allowlist)",
-                              f"no installed distribution with a {ENTRY_POINT_GROUP!r} entry point is called "
-                              f"{', '.join(sorted(wanted - seen))}",
-                              f"installed plugin distributions: {', '.join(sorted(seen)) or 'none'} "
-                              "(`policyzoo plugins`)")
-    for obj in extra:
-        loaded.append((obj, PluginInfo("(in-process)", "", getattr(obj, "__name__", repr(obj)))))
-
     components: dict[str, dict] = {slot: {} for slot in SLOTS}
     bundles: dict[str, tuple[Bundle, Source]] = {}
     kept = []
@@ -178,6 +152,38 @@ def load_catalog(autoload: bool | None = None, allow: list[str] | None = None,
                 pm.unregister(name=f"{info.dist}:{info.module}")
             broken.append(BrokenPlugin(info.dist, info.version, info.module, f"{e.why} ({e.where})"))
     return Catalog(components, resolve_bundles(bundles), kept, broken)
+
+
+def _load_entry_points(allow: list[str] | None, keep_broken: bool, broken: list) -> list[tuple[object, PluginInfo]]:
+    """The installed distributions' entry points (only those in ``allow`` when given): ``(object, info)``
+    each. One that fails to import raises :class:`PluginError`, or with ``keep_broken`` is appended to
+    ``broken``; an ``allow`` name that matches no installed plugin raises :class:`PluginError`."""
+    loaded = []
+    wanted = None if allow is None else {_normalise(a) for a in allow}
+    seen: set[str] = set()
+    for dist, ep in _entry_points():
+        seen.add(_normalise(dist))
+        if wanted is not None and _normalise(dist) not in wanted:
+            continue
+        try:
+            obj = ep.load()
+        except Exception as e:  # a broken plugin is reported by name, not by traceback
+            if keep_broken:
+                broken.append(BrokenPlugin(dist, _version(dist), ep.value, f"{type(e).__name__}: {e}"))
+                continue
+            raise PluginError(f"plugin distribution {dist!r} (entry point {ep.value})",
+                              f"importing it raised {type(e).__name__}: {e}",
+                              f"fix or uninstall {dist!r}, or run with POLICYZOO_PLUGINS set "
+                              "to the distributions you need (POLICYZOO_DISABLE_PLUGIN_AUTOLOAD=1 "
+                              "loads none)") from None
+        loaded.append((obj, PluginInfo(dist, _version(dist), getattr(obj, "__name__", ep.value))))
+    if wanted is not None and wanted - seen:
+        raise PluginError("POLICYZOO_PLUGINS (plugin allowlist)",
+                          f"no installed distribution with a {ENTRY_POINT_GROUP!r} entry point is called "
+                          f"{', '.join(sorted(wanted - seen))}",
+                          f"installed plugin distributions: {', '.join(sorted(seen)) or 'none'} "
+                          "(`policyzoo plugins`)")
+    return loaded
 
 
 REGISTER_HOOKS = ("register_components", "register_bundles")
@@ -224,41 +230,6 @@ def _add_component(table, src: Source, info: PluginInfo, cls) -> None:
                           "rename one of them (names are unique per slot), or uninstall one distribution")
     table[cls.slot][cls.name] = (cls, src)
     info.components.append(f"{cls.slot}:{cls.name}")
-
-
-def component_problem(cls) -> tuple[str, str] | None:
-    """(why, fix) when the Component subclass ``cls`` breaks the slot contract, else None: it must
-    derive from its slot's base class in :mod:`policyzoo.contract.slots`, its ``Params`` must extend the
-    base's ``Params``, it must have a ``name`` and a hook method taking only arguments the spec
-    passes."""
-    import inspect
-
-    if cls.slot not in BASES:
-        return (f"unknown slot {cls.slot!r}{did_you_mean(cls.slot, BASES)}",
-                f"derive from one of policyzoo.contract: {', '.join(b.__name__ for b in BASES.values())}")
-    base = BASES[cls.slot]
-    if not issubclass(cls, base):
-        return (f"the {cls.slot} component {cls.name!r} does not derive from policyzoo.contract.{base.__name__}, "
-                f"which declares what the step reads from a {cls.slot} component",
-                f"write `class {cls.__name__}(policyzoo.contract.{base.__name__})`")
-    if not issubclass(cls.Params, base.Params):
-        missing = sorted(set(base.Params.model_fields) - set(cls.Params.model_fields))
-        return (f"its Params does not extend {base.__name__}.Params" + (f" (it lacks {', '.join(missing)})"
-                                                                        if missing else ""),
-                f"write `class Params({base.__name__}.Params):` (or `{cls.__name__}.Params` of a parent)")
-    if cls.slot == "baseline" and cls.needs_values and cls.value_loss is base.value_loss:
-        return ("needs_values is True but the class has no value_loss()",
-                "implement value_loss(values, old_values, returns, response_mask, totals)")
-    fn = getattr(cls, cls.slot, None)
-    if not callable(fn) or getattr(fn, "__isabstractmethod__", False) or not cls.name:
-        what = "no name" if not cls.name else f"no method {cls.slot}()"
-        return f"has {what}", f"set `name = '...'` and implement `def {cls.slot}(self, ...)`"
-    spec = [p for p in inspect.signature(getattr(Spec, cls.slot)).parameters if p != "self"]
-    extra = [p for p in inspect.signature(fn).parameters if p != "self" and p not in spec]
-    if extra:
-        return (f"{cls.slot}() takes {', '.join(map(repr, extra))}, which the hook does not pass",
-                f"a {cls.slot} hook may take any of: {', '.join(spec)}")
-    return None
 
 
 def _add_bundle(table, src: Source, info: PluginInfo, bundle) -> None:

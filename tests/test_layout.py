@@ -25,7 +25,8 @@ ROOTS = {"core": "policyzoo", "plugins": "policyzoo.plugins", "zoo": "policyzoo.
 #: the old public paths, kept one release as re-exports (nothing of the project imports them)
 REMOVED = ("hookspecs", "slots", "batch", "components", "policy", "stats", "runstate")  # removed: CHANGELOG.md
 BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyzoo.conventions", "policyzoo.data",
-         "policyzoo.plan", "policyzoo.settings", "policyzoo.resolve", "policyzoo.run_config", "policyzoo.rules")
+         "policyzoo.plan", "policyzoo.settings", "policyzoo.resolve", "policyzoo.run_config", "policyzoo.rules",
+         "policyzoo.conformance")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
                   "loss_slots": 1.5, "slots": 2, "hookspecs": 3, "": 4}
 ROOMS = ("rollout", "ahead", "trainer", "run", "report")
