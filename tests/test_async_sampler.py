@@ -266,21 +266,22 @@ def test_a_resumed_run_counts_what_was_ahead_of_its_checkpoint(catalog):
     from types import SimpleNamespace
 
     from policyzoo.config import load_config
-    from policyzoo.engine.run.loop import RunLoop
+    from policyzoo.engine.run.sources import async_sampler
 
     printed: list[str] = []
     fake = SimpleNamespace(config=load_config(None, "grpo", ["engine.max_staleness=2", "train.steps=5"]),
                            run=bandit_run({"base": "grpo"}, catalog), task=SimpleNamespace(train_rows=[{}] * 8, seed=0),
                            state={"step": 2, "async_in_flight": {"batches": 2, "rows": 16}}, share=2,
                            console=SimpleNamespace(print=lambda text, **_: printed.append(text)), policy=Engine())
-    sampler = RunLoop._async_sampler(fake)
+    sampler, discarded = async_sampler(fake)
     sampler.stop()
     assert sampler.version == 2 and sampler.s == 2 and sampler.last_step == 5
-    assert fake.async_discarded == {"async_discarded_batches": 2, "async_discarded_rows": 16}
+    assert discarded == {"async_discarded_batches": 2, "async_discarded_rows": 16}
     assert len(printed) == 1 and "2 batch(es) (16 rows sampled)" in printed[0]
-    fresh = SimpleNamespace(**{**vars(fake), "state": {"step": 0}, "async_discarded": {}})
-    RunLoop._async_sampler(fresh).stop()
-    assert fresh.async_discarded == {} and len(printed) == 1  # a new run has nothing to report
+    fresh = SimpleNamespace(**{**vars(fake), "state": {"step": 0}})
+    sampler, discarded = async_sampler(fresh)
+    sampler.stop()
+    assert discarded == {} and len(printed) == 1  # a new run has nothing to report
 
 
 def test_what_is_ahead_at_a_checkpoint_is_merged_over_ranks():

@@ -11,7 +11,7 @@ import torch
 import policyzoo
 from policyzoo.config import Config
 from policyzoo.contract import LOCAL, Rollout, StepBatch
-from policyzoo.engine.run.loop import RunLoop
+from policyzoo.engine.run.resume import write_checkpoint
 from policyzoo.engine.rundir import RunDir
 from policyzoo.errors import ConfigError
 from policyzoo.plugins.kl.adaptive import Adaptive
@@ -110,9 +110,9 @@ def test_resume_restores_the_state_exactly(tmp_path):
     first = bandit_run(ADAPTIVE)
     b2 = copy.deepcopy(bandit)  # the weights and optimizer state travel with the bandit; the run's state below
     _steps(first, b2, range(2))
-    loop = SimpleNamespace(trainer=_NoTrainer(), rundir=RunDir(tmp_path / "run"), rows_drawn=16, fingerprint={},
-                           config=Config(), run=first, state={})
-    RunLoop._save(loop, step=2, batches=2)
+    pieces = SimpleNamespace(trainer=_NoTrainer(), rundir=RunDir(tmp_path / "run"), fingerprint={},
+                             config=Config(), run=first)
+    write_checkpoint(pieces, step=2, batches=2, rows=16)
     _, state = RunDir(tmp_path / "run").latest()  # state.json, as --resume reads it
     assert state["components"] == {"kl:adaptive": {"beta": first.kl.beta}}
 

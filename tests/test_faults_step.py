@@ -79,7 +79,9 @@ def test_a_fault_in_the_second_micro_batch_discards_the_first_ones_gradient(cata
 
 
 def test_non_finite_weights_are_never_written_over_the_last_checkpoint(tmp_path):
-    from policyzoo.engine.run.session import Session
+    from types import SimpleNamespace
+
+    from policyzoo.engine.run.resume import write_checkpoint
     from policyzoo.engine.rundir import RunDir
     from policyzoo.errors import TrainingError
 
@@ -97,14 +99,14 @@ def test_non_finite_weights_are_never_written_over_the_last_checkpoint(tmp_path)
 
     from policyzoo.config import load_config
 
-    session = Session.__new__(Session)
-    session.trainer, session.rundir, session.fingerprint, session.rows_drawn = Trainer(), RunDir(tmp_path), {}, 8
-    session.config = load_config(None, "grpo", ["engine.keep_checkpoints=2"])
+    session = SimpleNamespace(trainer=Trainer(), rundir=RunDir(tmp_path), fingerprint={},
+                              config=load_config(None, "grpo", ["engine.keep_checkpoints=2"]),
+                              run=SimpleNamespace(state_dict=dict))
     session.rundir.ckpt.mkdir(parents=True)
-    session._save(2, 2)
+    write_checkpoint(session, 2, 2, rows=8)
     session.trainer.finite = False
     with pytest.raises(TrainingError, match="NaN or inf.*last complete checkpoint: .*step-000002"):
-        session._save(4, 4)
+        write_checkpoint(session, 4, 4, rows=8)
     assert session.trainer.saved == [2]
     assert session.rundir.latest()[1]["step"] == 2
     assert [p.name for p in session.rundir.ckpt.iterdir() if p.is_dir()] == ["step-000002"]

@@ -285,8 +285,13 @@ def test_every_run_warning_reaches_the_console_startup_log_and_summary(tmp_path)
 
     from policyzoo.engine.rundir import RunDir
 
-    s = Session.__new__(Session)
-    s.console, s.rundir = Console(file=open(tmp_path / "console.txt", "w"), width=300), RunDir(tmp_path / "run")
+    from policyzoo.engine.run.loop import RunLoop
+
+    pre = SimpleNamespace(rundir=RunDir(tmp_path / "run"), state={"step": 2, "tokens_seen": 0}, rows_drawn=0,
+                          run=SimpleNamespace(bundle=SimpleNamespace(name="grpo"), reward=()),
+                          model=SimpleNamespace(path=tmp_path), task_rewards_n=0, prompt_counts={})
+    console = Console(file=open(tmp_path / "console.txt", "w"), width=300)
+    s = Session(load_config(None, "grpo", []), console, pre)
     s.rundir.path.mkdir()
     s.warn("first")
     s.warn("step 3: second")
@@ -294,14 +299,13 @@ def test_every_run_warning_reaches_the_console_startup_log_and_summary(tmp_path)
     assert (tmp_path / "console.txt").read_text().splitlines() == ["warning: first", "warning: step 3: second"]
     assert (s.rundir.path / "startup.log").read_text().splitlines() == ["warning: first", "warning: step 3: second"]
     # finish() writes them into summary.json
-    s.state, s.last_saved, s.last_eval, s.eval_before = {"step": 2, "tokens_seen": 0}, 2, {"step": 2}, {}
     s.trainer = SimpleNamespace(export=lambda path: None, models_loaded=lambda: 1, trainable_params=1, stage=0,
                                 share_prompt=False, share_prompt_check=None)
     s.tracker = SimpleNamespace(close=lambda: None)
-    s.run, s.model = SimpleNamespace(bundle=SimpleNamespace(name="grpo"), reward=()), SimpleNamespace(path=tmp_path)
     s.startup_s, s.startup_parts, s.process_to_ready_s = 0.0, {}, 0.0
-    s.config = load_config(None, "grpo", [])
-    s._first_eval = lambda: None
+    s.loop = RunLoop(s)
+    s.loop.last_saved, s.loop.last_eval = 2, {"step": 2}
+    s.loop.first_eval = lambda: None
     s.finish()
     assert json.loads((s.rundir.path / "summary.json").read_text())["warnings"] == ["first", "step 3: second"]
 

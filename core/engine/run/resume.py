@@ -42,9 +42,11 @@ from pathlib import Path
 
 import yaml
 
+from policyzoo.engine import dist
 from policyzoo.engine.rundir import ResumeError
 from policyzoo.engine.trainer.dsconfig import effective_stage
 from policyzoo.engine.trainer.modeling import LRSchedule
+from policyzoo.errors import TrainingError
 
 #: what a checkpoint must share with the config it is resumed with (train.* and engine.* may change)
 FINGERPRINT_KEYS = ("algorithm", "rewards", "model", "data")
@@ -63,6 +65,28 @@ def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, conf
             "zero_stage": effective_stage(config.engine), "world_size": world_size,
             "train": {"lr": t.lr, "weight_decay": t.weight_decay, "prompts_per_step": t.prompts_per_step,
                       "critic_lr": config.engine.critic_lr or 10 * t.lr}}
+
+
+def write_checkpoint(pieces, step: int, batches: int, rows: int, tokens_seen: int = 0, in_flight: dict | None = None,
+                     export: bool = False) -> Path:
+    """Write the checkpoint of ``step`` (``batches`` drawn, ``rows`` prompts drawn; ``in_flight``: what
+    was sampled ahead, see :func:`~policyzoo.engine.run.sources.async_sampler`) with ``pieces``'
+    ``trainer``, ``rundir``, ``config``, ``fingerprint`` and ``run`` (its components' state, e.g. an
+    adaptive KL coefficient); with ``export`` also a save_pretrained export in its ``hf/`` folder.
+    Returns the checkpoint folder. Raises :class:`~policyzoo.errors.TrainingError` when the weights
+    hold NaN/inf (nothing is written over the last good checkpoint)."""
+    if not pieces.trainer.weights_finite():  # never write NaN/inf weights over a good checkpoint
+        latest = pieces.rundir.latest()
+        raise TrainingError(f"step {step}", "the trained weights hold NaN or inf values; no checkpoint was "
+                            f"written (last complete checkpoint: {latest[0] if latest else 'none'})",
+                            "lower train.lr or train.grad_clip, then resume from the last checkpoint")
+    state = checkpoint_state(step, rows, batches, pieces.fingerprint, pieces.config, dist.world_size(),
+                             pieces.trainer.schedule_state())
+    state["tokens_seen"] = tokens_seen
+    state["components"] = pieces.run.state_dict()
+    if in_flight is not None:  # sampled ahead, on every rank: not in the checkpoint
+        state["async_in_flight"] = in_flight
+    return pieces.rundir.save_checkpoint(pieces.trainer, step, state, pieces.config.engine.keep_checkpoints, export)
 
 
 def flatten(tree, prefix: str = "") -> dict:

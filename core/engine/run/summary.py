@@ -1,0 +1,44 @@
+"""A finished run's ``summary.json`` and its last console line."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from policyzoo.engine.report.progress import EVAL_DEFINITION
+
+from .startup import peak_rss_gib
+
+_EVAL_K = ("eval_pass@", "eval_maj@", "eval_mean@")
+
+
+def run_summary(session, loop, after: dict) -> dict:
+    """The summary of ``session`` run by ``loop``, with ``after`` the last evaluation record (``{}``:
+    none): held-out accuracy before (``loop.eval_before``, else ``loop.first_eval()``) and after, steps,
+    tokens, start-up seconds, memory (GiB), the warnings given and the run directory."""
+    s, trainer, before = session, session.trainer, loop.eval_before
+    return {"steps": loop.state["step"], "algorithm": s.run.bundle.name, "model": str(s.model.path),
+            "eval_accuracy_before": before.get("eval_accuracy", loop.first_eval()),
+            "eval_accuracy_after": after.get("eval_accuracy"),
+            "eval_after": {k[5:]: v for k, v in after.items() if k.startswith(_EVAL_K)},
+            "startup_seconds": s.startup_s,
+            "startup_parts": s.startup_parts, "process_to_ready_seconds": s.process_to_ready_s,
+            "preload_seconds": s.preload_s,
+            "prompt_counts": s.prompt_counts,
+            "tokens_seen": loop.state["tokens_seen"],
+            "models_loaded": trainer.models_loaded(), "trainable_params": trainer.trainable_params,
+            "peak_rss_gib": peak_rss_gib(), "zero_stage": trainer.stage,
+            "rollout": s.config.engine.rollout, "share_prompt": trainer.share_prompt,
+            "share_prompt_check": trainer.share_prompt_check, "run_dir": str(s.rundir.path),
+            "warnings": list(s.warned),
+            "eval_metric": loop.eval_name(), "eval_metric_definition": EVAL_DEFINITION,
+            **{k: v for k, v in after.items() if k.startswith("eval_accuracy/")},  # per task (_task rows)
+            **{k.replace("eval_accuracy/", "eval_accuracy_before/"): v for k, v in before.items()
+               if k.startswith("eval_accuracy/")}}
+
+
+def print_done(console, summary: dict, eval_name: str, final: Path) -> None:
+    """``done: held-out accuracy 0.25 -> 0.50; export in RUN_DIR/final`` (``n/a`` for a missing value)."""
+    acc = [summary["eval_accuracy_before"], summary["eval_accuracy_after"]]
+    acc = [f"{a:.2f}" if isinstance(a, float) and math.isfinite(a) else "n/a" for a in acc]
+    console.print(f"done: held-out {eval_name.removeprefix('held-out ')} {acc[0]} -> {acc[1]}; export in {final}")
