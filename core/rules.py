@@ -2,7 +2,7 @@
 in one place: each :class:`Rule` has a name, the keys it relates and its error text (docs/config-rules.md
 lists them; ``tests/test_rules.py`` keeps that table equal to :data:`RULES`).
 
-Two kinds, by what they need and so where they are raised, both before any weights load:
+Three kinds, by what they need and so where they are raised, all before any weights load:
 
 * ``"config"`` rules read the config alone; :class:`~policyzoo.config.Config`'s validator calls
   :func:`check_config`, so they fail at ``load_config`` (a ``ValueError`` whose text before ``': '`` is
@@ -10,6 +10,8 @@ Two kinds, by what they need and so where they are raised, both before any weigh
 * ``"run"`` rules also read the assembled run (its env, kl, terms); ``run/preload.py`` calls
   :func:`check_run` after assembly and ``run/checks.py`` ``check_teacher`` calls :func:`check_teacher_keys`
   before the teacher's folder is read. They raise :class:`ConfigError` at the rule's first key.
+* ``"tensor_parallel"`` rules hold for a vLLM engine shared by k > 1 ranks; ``rollout/tensor_parallel.py``
+  calls :func:`check_tensor_parallel_keys` (from ``preload``) after its checks of k against the ranks.
 
 A check returns None when the rule holds, else ``(why, fix)``.
 """
@@ -126,6 +128,40 @@ def _teacher_without_kl(c, run):
     return None
 
 
+def _tp(bad: bool, why: str, fix: str):
+    return (why, fix) if bad else None
+
+
+def _tp_overlap(e, env, resamples):
+    return _tp(e.overlap != "none", "engine.overlap=one_step samples in a thread while the trainer's collectives run",
+               "set engine.overlap=none")
+
+
+def _tp_staleness(e, env, resamples):
+    return _tp(e.max_staleness > 0, "engine.max_staleness >= 1 samples in a thread whose timing, and so whether it "
+               "or the trainer samples a step, differs between the ranks of a group",
+               "set engine.max_staleness=0 (or use the rollout server for asynchronous training)")
+
+
+def _tp_parallel_start(e, env, resamples):
+    return _tp(e.parallel_start, "engine.parallel_start starts vLLM (its group collectives) in a thread while "
+               "DeepSpeed starts (its own)", "set engine.parallel_start=false")
+
+
+def _tp_env(e, env, resamples):
+    return _tp(env, "multi-turn episodes call the engine once per turn and turn counts differ between ranks",
+               "set engine.vllm_tensor_parallel_size=1 for runs with an env")
+
+
+def _tp_resample(e, env, resamples):
+    return _tp(resamples, "dynamic sampling resamples on the ranks whose groups were filtered out, so ranks call "
+               "the engine different numbers of times",
+               "set engine.vllm_tensor_parallel_size=1, or use a filter without resample")
+
+
+_TP_TEXT = "{k}: every rank of a group must call the shared engine the same number of times, but "
+
+
 RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("one_micro_batch_rule", "config", ("train.micro_batches", "train.max_tokens_per_micro_batch"),
          "train.micro_batches and train.max_tokens_per_micro_batch both set the micro-batches", _micro_batches),
@@ -155,6 +191,17 @@ RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("teacher_without_kl", "run", ("model.teacher", "algorithm.kl"),
          "with a teacher the reference log-probs are the teacher's, so the kl component {name} would measure the "
          "KL to the teacher", _teacher_without_kl),
+    Rule("tp_without_overlap", "tensor_parallel", ("engine.vllm_tensor_parallel_size", "engine.overlap"),
+         _TP_TEXT + "engine.overlap=one_step samples in a thread ...", _tp_overlap),
+    Rule("tp_without_staleness", "tensor_parallel", ("engine.vllm_tensor_parallel_size", "engine.max_staleness"),
+         _TP_TEXT + "engine.max_staleness >= 1 samples in a thread ...", _tp_staleness),
+    Rule("tp_without_parallel_start", "tensor_parallel",
+         ("engine.vllm_tensor_parallel_size", "engine.parallel_start"),
+         _TP_TEXT + "engine.parallel_start starts vLLM ... in a thread while DeepSpeed starts", _tp_parallel_start),
+    Rule("tp_without_env", "tensor_parallel", ("engine.vllm_tensor_parallel_size", "algorithm.env"),
+         _TP_TEXT + "multi-turn episodes call the engine once per turn ...", _tp_env),
+    Rule("tp_without_resample", "tensor_parallel", ("engine.vllm_tensor_parallel_size", "algorithm.filter"),
+         _TP_TEXT + "dynamic sampling resamples on the ranks whose groups were filtered out ...", _tp_resample),
 )}
 #: the teacher rules, checked by ``check_teacher`` just before the teacher's folder is read
 TEACHER = ("term_needs_teacher", "teacher_needs_reader", "teacher_without_kl")
@@ -181,6 +228,18 @@ def check_run(config, run) -> None:
     """Every ``"run"`` rule but the teacher's on a config and its assembled
     :class:`~policyzoo.assembly.Run`; raises :class:`ConfigError` at the first broken rule's first key."""
     _raise_run_rules(config, run, [n for n, r in RULES.items() if r.kind == "run" and n not in TEACHER])
+
+
+def check_tensor_parallel_keys(engine, env: bool, resamples: bool) -> None:
+    """The ``"tensor_parallel"`` rules for ``engine.vllm_tensor_parallel_size`` k > 1 (``engine``: the config's
+    engine section; ``env``: the run has an env; ``resamples``: a filter resamples), called by
+    ``rollout/tensor_parallel.py`` ``check_tensor_parallel`` after its checks of k against the ranks. Raises
+    :class:`ConfigError` at ``engine.vllm_tensor_parallel_size`` for the first broken one."""
+    k = engine.vllm_tensor_parallel_size
+    for rule in RULES.values():
+        found = rule.check(engine, env, resamples) if rule.kind == "tensor_parallel" else None
+        if found:
+            raise ConfigError(rule.keys[0], _TP_TEXT.format(k=k) + found[0], found[1])
 
 
 def check_teacher_keys(config, run) -> None:

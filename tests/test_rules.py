@@ -74,3 +74,17 @@ def test_run_rules_pass_a_synchronous_run_and_the_teacher_rules_are_apart():
         rules.check_teacher_keys(_config(teacher="/t"), _run(kl="k3", terms=["distill"]))
     assert e.value.where == "model.teacher" and "the kl component 'k3'" in e.value.why
     rules.check_teacher_keys(_config(teacher="/t"), _run(terms=["distill"]))  # a teacher, its reader, no kl
+
+
+def test_tensor_parallel_rules_raise_in_order_with_k_in_the_text():
+    engine = SimpleNamespace(vllm_tensor_parallel_size=2, overlap="none", max_staleness=1, parallel_start=False)
+    with pytest.raises(ConfigError) as e:  # staleness and an env both break a rule: staleness is checked first
+        rules.check_tensor_parallel_keys(engine, env=True, resamples=False)
+    assert e.value.where == "engine.vllm_tensor_parallel_size"
+    assert e.value.why.startswith("2: every rank of a group must call the shared engine the same number of times, "
+                                  "but engine.max_staleness >= 1 samples in a thread")
+    assert e.value.fix == "set engine.max_staleness=0 (or use the rollout server for asynchronous training)"
+    with pytest.raises(ConfigError) as e:
+        rules.check_tensor_parallel_keys(SimpleNamespace(**{**vars(engine), "max_staleness": 0}), False, True)
+    assert e.value.fix == "set engine.vllm_tensor_parallel_size=1, or use a filter without resample"
+    rules.check_tensor_parallel_keys(SimpleNamespace(**{**vars(engine), "max_staleness": 0}), False, False)

@@ -43,6 +43,7 @@ import json
 import os
 from pathlib import Path
 
+from policyzoo import rules
 from policyzoo.engine import dist
 from policyzoo.errors import ConfigError
 
@@ -79,21 +80,7 @@ def check_tensor_parallel(engine, world: int, *, env: bool, resamples: bool, loc
         raise ConfigError(key, f"{local_world} ranks per node: a group of {k} consecutive ranks would span two "
                           "nodes (tensor parallelism all-reduces every layer)",
                           f"set {key} to a divisor of the ranks per node ({local_world})")
-    for bad, why, fix in (
-            (engine.overlap != "none", "engine.overlap=one_step samples in a thread while the trainer's collectives "
-             "run", "set engine.overlap=none"),
-            (engine.max_staleness > 0, "engine.max_staleness >= 1 samples in a thread whose timing, "
-             "and so whether it or the trainer samples a step, differs between the ranks of a group",
-             "set engine.max_staleness=0 (or use the rollout server for asynchronous training)"),
-            (engine.parallel_start, "engine.parallel_start starts vLLM (its group collectives) in a thread while "
-             "DeepSpeed starts (its own)", "set engine.parallel_start=false"),
-            (env, "multi-turn episodes call the engine once per turn and turn counts differ between ranks",
-             f"set {key}=1 for runs with an env"),
-            (resamples, "dynamic sampling resamples on the ranks whose groups were filtered out, so ranks call the "
-             "engine different numbers of times", f"set {key}=1, or use a filter without resample")):
-        if bad:
-            raise ConfigError(key, f"{k}: every rank of a group must call the shared engine the same number of "
-                              f"times, but {why}", fix)
+    rules.check_tensor_parallel_keys(engine, env, resamples)  # overlap, staleness, env ... (policyzoo.rules)
 
 
 def check_heads(engine, model_path) -> None:
