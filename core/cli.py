@@ -1,4 +1,5 @@
-"""``policyzoo`` command line: zoo, components, plugins, explain, config, train, plan, serve, data, compare, plot.
+"""``policyzoo`` command line: zoo, components, plugins, explain, config, train, plan, serve, data, compare, plot,
+doctor.
 
 A user's mistake (any :class:`~policyzoo.errors.UserError`) prints one block and exits with 2.
 """
@@ -16,7 +17,7 @@ from .contract.ground import SLOTS
 from .errors import Interrupted, UserError
 
 __all__ = ["build_parser", "main", "cmd_zoo", "cmd_components", "cmd_plugins", "cmd_explain", "cmd_train",
-           "cmd_serve", "cmd_plan", "cmd_compare", "cmd_plot"]
+           "cmd_serve", "cmd_plan", "cmd_compare", "cmd_plot", "cmd_doctor"]
 
 
 def cmd_train(args, out: Console) -> None:
@@ -154,6 +155,13 @@ def cmd_plot(args, out: Console) -> None:
     plot_main(args.run_dir, args.output)
 
 
+def cmd_doctor(args, out: Console) -> None:
+    """``policyzoo doctor --gpu``: the GPU checks and their report (``policyzoo.doctor``)."""
+    from .doctor.command import cmd_doctor as doctor
+
+    doctor(args, out)
+
+
 def _commands() -> list[tuple]:
     """Every sub-command in ``--help``'s order: ``(name, help, adds its arguments or None, runs it)``. Adding
     one is a module of its own (its arguments argparse only, its command loading what it runs) and one row
@@ -162,6 +170,7 @@ def _commands() -> list[tuple]:
 
     from .compare.cli import add_arguments as compare_arguments
     from .config import config_help
+    from .doctor.cli import add_arguments as doctor_arguments
 
     return [
         ("zoo", "algorithm bundles and their slot tables", None, cmd_zoo),
@@ -179,6 +188,8 @@ def _commands() -> list[tuple]:
         ("compare", "algorithms x seeds on one task: run them, or aggregate run directories, into one table with "
          "95%% intervals and one plot", compare_arguments, cmd_compare),
         ("plot", "draw a run's curves to a PNG", _plot_arguments, cmd_plot),
+        ("doctor", "the GPU checks on this node, one markdown report for an issue (--gpu; --dry-run: the plan)",
+         doctor_arguments, cmd_doctor),
     ]
 
 

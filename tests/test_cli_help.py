@@ -21,5 +21,5 @@ def test_help_prints_and_exits_0(argv, capsys):
 
 def test_every_command_is_listed():
     # the commands README and docs name; a new one must join this list on purpose
-    assert commands() == ["compare", "components", "config", "data", "explain", "plan", "plot", "plugins", "serve",
-                          "train", "zoo"]
+    assert commands() == ["compare", "components", "config", "data", "doctor", "explain", "plan", "plot", "plugins",
+                          "serve", "train", "zoo"]

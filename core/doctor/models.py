@@ -1,0 +1,65 @@
+"""The doctor's models, built in place from a config (random init, no download).
+
+* the tiny Llama of :func:`policyzoo.testing.tiny.build_tiny_model` (2 layers, hidden 128, 4 heads,
+  259-token byte tokenizer: ~0.1 M parameters), for the trainer subset;
+* :data:`SHAPE_135M`, the shape of the default model SmolLM2-135M-Instruct (30 layers, hidden 576,
+  vocabulary 49,152: 134.5 M parameters), for step time and memory per GPU. Its tokenizer is the
+  byte tokenizer with filler entries up to 49,152 ids, so a sampled id above 258 still decodes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from policyzoo.testing.tiny import CHATML, SPECIAL, build_tiny_model
+
+#: SmolLM2-135M-Instruct's config.json (sizes, rope, ids: bos 1, eos = pad 2 as the byte tokenizer's)
+SHAPE_135M = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+              "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True,
+              "max_position_embeddings": 8192, "rope_theta": 100000.0, "rms_norm_eps": 1e-5}
+
+
+def build_tiny(folder: Path) -> Path:
+    """The tiny Llama (fp32 safetensors, byte tokenizer) written to ``folder``; returns ``folder``."""
+    return build_tiny_model(folder, seed=0)
+
+
+def _padded_tokenizer(folder: Path, vocab_size: int):
+    """The byte tokenizer (3 specials, 256 bytes) with filler tokens ``x259``, ``x260``, ... up to
+    ``vocab_size`` ids: encoding never yields a filler, decoding one gives its text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"x{len(vocab)}"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|im_end|>", unk_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(str(folder))
+    return fast
+
+
+def build_shape(folder: Path, shape: dict = SHAPE_135M, seed: int = 0) -> Path:
+    """A random-init Llama of ``shape`` (a config.json's sizes) saved in bf16 with its padded byte
+    tokenizer into ``folder``; returns ``folder``. 135M shape: ~270 MB written, a few seconds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = _padded_tokenizer(folder, shape["vocab_size"])
+    config = LlamaConfig(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return folder

@@ -1,0 +1,126 @@
+"""``policyzoo doctor --gpu`` on CPU without running a part: pass/fail against the tolerances, the report's
+format, the dry run's plan and time bound, the usage errors, a plan whose parts are all skipped."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from policyzoo.cli import main
+from policyzoo.doctor import command
+from policyzoo.doctor.plan import FULL, Limit, Part, plan_for
+from policyzoo.doctor.report import render
+from policyzoo.doctor.runner import run_plan
+from policyzoo.doctor.verdict import ERROR, FAIL, PASS, SKIPPED, judge, overall
+
+BF16 = Part("zero3_bf16", 75, "bf16 steps", (Limit("sync_max_diff", 0.25, "sync, bf16"),
+                                             Limit("share_prompt_max_diff", 0.1, "shared prompt, bf16")))
+
+
+def test_each_limit_passes_at_or_below_its_tolerance_only():
+    assert judge(BF16, {"sync_max_diff": 0.25, "share_prompt_max_diff": 0.1}).status == PASS  # equal: inside
+    v = judge(BF16, {"sync_max_diff": 0.26, "share_prompt_max_diff": 0.05})
+    assert v.status == FAIL and [c.ok for c in v.checks] == [False, True]
+    assert v.checks[0].text() == "sync_max_diff 0.26 > 0.25 FAIL"
+    assert v.checks[1].text() == "share_prompt_max_diff 0.05 <= 0.1 pass"
+    # NaN, a missing value and a non-number fail; a bool is no measurement
+    assert judge(BF16, {"sync_max_diff": math.nan, "share_prompt_max_diff": 0.0}).status == FAIL
+    missing = judge(BF16, {"sync_max_diff": 0.1})
+    assert missing.status == FAIL and missing.checks[1].text() == "share_prompt_max_diff missing FAIL"
+    assert judge(BF16, {"sync_max_diff": True, "share_prompt_max_diff": 0.0}).status == FAIL
+    assert judge(BF16, {"error": "timed out after 75 s"}).status == ERROR
+    assert judge(BF16, {"skipped": "needs 2 or more CUDA GPUs, 0 visible"}).status == SKIPPED
+
+
+def test_overall_fails_on_a_failure_or_an_error_never_on_a_skip():
+    ok, skip = judge(BF16, {"sync_max_diff": 0.0, "share_prompt_max_diff": 0.0}), judge(BF16, {"skipped": "x"})
+    assert overall([ok, skip]) == PASS
+    assert overall([ok, judge(BF16, {"error": "boom"})]) == FAIL
+    assert overall([skip, judge(BF16, {"sync_max_diff": 1.0, "share_prompt_max_diff": 0.0})]) == FAIL
+
+
+def test_the_report_holds_versions_devices_each_part_and_the_command():
+    probe = Part("probe", 30, "versions")
+    ranks = Part("ranks", 45, "ranks", (Limit("rank_device_mismatches", 0, "ranks"),), min_gpus=2)
+    results = {"probe": {"policyzoo": "0.1.0", "torch": "2.13.0", "cuda": "12.8", "gpus": 1, "bf16": True,
+                         "devices": [{"index": 0, "name": "NVIDIA H200", "memory_gib": 139.8, "capability": "9.0"}],
+                         "wall_s": 2.0},
+               "zero3_bf16": {"sync_max_diff": 0.3, "share_prompt_max_diff": 0.0123456, "step_s": 1.5, "wall_s": 12.5},
+               "ranks": {"skipped": "needs 2 or more CUDA GPUs, 1 visible", "wall_s": 0.0}}
+    verdicts = [judge(probe, results["probe"]), judge(BF16, results["zero3_bf16"]), judge(ranks, results["ranks"])]
+    meta = {"command": "policyzoo doctor --gpu --out d", "device": "cuda", "wall_s": 14.5, "bound_s": 150,
+            "budget_s": 600, "overall": overall(verdicts)}
+    lines = render(meta, verdicts, results).splitlines()
+    assert lines[0] == "# policyzoo doctor --gpu: FAIL"
+    assert "- command: `policyzoo doctor --gpu --out d`" in lines
+    assert "- parts: 1 pass, 1 FAIL, 0 ERROR, 1 skipped" in lines
+    assert "| torch | 2.13.0 |" in lines and "| cuda | 12.8 |" in lines and "| vllm | - |" in lines
+    assert "| 0 | NVIDIA H200 | 139.8 | 9.0 |" in lines
+    # 0.3 > 0.25 fails; 0.0123456 printed with 4 significant digits, inside 0.1; a wall time of 0.0 s as "0"
+    assert "| zero3_bf16 | FAIL | 12.5 | sync_max_diff 0.3 > 0.25 FAIL; share_prompt_max_diff 0.01235 <= 0.1 pass |" \
+        in lines
+    assert "| ranks | skipped | 0 | needs 2 or more CUDA GPUs, 1 visible |" in lines
+    assert "- step_s: 1.5" in lines and "- tolerance: sync_max_diff <= 0.25 (sync, bf16)" in lines
+
+
+def test_an_error_is_shown_in_full():
+    v = judge(BF16, {"error": "policyzoo train exited 1: ModuleNotFoundError: No module named 'httpx'\ntrace"})
+    meta = {"command": "c", "device": "cpu", "wall_s": 1.0, "bound_s": 75, "budget_s": 480, "overall": overall([v])}
+    text = render(meta, [v], {"zero3_bf16": {"error": v.reason, "wall_s": 1.0}})
+    row = "| zero3_bf16 | ERROR | 1 | policyzoo train exited 1: ModuleNotFoundError: No module named 'httpx' |"
+    assert row in text
+    assert "## Errors\n\n### zero3_bf16\n\n```\npolicyzoo train exited 1" in text and "\ntrace\n```" in text
+
+
+def test_dry_run_lists_the_parts_and_the_time_bound(capsys):
+    assert main(["doctor", "--gpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "the full plan on cuda, 8 parts" in out
+    for part in ("probe", "tiny_model", "zero0_fp32", "zero3_bf16", "ranks", "zero3_ranks", "step_135m", "trl_step"):
+        assert f"\n  {part} " in out
+    # 30 + 30 + 75 + 75 + 45 + 120 + 120 + 90 = 585 s, under 10 minutes
+    assert "total: at most 585 s (each part its own process and timeout; bound 600 s)" in out
+    assert "pass: sync_max_diff <= 0.25 (sync check, bfloat16" in out
+    assert "pass: sync_max_diff <= 0.001 (sync check, float32" in out
+
+
+def test_on_cpu_the_trainer_subset_compiles_deepspeeds_op_first(capsys):
+    assert main(["doctor", "--gpu", "--device", "cpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "the trainer subset on cpu, 5 parts" in out and "deepspeed_op <= 150 s" in out
+    # 30 + 150 + 30 + 75 + 75 = 360 s, under 8 minutes
+    assert "total: at most 360 s (each part its own process and timeout; bound 480 s)" in out
+    assert [p.name for p in plan_for(True, "cpu")] == ["probe", "deepspeed_op", "tiny_model", "zero0_fp32",
+                                                       "zero3_bf16"]
+    assert sum(p.timeout_s for p in plan_for(False, "cuda")) <= 600 and max(p.timeout_s for p in FULL) <= 600
+
+
+def test_usage_errors_exit_2_and_name_the_fix(capsys, monkeypatch):
+    assert main(["doctor"]) == 2
+    assert "fix: add --gpu" in capsys.readouterr().err
+    monkeypatch.setattr(command, "cuda_problem", lambda: "torch 2.13.0+cpu (a CPU-only build) sees no CUDA GPU")
+    assert main(["doctor", "--gpu", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "sees no CUDA GPU" in err and "--device cpu" in err
+
+
+def test_parts_that_cannot_run_here_are_skipped_and_reported(tmp_path):
+    parts = (Part("ranks", 45, "ranks", min_gpus=2), Part("trl_step", 90, "trl", needs=("no_such_module_xyz",)))
+    seen = []
+    verdicts = run_plan(parts, tmp_path, "cpu", "policyzoo doctor --gpu", 600, echo=seen.append)
+    assert [v.status for v in verdicts] == [SKIPPED, SKIPPED] and len(seen) == 2
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["overall"] == PASS and data["bound_s"] == 135  # 45 + 90
+    assert data["parts"]["ranks"]["skipped"] == "needs 2 or more CUDA GPUs, 0 visible"
+    assert data["parts"]["trl_step"]["skipped"] == "not installed: no_such_module_xyz"
+    assert "| trl_step | skipped | 0 | not installed: no_such_module_xyz |" in (tmp_path / "report.md").read_text()
+
+
+def test_help_names_the_options(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["doctor", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert all(o in out for o in ("--gpu", "--trainer-only", "--device {cuda,cpu}", "--out", "--dry-run"))
