@@ -45,7 +45,7 @@ AGENT_DEMO_ARGS ?= --algo grpo --output-dir $(AGENT_DEMO_DIR) train.steps=$(AGEN
 	train.prompts_per_step=4 train.lr=2e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=24 \
 	algorithm.env.use=calculator algorithm.env.task_examples=true data.eval_size=32 engine.sync_check=true
 
-.PHONY: setup setup-cuda test test-engine demo demo-agent bench clean-venv
+.PHONY: setup setup-cuda test test-engine demo demo-agent bench gpu-check gpu-bundle clean-venv
 
 setup: $(STAMP)
 
@@ -97,6 +97,16 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/headline.py $(BENCH_ARGS)
+
+# the GPU checks on this node, one report for an issue (policyzoo doctor --gpu; docs/distributed.md "On GPUs");
+# GPU_CHECK_ARGS=--dry-run prints the plan, --trainer-only the subset a bare machine runs, --device cpu on CPU
+gpu-check: $(STAMP)
+	$(VENV)/bin/policyzoo doctor --gpu $(GPU_CHECK_ARGS)
+
+# the wheels a bare GPU machine (torch, transformers, accelerate, peft, pytest) needs for
+# policyzoo doctor --gpu --trainer-only, into .build/gpu-bundle (under 64 MiB)
+gpu-bundle: $(STAMP)
+	$(PY) bench/gpu_bundle.py
 
 demo-agent: $(STAMP)
 	rm -rf $(AGENT_DEMO_DIR)
