@@ -129,7 +129,7 @@ def test_tiny_llama_entropy_term_loss_and_gradients_match_the_old_path(model, sh
 
 
 # ------------------------------------------------------------------ no forward whose result is known
-def _bandit_step(updates: int, score_old: bool = False, monkeypatch=None):
+def _bandit_step(updates: int, score_old: bool = False, monkeypatch=None, algorithm: dict | None = None):
     """One GRPO step on the bandit (SGD: the parameter change is -lr x the gradient); counts the
     no-grad and grad log-prob forwards. ``score_old``: give the step old log-probs from a separate
     no-grad forward, as a trainer that does not skip it would."""
@@ -152,7 +152,7 @@ def _bandit_step(updates: int, score_old: bool = False, monkeypatch=None):
             batch.old_logprobs = policy.logprobs(rollout, grad=False)[0]
             return batch, scored
         monkeypatch.setattr(learn_mod, "_score", scored_old)
-    run = bandit_run({"base": "grpo", "sample": {"max_tokens": 16}})
+    run = bandit_run(algorithm or {"base": "grpo", "sample": {"max_tokens": 16}})
     theta0 = bandit.theta.detach().clone()
     m = train_step(run, bandit, lambda: bandit.prompts(24 // run.sample.params.n), seed=3,
                    settings=step_settings(run, updates_per_batch=updates, micro_batches=2))
@@ -174,6 +174,14 @@ def test_several_updates_per_batch_keep_the_old_logprob_forward():
     # 2 updates x 2 micro-batches with grad; the old log-probs of the second update must be those
     # of the weights before the first, so the no-grad forward is taken once
     assert calls == {"no_grad": 1, "grad": 4}
+
+
+def test_a_kl_in_the_reward_keeps_the_forward_of_the_log_probs_at_sampling_time():
+    kl = {"use": "k1", "beta": 0.04, "placement": "reward"}
+    _, _, calls = _bandit_step(1, algorithm={"base": "grpo", "sample": {"max_tokens": 16}, "kl": kl})
+    # the KL penalty enters the rewards, hence the advantages, before any update: scored once
+    # without grad, then 1 update x 2 micro-batches with grad
+    assert calls == {"no_grad": 1, "grad": 2}
 
 
 # ------------------------------------------------------------------ no collective in one process
