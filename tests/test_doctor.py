@@ -10,9 +10,10 @@ import pytest
 
 from policyzoo.cli import main
 from policyzoo.doctor import command
+from policyzoo.doctor.models import SHAPE_135M, build_shape
 from policyzoo.doctor.plan import FULL, Limit, Part, plan_for
 from policyzoo.doctor.report import render
-from policyzoo.doctor.runner import run_plan
+from policyzoo.doctor.runner import part_env, run_part, run_plan
 from policyzoo.doctor.verdict import ERROR, FAIL, PASS, SKIPPED, judge, overall
 
 BF16 = Part("zero3_bf16", 75, "bf16 steps", (Limit("sync_max_diff", 0.25, "sync, bf16"),
@@ -124,3 +125,27 @@ def test_help_names_the_options(capsys):
     out = capsys.readouterr().out
     assert done.value.code == 0
     assert all(o in out for o in ("--gpu", "--trainer-only", "--device {cuda,cpu}", "--out", "--dry-run"))
+
+
+def test_a_part_runs_in_its_own_process_and_an_unknown_one_is_an_error(tmp_path):
+    import torch
+
+    probe = run_part(Part("probe", 120, "versions"), tmp_path, part_env("cpu"))  # no GPU visible to the part
+    assert probe["gpus"] == 0 and probe["devices"] == [] and probe["torch"] == torch.__version__
+    assert probe["wall_s"] > 0
+    bad = run_part(Part("no_such_part", 120, "-"), tmp_path, part_env("cpu"))
+    assert bad["error"] == "KeyError: 'no_such_part'"
+
+
+def test_the_shape_models_tokenizer_decodes_every_id(tmp_path):
+    from transformers import AutoTokenizer
+
+    shape = dict(SHAPE_135M, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=300)
+    folder = build_shape(tmp_path / "m", shape)
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == 300
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    assert len(tok) == 300  # 3 specials + 256 bytes + 41 fillers x259..x299
+    assert tok.decode([299]) == "x299" and tok.eos_token_id == tok.pad_token_id == 2
+    ids = tok.encode("hi", add_special_tokens=False)
+    assert len(ids) == 2 and all(3 <= i < 259 for i in ids) and tok.decode(ids) == "hi"  # one byte, one token
