@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from _engine_helpers import ROOT, engine_env, metrics, run_train, tiny_model
+from _engine_helpers import ROOT, engine_env, metrics, run_train, tiny_model, train_cmd
 from safetensors.torch import load_file
 
 
@@ -62,9 +62,22 @@ def test_a_lora_run_resumes_exactly(tmp_path):
     # model (base + adapter) and the adapter's AdamW state; step 3 must come out the same
     lora = ["algorithm.sample.n=4", "model.lora={r: 4, alpha: 16}", "train.lr=1e-2"]
     full, cut = tmp_path / "full", tmp_path / "cut"
-    for out, steps in ((full, 3), (cut, 2)):
-        proc = run_train(out, f"train.steps={steps}", *lora)
-        assert proc.returncode == 0, proc.stderr[-4000:]
+    # the two runs are independent: started together, their start-ups overlap
+    logs = [tmp_path / "full.err", tmp_path / "cut.err"]  # files, not pipes: a full pipe would stall a run
+    procs = []
+    for (out, steps), log in zip(((full, 3), (cut, 2)), logs):
+        with log.open("w") as err_file:
+            procs.append(subprocess.Popen(train_cmd(out, f"train.steps={steps}", *lora), env=engine_env(), cwd=ROOT,
+                                          stdout=subprocess.DEVNULL, stderr=err_file, text=True))
+    try:
+        for p, log in zip(procs, logs):
+            p.wait(600)
+            assert p.returncode == 0, log.read_text()[-4000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(60)
     proc = subprocess.run([sys.executable, "-m", "policyzoo.cli", "train", "--resume", str(cut), "train.steps=3"],
                           env=engine_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from _engine_helpers import ROOT, engine_env, metrics, run_train, train_cmd
+from _engine_helpers import ROOT, engine_env, metrics, train_cmd
 from safetensors.torch import load_file
 
 ARGS = ["train.steps=6", "train.save_every=2", "algorithm.sample.n=4", "engine.zero_stage=0",
@@ -31,21 +31,30 @@ def _same(a: dict, b: dict) -> None:
 
 
 def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
-    full = tmp_path / "full"
-    proc = run_train(full, *ARGS)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    cut = tmp_path / "cut"
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    # the uninterrupted run and the one to kill are independent: started together, their start-ups overlap
+    log = tmp_path / "full.err"  # a file, not a pipe: nothing reads it until the kill, and a full pipe would stall
+    with log.open("w") as err_file:
+        whole = subprocess.Popen(train_cmd(full, *ARGS), env=engine_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+                                 stderr=err_file, text=True)
     p = subprocess.Popen(train_cmd(cut, *ARGS), env=engine_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
-    latest = cut / "checkpoints" / "latest.json"
-    deadline = time.time() + 900
-    while time.time() < deadline and p.poll() is None:
-        if latest.is_file() and json.loads(latest.read_text())["step"] >= 2:
-            os.kill(p.pid, signal.SIGKILL)
-            break
-        time.sleep(0.02)
-    p.wait(60)
+    try:
+        latest = cut / "checkpoints" / "latest.json"
+        deadline = time.time() + 900
+        while time.time() < deadline and p.poll() is None:
+            if latest.is_file() and json.loads(latest.read_text())["step"] >= 2:
+                os.kill(p.pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        p.wait(60)
+        whole.wait(600)
+        assert whole.returncode == 0, log.read_text()[-3000:]
+    finally:
+        for proc in (whole, p):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(60)
     assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     killed_at = json.loads(latest.read_text())["step"]
     assert killed_at < 6 and not (cut / "final").exists()
