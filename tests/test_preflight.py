@@ -283,9 +283,8 @@ def test_every_run_warning_reaches_the_console_startup_log_and_summary(tmp_path)
 
     from rich.console import Console
 
-    from policyzoo.engine.rundir import RunDir
-
     from policyzoo.engine.run.loop import RunLoop
+    from policyzoo.engine.rundir import RunDir
 
     pre = SimpleNamespace(rundir=RunDir(tmp_path / "run"), state={"step": 2, "tokens_seen": 0}, rows_drawn=0,
                           run=SimpleNamespace(bundle=SimpleNamespace(name="grpo"), reward=()),

@@ -123,7 +123,8 @@ class RunLoop:
         t0, lr, stats0 = time.perf_counter(), self.session.trainer.lr(), dict(counters)
         on_batch = seen.append if logs_completions(step, t.steps, t.log_completions_every) else None
         m = self._train_step(step, on_batch)
-        self._measure(m, t0, {k: counters.get(k, 0) - stats0.get(k, 0) for k in ("tokens", "prompt_tokens", "seconds")})
+        delta = {k: counters.get(k, 0) - stats0.get(k, 0) for k in ("tokens", "prompt_tokens", "seconds")}
+        self._measure(m, step, t0, delta)
         with dist.phase(f"step {step}, merging the metrics"):
             m = dist.merge_metrics(dist.gather(m))  # every rank holds the merged record
         self._record(m, step, lr)
@@ -151,14 +152,15 @@ class RunLoop:
                 raise
         return m
 
-    def _measure(self, m: dict, t0: float, delta: dict) -> None:
-        """Add this rank's time, memory and sampling counters (``delta``: tokens, prompt tokens and
-        seconds sampled for this step) to ``m`` (trimming the heap first with ``engine.trim_memory``)."""
+    def _measure(self, m: dict, step: int, t0: float, delta: dict) -> None:
+        """Add this rank's time since ``t0`` (``time.perf_counter`` seconds), memory (GiB) and sampling
+        counters (``delta``: tokens, prompt tokens and seconds sampled for this step) to step ``step``'s
+        record ``m`` (trimming the heap first with ``engine.trim_memory``)."""
         if self.config.engine.trim_memory:
             t_trim = time.perf_counter()
             trim_heap()
             m["time_trim"] = time.perf_counter() - t_trim
-        m.update(step=self.state["step"] + 1, kind="train", time_step=time.perf_counter() - t0,
+        m.update(step=step, kind="train", time_step=time.perf_counter() - t0,
                  rollout_tokens=delta["tokens"], prompt_tokens=delta["prompt_tokens"],
                  stop_requested=int(self.stop_requested), rss_gib=rss_gib(), peak_rss_gib=peak_rss_gib(),
                  **gpu_memory_metrics(),

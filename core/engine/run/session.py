@@ -172,6 +172,11 @@ class Session:
                                self.state["step"] if self.resume_from is not None else None)
 
     # ------------------------------------------------------------------ the loop's, driven from here
+    @property
+    def rows_drawn(self) -> int:
+        """Training rows drawn so far: the loop's (the resumed checkpoint's position before :meth:`start`)."""
+        return self.rows_at_start if self.loop is None else self.loop.rows_drawn
+
     def step(self) -> dict:
         """One training step: :meth:`RunLoop.step`."""
         return self.loop.step()
