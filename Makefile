@@ -99,9 +99,11 @@ bench: $(STAMP)
 	$(PY) bench/headline.py $(BENCH_ARGS)
 
 # the GPU checks on this node, one report for an issue (policyzoo doctor --gpu; docs/distributed.md "On GPUs");
-# GPU_CHECK_ARGS=--dry-run prints the plan, --trainer-only the subset a bare machine runs, --device cpu on CPU
+# GPU_CHECK_ARGS=--dry-run prints the plan, --trainer-only the subset a bare machine runs, --device cpu on CPU;
+# the report: $(GPU_CHECK_OUT)/report.md
+GPU_CHECK_OUT ?= $(BUILD)/gpu-doctor
 gpu-check: $(STAMP)
-	$(VENV)/bin/policyzoo doctor --gpu $(GPU_CHECK_ARGS)
+	$(VENV)/bin/policyzoo doctor --gpu --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 # the wheels a bare GPU machine (torch, transformers, accelerate, peft, pytest) needs for
 # policyzoo doctor --gpu --trainer-only, into .build/gpu-bundle (under 64 MiB)
