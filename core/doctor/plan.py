@@ -74,8 +74,8 @@ FULL: tuple[Part, ...] = (
     Part("step_135m", 120, "2 GRPO steps of the default model's shape (random init, bf16, ZeRO 1; vLLM with "
          "engine.vllm_sleep=1 where installed): step time, memory per GPU, sleep/wake",
          (_sync("bfloat16"), _share("bfloat16"), NOT_SKIPPED), min_gpus=1),
-    Part("trl_step", 90, "the same model shape, one step of TRL's GRPOTrainer (transformers generate): step time, "
-         "memory", needs=("trl", "datasets"), min_gpus=1),
+    Part("trl_step", 90, "the same model shape, 2 steps of TRL's GRPOTrainer (transformers generate): step time, "
+         "memory (a comparison, no tolerance)", needs=("trl", "datasets"), min_gpus=1),
 )
 
 SUBSET: tuple[Part, ...] = tuple(p for p in FULL if p.trainer)
