@@ -178,3 +178,27 @@ def test_limit_caps_the_size_and_task_scores_rows_of_other_sources():
     with pytest.raises(ConfigError, match="did you mean basic_arithmetic") as e:
         GymScore(task="basic_arithmetc")
     assert e.value.where == "reward: gym_score (task)"
+
+
+def test_few_shot_examples_come_after_the_held_out_items_and_are_answered_in_tags():
+    import reasoning_gym
+
+    task = load_task({**MIX, "few_shot": 3})
+    prompt = task.train_rows[0]["prompt"]
+    # system, then 3 x (user, assistant), then the row's own question: 1 + 6 + 1 = 8 messages
+    assert [m["role"] for m in prompt] == ["system"] + ["user", "assistant"] * 3 + ["user"]
+    # round-robin over the tasks: basic_arithmetic, chain_sum, basic_arithmetic; each task's first items after its
+    # held-out range: basic_arithmetic 20 + 6 rows from seed 11 -> seed 37, chain_sum 10 + 3 -> seed 24
+    a = reasoning_gym.create_dataset("basic_arithmetic", seed=11 + 20 + 6, size=2)
+    c = reasoning_gym.create_dataset("chain_sum", seed=11 + 10 + 3, size=1)
+    assert [m["content"] for m in prompt[1:7]] == [a[0]["question"], f"<answer>{a[0]['answer']}</answer>",
+                                                   c[0]["question"], f"<answer>{c[0]['answer']}</answer>",
+                                                   a[1]["question"], f"<answer>{a[1]['answer']}</answer>"]
+    shown = {prompt[i]["content"] for i in (1, 3, 5)}
+    own = {r["prompt"][-1]["content"] for r in task.train_rows + task.eval_rows}
+    assert shown & own == set()  # no example is a training or a held-out question
+    assert task.eval_rows[0]["prompt"][1:7] == prompt[1:7]  # the same examples before held-out questions
+
+
+def test_reasoning_gym_has_no_examples_unless_asked():
+    assert [m["role"] for m in load_task(MIX).train_rows[0]["prompt"]] == ["system", "user"]

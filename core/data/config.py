@@ -49,7 +49,8 @@ class DataSettings(pydantic.BaseModel):
                             "(system prompt, solved examples and the question joined by blank lines) tokenized as "
                             "is, for models without a chat template")
     few_shot: int | None = pydantic.Field(
-        None, ge=0, le=16, description="solved examples put before each prompt (None = 2 for arithmetic, else 0)")
+        None, ge=0, le=16, description="solved examples put before each prompt (None = 2 for arithmetic, else 0; "
+                                  "reasoning_gym: items after the held-out range, answered <answer>...</answer>)")
     eval_size: pydantic.NonNegativeInt | pydantic.confloat(gt=0, lt=1) = pydantic.Field(
         100, description="held-out rows for evaluation: a count, or a fraction of the rows (0.1); a count that "
         "would take half of a file's rows or more holds none out (with a warning)")

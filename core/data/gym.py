@@ -20,6 +20,10 @@ Prompt: reasoning-gym's own format, its ``SYSTEM_PROMPTS["default"]`` as the sys
 ``gym_score`` component (:mod:`policyzoo.plugins.reward.gym`): the task's ``score_answer`` on
 ``extract_answer(completion)``. Each row keeps ``question``, ``answer``, ``metadata`` (the entry
 ``score_answer`` reads) and ``_task`` (the held-out evaluation's per-task key).
+Few-shot (``data.few_shot: k``, default 0 here): k solved examples before each prompt, the assistant
+turn ``<answer>ANSWER</answer>`` (the format the system prompt asks for), taken round-robin over the
+tasks from the items after each task's held-out range (``seed + n_t + e_t ..``), so they are neither
+trained on nor held out; a candidate whose question text equals a held-out one is passed over.
 Errors: ``UserError`` naming the ``gym`` extra when the package is missing; ``ConfigError`` for
 an unknown task (close matches, and ``policyzoo data reasoning_gym`` to list them) or setting.
 Source: reasoning-gym (github.com/open-thought/reasoning-gym), ``create_dataset`` / ``score_answer``.
@@ -140,6 +144,28 @@ def generate(s) -> tuple[list[dict], list[dict], list[str], dict]:
                         "question and were left out of training, so held-out rows are questions the model "
                         "never trained on")
     return kept, held, warnings, {k: (train_n[k], eval_n[k]) for k in weights}
+
+
+def few_shot_examples(s, plan: dict[str, tuple[int, int]], held: list[dict], k: int) -> list[dict]:
+    """``k`` solved examples for ``data.few_shot`` (see the module docstring): rows with ``question``
+    and ``answer``, round-robin over ``plan``'s tasks (``plan[task] = (train_count, eval_count)``),
+    from the seeds after the task's held-out range; none equal to a ``held`` question. ``[]`` for 0."""
+    if not k:
+        return []
+    settings, asked = dict(s.task_settings or {}), {str(r["question"]) for r in held}
+    pools = []
+    for name, (n_train, n_eval) in plan.items():
+        own = dict(settings.get(name) or {})
+        items = make_dataset(name, own, s.seed + n_train + n_eval, k + 8, f"data.task_settings.{name}")
+        pools.append([{"question": e["question"], "answer": e["answer"]} for e in items
+                      if str(e["question"]) not in asked])
+    picked = [pool[i] for i in range(k) for pool in pools if i < len(pool)]
+    return picked[:k]
+
+
+def solved(example: dict) -> str:
+    """The assistant turn of a few-shot example: the answer in reasoning-gym's ``<answer>`` format."""
+    return f"<answer>{example['answer']}</answer>"
 
 
 def describe() -> list[tuple[str, str]]:

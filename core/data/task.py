@@ -134,13 +134,14 @@ def _load_reasoning_gym(s: DataSettings) -> Task:
     if s.prompt_column not in (None, "question") or s.answer_column != "answer" or s.eval_path:
         raise ConfigError("data (reasoning_gym)", "prompt_column / answer_column / eval_path apply to data read "
                           "from files", "remove them: reasoning_gym generates its rows")
-    train, held, warnings, _ = gym.generate(s)
+    train, held, warnings, plan = gym.generate(s)
     system = rg.utils.SYSTEM_PROMPTS["default"] if s.system_prompt is None else s.system_prompt
     plain = s.prompt_format == "plain"
+    examples = gym.few_shot_examples(s, plan, held, s.few_shot or 0)
 
     def build(raw: list[dict], what: str) -> list[dict]:
         rows = check_rows(raw, "question", "answer", "text", f"data (reasoning_gym, {what})") if raw else []
-        return build_prompts(rows, "question", system, [], str, plain)
+        return build_prompts(rows, "question", system, examples, gym.solved, plain)
 
     def origins(rows: list[dict], what: str) -> list[str]:
         return [f"data (reasoning_gym), {what} {r['_task']} item seed {r['_seed']}" for r in rows]
