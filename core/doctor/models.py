@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from policyzoo.testing.tiny import CHATML, SPECIAL, build_tiny_model
+from policyzoo.testing.tiny import build_tiny_model, build_tokenizer
 
 #: SmolLM2-135M-Instruct's config.json (sizes, rope, ids: bos 1, eos = pad 2 as the byte tokenizer's)
 SHAPE_135M = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -24,28 +24,6 @@ def build_tiny(folder: Path) -> Path:
     return build_tiny_model(folder, seed=0)
 
 
-def _padded_tokenizer(folder: Path, vocab_size: int):
-    """The byte tokenizer (3 specials, 256 bytes) with filler tokens ``x259``, ``x260``, ... up to
-    ``vocab_size`` ids: encoding never yields a filler, decoding one gives its text."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL)}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[ch] = len(vocab)
-    while len(vocab) < vocab_size:
-        vocab[f"x{len(vocab)}"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   pad_token="<|im_end|>", unk_token="<|endoftext|>")
-    fast.chat_template = CHATML
-    fast.save_pretrained(str(folder))
-    return fast
-
-
 def build_shape(folder: Path, shape: dict = SHAPE_135M, seed: int = 0) -> Path:
     """A random-init Llama of ``shape`` (a config.json's sizes) saved in bf16 with its padded byte
     tokenizer into ``folder``; returns ``folder``. 135M shape: ~270 MB written, a few seconds."""
@@ -54,7 +32,7 @@ def build_shape(folder: Path, shape: dict = SHAPE_135M, seed: int = 0) -> Path:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tok = _padded_tokenizer(folder, shape["vocab_size"])
+    tok = build_tokenizer(folder, shape["vocab_size"])
     config = LlamaConfig(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)

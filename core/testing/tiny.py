@@ -18,8 +18,10 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tokenizer(folder: str | Path):
-    """Byte-level tokenizer (256 byte tokens + 3 specials) saved to ``folder``; returns it."""
+def build_tokenizer(folder: str | Path, vocab_size: int | None = None):
+    """Byte-level tokenizer (256 byte tokens + 3 specials) saved to ``folder``; returns it. With
+    ``vocab_size``: filler tokens ``x259``, ``x260``, ... up to that many ids (encoding never yields
+    one, decoding one gives its text), for a model shape with a larger vocabulary."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -27,6 +29,8 @@ def build_tokenizer(folder: str | Path):
     vocab = {tok: i for i, tok in enumerate(SPECIAL)}
     for ch in sorted(byte_chars):
         vocab[ch] = len(vocab)
+    while len(vocab) < (vocab_size or 0):
+        vocab[f"x{len(vocab)}"] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
