@@ -119,3 +119,46 @@ def test_the_transformers_engine_applies_the_options_in_generate_tokens():
     penalised = engine.generate_tokens(ctx, [4], 0.0, [0], repetition_penalty=1e9)[0]
     assert not set(penalised.ids[:1]) & set(ctx[0])
     assert torch.isfinite(torch.tensor(penalised.logprobs)).all()
+
+
+def test_chosen_logprobs_gathers_the_sampled_token_of_each_step():
+    from policyzoo.engine.rollout.hf import chosen_logprobs
+
+    # two rows, vocabulary of 2, two steps. Step 0 scores [0, 0] on both rows: log_softmax = -ln 2 each.
+    # Step 1, row 0 scores [ln 3, 0]: p = [3/4, 1/4]; row 1 scores [0, -inf] (filtered by top-k): p = [1, 0].
+    scores = (torch.zeros(2, 2), torch.tensor([[torch.log(torch.tensor(3.0)), 0.0], [0.0, float("-inf")]]))
+    tokens = torch.tensor([[1, 0], [0, 0]])
+    got = chosen_logprobs(scores, tokens)
+    # row 0: ln(1/2), ln(3/4) = -0.693147, -0.287682; row 1: ln(1/2), ln(1) = -0.693147, 0
+    assert got.shape == (2, 2)
+    assert torch.allclose(got, torch.tensor([[-0.693147, -0.287682], [-0.693147, 0.0]]), atol=1e-6)
+    assert chosen_logprobs((), torch.zeros(3, 0, dtype=torch.long)).shape == (3, 0)
+
+
+def test_left_pad_puts_every_prompt_flush_right():
+    from policyzoo.engine.rollout.hf import left_pad
+
+    x, mask = left_pad([[5, 6, 7], [8]], pad_id=0, dev="cpu")
+    assert x.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_the_transformers_engine_batches_prompts_and_its_logprobs_match_unpadded_scoring():
+    """One left-padded ``generate`` for prompts of different lengths: each row's sampled log-probs
+    (temperature 1, no filter) equal the model's own log-probs of that response scored alone, without
+    padding (what the trainer computes), to fp32 tolerance; rows are prompt-major, n per prompt."""
+    from policyzoo.engine.models import resolve_model
+    from policyzoo.engine.rollout.hf import HFRollout
+
+    engine = HFRollout(resolve_model(str(tiny_model())), "float32")
+    rows = [{"prompt": "hi"}, {"prompt": "a much longer question about numbers, to pad the other one"}]
+    roll = engine.generate(rows, n=2, max_tokens=6, temperature=1.0, seed=3)
+    assert roll.response_ids.shape[0] == 4 and roll.group_ids.tolist() == [0, 0, 1, 1]
+    assert len(roll.prompt_ids[0]) < len(roll.prompt_ids[2])  # the first prompt was left-padded
+    for j in range(4):
+        resp = roll.response_ids[j][roll.response_mask[j]].tolist()
+        alone = engine.score(list(roll.prompt_ids[j]) + resp)[-len(resp):]
+        assert torch.allclose(roll.rollout_logprobs[j, :len(resp)], alone, atol=1e-4), j
+    # the same step seed gives the same samples
+    again = engine.generate(rows, n=2, max_tokens=6, temperature=1.0, seed=3)
+    assert torch.equal(again.response_ids, roll.response_ids)
