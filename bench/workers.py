@@ -64,6 +64,8 @@ def build_config(a):
             f"algorithm.sample.n={a.G}", f"algorithm.sample.max_tokens={a.max_tokens}",
             f"engine.threads={a.threads}", f"output_dir={a.run_dir}", f"model.dtype={a.dtype}",
             f"engine.rollout={a.rollout}"]
+    if a.dtype == "bfloat16":  # bf16 trains at ZeRO >= 1 (policyzoo refuses ZeRO 0); an --override may raise it
+        over.append("engine.zero_stage=1")
     return load_config(None, a.algo, over + list(a.override or []))
 
 
@@ -131,6 +133,7 @@ def trl_worker(a) -> None:
     from policyzoo.contract import Rollout
     from policyzoo.data import batch_at, load_task
     from policyzoo.engine.models import resolve_model
+    from policyzoo.step import dispatch
 
     cfg = build_config(a)
     mem = PeakRSS()
@@ -155,7 +158,7 @@ def trl_worker(a) -> None:
                        prompts=[""] * b, completions=texts, rows=[rows[i] for i in row_index],
                        max_tokens=run.sample.params.max_tokens)
         total = torch.zeros(b)
-        for comp, v in run.call_each("reward", rollout=roll):
+        for comp, v in dispatch.call_each(run, "reward", rows=b, rollout=roll):
             total = total + comp.params.weight * torch.as_tensor(v, dtype=torch.float32)
         return total.tolist()
 
