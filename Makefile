@@ -118,7 +118,7 @@ gpu-check: $(STAMP)
 # the wheels a bare GPU machine (torch, transformers, accelerate, peft, pytest) needs for
 # policyzoo doctor --gpu --trainer-only, into .build/gpu-bundle (under 64 MiB)
 gpu-bundle: $(STAMP)
-	$(PY) bench/gpu_bundle.py
+	$(PY) bench/gpu_bundle.py $(GPU_BUNDLE_ARGS)
 
 # reasoning-gym's basic_arithmetic (a task no one here wrote) at 2 terms of up to 2 digits, + and -, two solved
 # examples before each prompt;

@@ -149,3 +149,21 @@ def test_the_shape_models_tokenizer_decodes_every_id(tmp_path):
     assert tok.decode([299]) == "x299" and tok.eos_token_id == tok.pad_token_id == 2
     ids = tok.encode("hi", add_special_tokens=False)
     assert len(ids) == 2 and all(3 <= i < 259 for i in ids) and tok.decode(ids) == "hi"  # one byte, one token
+
+
+def test_read_run_takes_the_maxima_the_last_steps_split_and_counts_skipped_steps(tmp_path):
+    from policyzoo.doctor.train_part import read_run
+
+    rows = [{"kind": "train", "sync_max_diff": 0.01, "time_step": 9.0, "time_rollout": 6.0, "time_train": 2.5,
+             "time_sync": 0.5, "gpu_peak_allocated_gib": 3.0, "skipped": 0},
+            {"kind": "eval", "sync_max_diff": 7.0},  # not a training step: left out
+            {"kind": "train", "sync_max_diff": 0.03, "time_step": 2.0, "time_rollout": 1.25, "time_train": 0.5,
+             "time_sync": 0.25, "gpu_peak_allocated_gib": 2.0, "skipped": 1}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "summary.json").write_text(json.dumps({"share_prompt_check": {"max_diff": 0.002}, "zero_stage": 1}))
+    got = read_run(tmp_path)
+    # 2 train rows; sync max over them max(0.01, 0.03) = 0.03 (the eval row's 7.0 is not a step); the last
+    # step's time and split 2.0 = 1.25 + 0.5 + 0.25; GPU peak max(3.0, 2.0) = 3.0; skipped 0 + 1 = 1
+    assert got["steps"] == 2 and got["sync_max_diff"] == 0.03 and got["share_prompt_max_diff"] == 0.002
+    assert (got["step_s"], got["rollout_s"], got["train_s"], got["sync_s"]) == (2.0, 1.25, 0.5, 0.25)
+    assert got["gpu_peak_allocated_gib"] == 3.0 and got["skipped_steps"] == 1 and got["gpu_kv_cache_gib"] is None

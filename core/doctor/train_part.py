@@ -47,8 +47,8 @@ def run_train(run_dir: Path, model: Path, overrides: list[str], ranks: int = 1) 
 def read_run(run_dir: Path) -> dict:
     """Measurements of a finished run: ``steps``; ``sync_max_diff`` / ``sync_mean_diff`` (nats, max
     over steps); ``share_prompt_max_diff`` (nats, None when the check did not run); ``step_s`` (the
-    last step's seconds: the first includes warm-up); GiB maxima over steps of
-    ``gpu_peak_allocated_gib``, ``gpu_reserved_gib``, ``gpu_kv_cache_gib``, ``peak_rss_gib``;
+    last step's seconds: the first includes warm-up) and its split ``rollout_s``, ``train_s``, ``sync_s``;
+    GiB maxima over steps of ``gpu_peak_allocated_gib``, ``gpu_reserved_gib``, ``gpu_kv_cache_gib``, ``peak_rss_gib``;
     ``skipped_steps``. A key no step reported is None."""
     rows = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
             if m.get("kind") == "train"]
@@ -61,6 +61,7 @@ def read_run(run_dir: Path) -> dict:
 
     return {"steps": len(rows), "sync_max_diff": most("sync_max_diff"), "sync_mean_diff": most("sync_mean_diff"),
             "share_prompt_max_diff": share.get("max_diff"), "step_s": rows[-1].get("time_step") if rows else None,
+            **{f"{k}_s": rows[-1].get(f"time_{k}") if rows else None for k in ("rollout", "train", "sync")},
             "gpu_peak_allocated_gib": most("gpu_peak_allocated_gib"), "gpu_reserved_gib": most("gpu_reserved_gib"),
             "gpu_kv_cache_gib": most("gpu_kv_cache_gib"), "peak_rss_gib": most("peak_rss_gib"),
             "skipped_steps": sum(int(m.get("skipped") or 0) for m in rows), "rollout": summary.get("rollout"),
