@@ -49,13 +49,18 @@ AGENT_DEMO_ARGS ?= --algo grpo --output-dir $(AGENT_DEMO_DIR) train.steps=$(AGEN
 
 GYM_DEMO_DIR ?= runs/gym-demo
 GYM_DEMO_STEPS ?= 30
-GYM_DEMO_ARGS ?= --algo grpo --output-dir $(GYM_DEMO_DIR) train.steps=$(GYM_DEMO_STEPS) train.prompts_per_step=4 \
+GYM_SETTINGS ?= train.steps=$(GYM_DEMO_STEPS) train.prompts_per_step=4 \
 	train.lr=2e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=16 data.use=reasoning_gym \
 	data.tasks=basic_arithmetic data.few_shot=2 data.size=1000 data.eval_size=100 engine.sync_check=true \
 	'data.task_settings={basic_arithmetic: {max_terms: 2, max_digits: 2, operators: ["+", "-"], \
 	allow_parentheses: false, allow_negation: false}}'
+GYM_DEMO_ARGS ?= --algo grpo --output-dir $(GYM_DEMO_DIR) $(GYM_SETTINGS)
+# the README's algorithm table: 4 algorithms x 3 seeds on the demo-gym settings (12 runs one after another,
+# ~9 min each on an idle 2-core machine); finished runs are skipped, so a second call only re-records
+COMPARE_GYM_DIR ?= runs/cmp-gym
+COMPARE_GYM_ALGOS ?= grpo,dr_grpo,rloo,gspo
 
-.PHONY: setup setup-cuda test test-engine demo demo-agent demo-gym bench gpu-check gpu-bundle clean-venv
+.PHONY: setup setup-cuda test test-engine demo demo-agent demo-gym compare-gym bench gpu-check gpu-bundle clean-venv
 
 setup: $(STAMP)
 
@@ -130,6 +135,10 @@ demo-gym: $(STAMP)
 	$(PY) -c "import json, math; s = json.load(open('$(GYM_DEMO_DIR)/summary.json')); n = 100; \
 	a, b = s['eval_accuracy_before'], s['eval_accuracy_after']; se = lambda p: math.sqrt(p * (1 - p) / n); \
 	print(f'held-out accuracy (greedy, n={n}): {a:.2f} (SE {se(a):.3f}) -> {b:.2f} (SE {se(b):.3f}), gain {b - a:+.2f} (SE {math.hypot(se(a), se(b)):.3f} as if unpaired)')"
+
+compare-gym: $(STAMP)
+	$(VENV)/bin/policyzoo compare --algos $(COMPARE_GYM_ALGOS) --seeds 3 --output-dir $(COMPARE_GYM_DIR) $(GYM_SETTINGS)
+	$(PY) bench/compare_record.py $(COMPARE_GYM_DIR) --name compare_gym --made-by "make compare-gym"
 
 demo-agent: $(STAMP)
 	rm -rf $(AGENT_DEMO_DIR)
