@@ -167,3 +167,23 @@ def test_read_run_takes_the_maxima_the_last_steps_split_and_counts_skipped_steps
     assert got["steps"] == 2 and got["sync_max_diff"] == 0.03 and got["share_prompt_max_diff"] == 0.002
     assert (got["step_s"], got["rollout_s"], got["train_s"], got["sync_s"]) == (2.0, 1.25, 0.5, 0.25)
     assert got["gpu_peak_allocated_gib"] == 3.0 and got["skipped_steps"] == 1 and got["gpu_kv_cache_gib"] is None
+
+
+def test_the_shape_models_logits_have_the_chosen_spread(tmp_path):
+    """A logit is <h, e_j> with h the final RMS-normed state (per-coordinate RMS 1, norm weights 1) and e_j
+    an embedding row with entries N(0, (0.02 x scale)^2), scale = 4 / (0.02 sqrt(hidden)): its variance is
+    hidden x 0.02^2 x scale^2 = 16, std 4 (the default init alone: 0.02 x sqrt(64) = 0.16)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from policyzoo.doctor.models import LOGIT_STD
+
+    shape = dict(SHAPE_135M, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=300)
+    model = AutoModelForCausalLM.from_pretrained(str(build_shape(tmp_path / "m", shape)), dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.arange(3, 40)[None]).logits[0]
+    assert LOGIT_STD == 4.0
+    assert 3.0 < logits.std(-1).mean().item() < 5.0  # std 4 within sampling noise of 300 ids x 37 positions
+    # a peaked distribution: mean entropy well under the uniform ln 300 = 5.70 nats
+    assert logits.log_softmax(-1).exp().mul(-logits.log_softmax(-1)).sum(-1).mean().item() < 4.5

@@ -24,9 +24,19 @@ def build_tiny(folder: Path) -> Path:
     return build_tiny_model(folder, seed=0)
 
 
+#: the standard deviation of the random model's logits: its (tied) embedding is scaled so that a logit,
+#: the dot product of the final RMS-normed hidden state (per-coordinate RMS 1) with an embedding row,
+#: has variance hidden x (initializer_range x scale)^2 = LOGIT_STD^2. With the default init (0.02) the
+#: 135M shape's logits have std 0.48: a near-uniform distribution over 49,152 ids whose log-probs bf16
+#: barely moves (the first H200 run read a sync difference of 1e-6 nats), so the bf16 check tested nothing.
+LOGIT_STD = 4.0
+
+
 def build_shape(folder: Path, shape: dict = SHAPE_135M, seed: int = 0) -> Path:
     """A random-init Llama of ``shape`` (a config.json's sizes) saved in bf16 with its padded byte
-    tokenizer into ``folder``; returns ``folder``. 135M shape: ~270 MB written, a few seconds."""
+    tokenizer into ``folder``; returns ``folder``. The embedding is scaled so the logits have standard
+    deviation :data:`LOGIT_STD` (a peaked next-token distribution, as a trained model's). 135M shape:
+    ~270 MB written, a few seconds."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -36,7 +46,10 @@ def build_shape(folder: Path, shape: dict = SHAPE_135M, seed: int = 0) -> Path:
     config = LlamaConfig(**shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # tied: scales the input embedding and the output head together
+        model.get_input_embeddings().weight.mul_(LOGIT_STD / (config.initializer_range * config.hidden_size ** 0.5))
+    model = model.to(torch.bfloat16)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(folder), safe_serialization=True)
