@@ -200,7 +200,7 @@ def _plot_arguments(pl: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``policyzoo`` parser: one sub-parser per row of :func:`_commands`, its ``fn`` the command."""
-    p = argparse.ArgumentParser(prog="policyzoo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="policyzoo", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_, add_arguments, fn in _commands():
         sp = sub.add_parser(name, help=help_)

@@ -103,8 +103,15 @@ def test_usage_errors_exit_2_and_name_the_fix(capsys, monkeypatch):
     assert "fix: add --gpu" in capsys.readouterr().err
     monkeypatch.setattr(command, "cuda_problem", lambda: "torch 2.13.0+cpu (a CPU-only build) sees no CUDA GPU")
     assert main(["doctor", "--gpu", "--out", "unused"]) == 2
-    err = capsys.readouterr().err
-    assert "sees no CUDA GPU" in err and "--device cpu" in err
+    cap = capsys.readouterr()
+    assert "sees no CUDA GPU" in cap.err and "--device cpu" in cap.err
+    assert "probe" not in cap.out  # the error comes first: no plan printed before it
+    # a dry run without a GPU prints the plan and says that it is for a CUDA node
+    assert main(["doctor", "--gpu", "--dry-run"]) == 0
+    assert "note: torch 2.13.0+cpu (a CPU-only build) sees no CUDA GPU here" in capsys.readouterr().out
+    # --trainer-only implies --gpu
+    assert main(["doctor", "--trainer-only", "--device", "cpu", "--dry-run"]) == 0
+    assert "the trainer subset on cpu, 5 parts" in capsys.readouterr().out
 
 
 def test_parts_that_cannot_run_here_are_skipped_and_reported(tmp_path):

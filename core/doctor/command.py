@@ -30,21 +30,24 @@ def cuda_problem() -> str | None:
 
 def cmd_doctor(args, out) -> None:
     """Run (or with ``--dry-run`` print) the plan; raises :class:`UserError` without ``--gpu`` or when
-    ``--device cuda`` finds no GPU, and ``SystemExit(1)`` when a part failed or erred."""
-    if not args.gpu:
+    ``--device cuda`` finds no GPU (before the plan is printed; a dry run prints the plan with a note
+    instead), and ``SystemExit(1)`` when a part failed or erred. ``--trainer-only`` implies ``--gpu``."""
+    if not (args.gpu or args.trainer_only):
         raise UserError("policyzoo doctor", "no check chosen", "add --gpu (the only check so far), e.g. "
                         "policyzoo doctor --gpu --dry-run")
+    problem = args.device == "cuda" and cuda_problem()
+    if problem and not args.dry_run:
+        raise UserError("policyzoo doctor --gpu", problem, "run it on the GPU node (make setup-cuda there), or "
+                        "add --device cpu to run the trainer subset on CPU")
     trainer_only = args.trainer_only or args.device == "cpu"
     parts, budget = plan_for(trainer_only, args.device), budget_for(trainer_only)
     name = "the trainer subset" if trainer_only else "the full plan"
     print(f"policyzoo doctor --gpu: {name} on {args.device}, {len(parts)} parts; report: {args.out / 'report.md'}")
     print(plan_text(parts, budget))
     if args.dry_run:
+        if problem:
+            print(f"note: {problem} here; the plan above is for a CUDA node (--device cpu: the subset on CPU)")
         return
-    problem = args.device == "cuda" and cuda_problem()
-    if problem:
-        raise UserError("policyzoo doctor --gpu", problem, "run it on the GPU node (make setup-cuda there), or "
-                        "add --device cpu to run the trainer subset on CPU")
     verdicts = run_plan(parts, args.out, args.device, command_line(args), budget)
     result = overall(verdicts)
     print(f"{result}: report in {args.out / 'report.md'} (paste it into an issue)")
