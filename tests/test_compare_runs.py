@@ -10,7 +10,7 @@ import signal
 import sys
 
 import pytest
-from _compare_helpers import write_run
+from _compare_helpers import write_planned, write_run
 
 from policyzoo.catalog import get_catalog
 from policyzoo.compare import entries, launch, runs
@@ -42,7 +42,7 @@ class FakeTrain:
                 s = self.job.spec
                 if s.path.exists():  # resumed: the fake writes the finished run anew
                     shutil.rmtree(s.path)
-                write_run(s.path, s.base, s.seed, 0.1 * (s.seed + 1), steps=s.steps)
+                write_run(s.path, s.base, s.seed, 0.1 * (s.seed + 1), steps=s.steps, config=s.config)
         return self.returncode
 
     def wait(self, timeout=None):
@@ -132,8 +132,9 @@ def test_folder_status_done_resume_restart_blocked(tmp_path):
 
 def test_finished_runs_are_skipped_and_interrupted_ones_resumed(tmp_path, capsys):
     out = tmp_path / "cmp"
-    write_run(out / "grpo" / "seed0", "grpo", 0, 0.1, steps=2)  # finished
-    cut = write_run(out / "grpo" / "seed1", "grpo", 1, 0.1, steps=2)  # interrupted after step 1
+    planned = runs.plan(["grpo"], [0, 1], out, ["train.steps=2"])
+    write_planned(planned[0])  # finished
+    cut = write_planned(planned[1])  # interrupted after step 1
     (cut / "summary.json").unlink()
     (cut / "checkpoints").mkdir()
     (cut / "checkpoints" / "latest.json").write_text(json.dumps({"step": 1, "path": "step-000001"}))
@@ -154,7 +155,7 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(tmp_path, capsys
 
 
 def test_eta_comes_from_the_finished_runs_measured_seconds(tmp_path):
-    done = write_run(tmp_path / "grpo" / "seed0", "grpo", 0, 0.1, steps=2)
+    done = write_planned(runs.plan(["grpo"], [0], tmp_path, ["train.steps=2"])[0])
     summary = json.loads((done / "summary.json").read_text())
     (done / "summary.json").write_text(json.dumps({**summary, "process_to_ready_seconds": 3.0}))
     specs = runs.plan(["grpo"], [0, 1, 2, 3], tmp_path, ["train.steps=2"])
@@ -192,7 +193,7 @@ def test_a_failed_training_stops_the_rest(tmp_path):
 
 
 def test_print_commands_prints_one_train_line_per_run_to_do(tmp_path, capsys):
-    write_run(tmp_path / "grpo" / "seed0", "grpo", 0, 0.1, steps=2)
+    write_planned(runs.plan(["grpo"], [0], tmp_path, ["train.steps=2"])[0])
     got = compare(algos="grpo,grpo+clip=cispo", seeds=2, output_dir=str(tmp_path), print_commands=True,
                   overrides=["train.steps=2"])
     captured = capsys.readouterr()

@@ -56,6 +56,20 @@ def differences(runs: list[Run]) -> dict[str, list[dict]]:
     return out
 
 
+def config_differences(a: dict, b: dict, skip: tuple[str, ...] = ()) -> dict[str, tuple]:
+    """``{key: (a's value, b's value)}`` for every dotted config key whose value differs, the keys under
+    ``skip`` left out (a key one of them lacks has the value ``"(absent)"``)."""
+    fa, fb = flatten(a), flatten(b)
+    out = {}
+    for key in sorted(set(fa) | set(fb)):
+        if any(key == k or key.startswith(k + ".") for k in skip):
+            continue
+        va, vb = fa.get(key, "(absent)"), fb.get(key, "(absent)")
+        if json.dumps(va, default=str) != json.dumps(vb, default=str):
+            out[key] = (va, vb)
+    return out
+
+
 def check_comparable(runs: list[Run], allow_mixed: bool = False) -> dict[str, list[dict]]:
     """:func:`differences`; raises :class:`UserError` naming them unless ``allow_mixed``."""
     diff = differences(runs)

@@ -22,6 +22,7 @@ Mistakes raise :class:`~policyzoo.errors.UserError` before anything runs.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -30,12 +31,15 @@ from typing import TYPE_CHECKING, Any, Callable
 from policyzoo.errors import UserError
 
 from . import launch, plot, report, runs
-from .aggregate import aggregate
-from .entries import parse_algos, parse_seeds, settings_overrides
-from .rundirs import find_runs
+from .aggregate import aggregate, resolve_baseline
+from .entries import labels, parse_algos, parse_seeds, settings_overrides
+from .rundirs import Skipped, find_runs
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
     from rich.console import Console
+
+
+KEY_VALUE = re.compile(r"^[A-Za-z_][\w.]*=")  # train.steps=5: an override, not a folder
 
 
 def _seeds_text(seeds: list[int]) -> str:
@@ -43,7 +47,7 @@ def _seeds_text(seeds: list[int]) -> str:
 
 
 def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | None = None,
-            seeds: int | str | list[int] = 3, output_dir: str | None = None, baseline: str | None = None,
+            seeds: int | str | list[int] | None = None, output_dir: str | None = None, baseline: str | None = None,
             allow_mixed: bool = False, parallel: int = 1, print_commands: bool = False,
             overrides: list[str] = (), console: Console | None = None,
             start: Callable | None = None, **settings: Any) -> dict:
@@ -53,30 +57,29 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
         from rich.console import Console
 
         console = Console()
+    if isinstance(overrides, (str, bytes)):
+        raise UserError("policyzoo.compare(overrides=...)", f"overrides must be a list of key=value strings, got "
+                        f"the string {overrides!r}", f"write overrides=[{overrides!r}]")
+    _check_output_dir(output_dir)
     if algos is None:
-        if dirs is None:
-            raise UserError("policyzoo compare", "nothing to compare", "give run directories (policyzoo compare "
-                            "runs/cmp) or algorithms to run (policyzoo compare --algos grpo,dr_grpo --output-dir D)")
-        if settings or overrides:
-            raise UserError("policyzoo compare", "key=value overrides only go with --algos (they configure the "
-                            "runs to make)", "drop them, or add --algos to make new runs")
-        patterns = [dirs] if isinstance(dirs, (str, Path)) else list(dirs)
-        return _aggregate([str(p) for p in patterns], output_dir, baseline, allow_mixed, console,
-                          "policyzoo compare " + shlex.join([str(p) for p in patterns]))
+        patterns = _aggregate_args(dirs, seeds, parallel, print_commands, [*overrides, *settings])
+        return _aggregate(patterns, output_dir, baseline, allow_mixed, console,
+                          "policyzoo compare " + shlex.join(patterns))
     if dirs is not None:
         raise UserError("policyzoo compare", "run directories and --algos were both given",
                         "give --algos to make runs, or directories to aggregate runs that exist")
     if not output_dir:
         raise UserError("--output-dir", "the runs need a folder (they go to OUTPUT_DIR/ALGO/seedS, and the same "
                         "folder resumes them)", "e.g. --output-dir runs/cmp")
-    if int(parallel) < 1:
-        raise UserError("--parallel", f"{parallel}: give 1 or more runs at once", "e.g. --parallel 2")
-    entries, seed_list = parse_algos(algos), parse_seeds(seeds)
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise UserError("--parallel", f"{parallel!r}: give 1 or more runs at once", "e.g. --parallel 2")
+    entries, seed_list = parse_algos(algos), parse_seeds(3 if seeds is None else seeds)
     given = [*overrides, *settings_overrides(settings)]
     user_threads = [item.split("=", 1)[1] for item in given if item.split("=", 1)[0].strip() == "engine.threads"]
     threads = (int(user_threads[-1]) if user_threads and user_threads[-1].strip().isdigit() else
                max(1, runs.cores() // parallel) if parallel > 1 and not print_commands else None)
     specs = runs.plan(entries, seed_list, output_dir, given, threads)
+    label = _baseline_label(baseline, entries, specs)
     if print_commands:
         return {"commands": _print_commands(specs)}
     again = shlex.join(["policyzoo", "compare", "--algos", ",".join(entries), "--seeds", _seeds_text(seed_list),
@@ -85,7 +88,47 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
     runs.print_plan(console, specs, output_dir, parallel, threads)
     jobs = launch.jobs_for(specs, output_dir, parallel, threads)
     launch.launch(jobs, parallel, console, again, **({"start": start} if start else {}))
-    return _aggregate([str(s.path) for s in specs], output_dir, baseline, allow_mixed, console, again)
+    blocked = [Skipped(s.path, f"blocked: {s.detail}") for s in specs if s.status == "blocked"]
+    return _aggregate([str(s.path) for s in specs if s.status != "blocked"], output_dir, label, allow_mixed,
+                      console, again, blocked)
+
+
+def _check_output_dir(output_dir) -> None:
+    """An ``--output-dir`` that is (or lies below) a file is refused before anything runs."""
+    if not output_dir:
+        return
+    for p in [Path(output_dir), *Path(output_dir).parents]:
+        if p.exists() and not p.is_dir():
+            raise UserError(f"--output-dir {output_dir}", f"{p} is a file, not a folder: the runs and compare.md, "
+                            ".json, .png cannot go there", "choose a folder (it is created if missing)")
+
+
+def _aggregate_args(dirs, seeds, parallel, print_commands, settings: list) -> list[str]:
+    """The folders to aggregate; what only goes with --algos (overrides, --seeds, --parallel,
+    --print-commands) is a usage error here, not ignored."""
+    if dirs is None:
+        raise UserError("policyzoo compare", "nothing to compare", "give run directories (policyzoo compare "
+                        "runs/cmp) or algorithms to run (policyzoo compare --algos grpo,dr_grpo --output-dir D)")
+    patterns = [str(p) for p in ([dirs] if isinstance(dirs, (str, Path)) else list(dirs))]
+    keys = [p for p in patterns if KEY_VALUE.match(p) and not Path(p).exists()]
+    given = [name for name, on in (("key=value overrides", settings or keys), ("--seeds", seeds is not None),
+                                   ("--parallel", parallel != 1), ("--print-commands", print_commands)) if on]
+    if given:
+        what = f" ({', '.join(map(str, keys))})" if keys else ""
+        raise UserError("policyzoo compare", f"{' and '.join(given)}{what} only go with --algos (they plan the runs to "
+                        "make); without --algos the arguments are run folders to aggregate",
+                        "add --algos A,B --output-dir D to make runs, or drop them to aggregate the folders given")
+    return patterns
+
+
+def _baseline_label(baseline: str | None, entries: list[str], specs: list[runs.RunSpec]) -> str | None:
+    """The table's name of ``--baseline`` among the planned runs (an entry as given, or its label),
+    checked before anything runs."""
+    if baseline is None:
+        return None
+    names = labels([s.config.get("algorithm") for s in specs])
+    by_entry = dict(zip([s.entry for s in specs], names))
+    return by_entry.get(baseline) or resolve_baseline(baseline, list(dict.fromkeys(names)))
 
 
 def _print_commands(specs: list[runs.RunSpec]) -> list[str]:
@@ -114,8 +157,10 @@ def _default_out(patterns: list[str], found: list, skipped: tuple = ()) -> Path:
     return common.parent if (common / "config.yaml").exists() or len(paths) == 1 else common
 
 
-def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: Console, command: str) -> dict:
+def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: Console, command: str,
+               left_out: list[Skipped] = ()) -> dict:
     found, skipped = find_runs(patterns)
+    skipped = [*left_out, *skipped]
     for s in skipped:
         console.print(f"warning: {s.path} left out: {s.why}", markup=False, highlight=False, style="yellow",
                       soft_wrap=True)

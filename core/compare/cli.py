@@ -22,12 +22,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = EPILOG
     p.add_argument("--algos", help="comma-separated entries: zoo names or hybrids (grpo+clip=cispo)")
-    p.add_argument("--seeds", default="3", help="a count (3: seeds 0, 1, 2) or a list (0,5,7); default 3")
+    p.add_argument("--seeds", help="with --algos: a count (3: seeds 0, 1, 2) or a list (0,5,7); default 3")
     p.add_argument("--output-dir", help="where the runs go (with --algos) and where compare.md/.json/.png are "
-                   "written (default: the folder holding the runs compared)")
-    p.add_argument("--parallel", type=int, default=1, help="runs at once (default 1), each with cores // N threads")
-    p.add_argument("--print-commands", action="store_true", help="print one `policyzoo train` line per run still "
-                   "to do (for your own scheduler) and exit")
+                   "written (default: the one folder given, the folder holding it when it is one run's own, else "
+                   "the folder holding the runs compared)")
+    p.add_argument("--parallel", type=int, help="with --algos: runs at once (default 1), each with cores // N "
+                   "threads")
+    p.add_argument("--print-commands", action="store_true", help="with --algos: print one `policyzoo train` line per "
+                   "run still to do (for your own scheduler) and exit")
     p.add_argument("--baseline", help="the algorithm the paired differences are taken against (default: the first)")
     p.add_argument("--allow-mixed", action="store_true", help="compare runs whose settings differ in more than "
                    "the algorithm and the seed (the keys are listed with the table)")
@@ -36,9 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, out: Console) -> None:
-    common = dict(output_dir=args.output_dir, baseline=args.baseline, allow_mixed=args.allow_mixed, console=out)
+    common = dict(output_dir=args.output_dir, baseline=args.baseline, allow_mixed=args.allow_mixed, console=out,
+                  seeds=args.seeds, parallel=1 if args.parallel is None else args.parallel,
+                  print_commands=args.print_commands)  # without --algos the last three are refused, not ignored
     if args.algos is None:
         compare(args.overrides or None, **common)
     else:
-        compare(algos=args.algos, seeds=args.seeds, parallel=args.parallel, print_commands=args.print_commands,
-                overrides=args.overrides, **common)
+        compare(algos=args.algos, overrides=args.overrides, **common)

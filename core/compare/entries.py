@@ -62,8 +62,13 @@ def parse_algos(algos: str | list[str]) -> list[str]:
     return items
 
 
+MAX_SEEDS = 1000  # more runs than any comparison needs; a typo (--seeds 30000) is refused before the plan
+MAX_SEED = 2**32 - 1  # the largest seed the sampling streams take (numpy's)
+
+
 def parse_seeds(seeds: int | str | list[int]) -> list[int]:
-    """``3`` -> ``[0, 1, 2]``; ``"0,5,7"`` or ``[0, 5, 7]`` -> those seeds; ``"5,"`` -> ``[5]`` (one seed, 5)."""
+    """``3`` -> ``[0, 1, 2]``; ``"0,5,7"`` or ``[0, 5, 7]`` -> those seeds; ``"5,"`` -> ``[5]`` (one seed, 5).
+    A count is 1 .. MAX_SEEDS, a seed 0 .. MAX_SEED."""
     if isinstance(seeds, str):
         text = seeds.strip()
         try:
@@ -71,9 +76,21 @@ def parse_seeds(seeds: int | str | list[int]) -> list[int]:
         except ValueError:
             raise ConfigError("--seeds", f"{text!r} is neither a count nor a list of seeds",
                               "e.g. --seeds 3 (seeds 0, 1, 2) or --seeds 0,5,7") from None
-    out = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
-    if not out or len(set(out)) != len(out):
-        raise ConfigError("--seeds", f"{seeds!r}: give a count >= 1 or distinct seeds", "e.g. --seeds 3")
+    items = [seeds] if isinstance(seeds, int) else seeds
+    if not isinstance(items, (list, tuple)) or any(isinstance(s, bool) or not isinstance(s, int) for s in items):
+        raise ConfigError("--seeds", f"{seeds!r}: give a count (an integer) or a list of integer seeds",
+                          "e.g. --seeds 3 (seeds 0, 1, 2) or --seeds 0,5,7 (Python: seeds=3 or seeds=[0, 5, 7])")
+    if isinstance(seeds, int) and not 1 <= seeds <= MAX_SEEDS:
+        raise ConfigError("--seeds", f"{seeds}: a count is 1 to {MAX_SEEDS} seeds (one run per algorithm each)",
+                          "e.g. --seeds 3 (seeds 0, 1, 2); to name one seed: --seeds 5,")
+    out = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    if not out or len(set(out)) != len(out) or len(out) > MAX_SEEDS:
+        raise ConfigError("--seeds", f"{seeds!r}: give a count >= 1 or distinct seeds (at most {MAX_SEEDS})",
+                          "e.g. --seeds 3")
+    wrong = [s for s in out if not 0 <= s <= MAX_SEED]
+    if wrong:
+        raise ConfigError("--seeds", f"seed {wrong[0]} is out of range: a seed is 0 to {MAX_SEED}",
+                          "e.g. --seeds 0,5,7")
     return out
 
 

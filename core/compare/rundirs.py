@@ -1,10 +1,11 @@
 """Reading the run directories ``policyzoo train`` writes (layout: :mod:`policyzoo.engine.rundir`).
 
 A run directory counts when it holds ``config.yaml`` and a complete ``summary.json`` (valid JSON with
-``steps`` and ``eval_accuracy_after``: written last, once the run has finished). ``metrics.jsonl`` is
-read up to a line cut by a kill, as the engine reads it. Anything else under a folder searched is
-named and left out (:class:`Skipped`): an empty folder, a run without its summary (not finished or
-half written), files that do not parse.
+``steps`` and ``eval_accuracy_after``: written last, once the run has finished) and a ``metrics.jsonl``
+with every training step up to the summary's ``steps``, each line whole. Anything else under a folder
+searched is named and left out (:class:`Skipped`): an empty folder, a run without its summary (not
+finished or half written), a metrics file cut short (fewer steps than the summary, a line cut off),
+files that do not parse, a value that is not a number where the table needs one.
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ from pathlib import Path
 
 import yaml
 
-#: files a run directory holds (what marks a folder as one, and what a stale run start leaves)
+#: files a run directory holds (what marks a folder as one, and what a stale run start leaves); wandb's folder
+#: (train.report_to) and curves.png (`policyzoo plot RUN_DIR`) included
 RUN_FILES = {"config.yaml", "resolved.yaml", "metrics.jsonl", "summary.json", "completions.jsonl", "plugins.json",
-             "run.pid", "startup.log", "checkpoints", "tensorboard", "final", "dataset", "eval_dataset"}
+             "run.pid", "startup.log", "checkpoints", "tensorboard", "final", "dataset", "eval_dataset", "wandb",
+             "curves.png"}
+#: the numbers the table reads: in summary.json, and in metrics.jsonl's records (a number or null each)
+SUMMARY_NUMBERS = ("eval_accuracy_before", "eval_accuracy_after", "peak_rss_gib", "process_to_ready_seconds")
+RECORD_NUMBERS = ("reward_mean", "kl_ref", "entropy", "clip_frac_low", "clip_frac_high", "response_length_mean",
+                  "time_step", "time_eval", "rollout_tokens", "prompt_tokens", "peak_rss_gib",
+                  "gpu_peak_allocated_gib", "eval_accuracy")
 
 MARKS = {"config.yaml", "summary.json", "metrics.jsonl", "run.pid"}  # a folder holding one is read as a run
 
@@ -52,17 +60,48 @@ class Skipped:
 
 def read_jsonl(path: Path) -> list[dict]:
     """The records of a JSON-lines file up to the first line that does not parse (a kill's cut)."""
-    out = []
+    return read_jsonl_cut(path)[0]
+
+
+def read_jsonl_cut(path: Path) -> tuple[list[dict], int | None]:
+    """The records up to the first line that does not parse (or is not a JSON object), and that
+    line's number (1-based; None when every line parses)."""
+    out: list[dict] = []
     try:
         text = path.read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
+    except (OSError, UnicodeDecodeError):
+        return out, None
+    for i, line in enumerate(text.splitlines(), 1):
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
-            break
-    return out
+            return out, i
+        if not isinstance(rec, dict):
+            return out, i
+        out.append(rec)
+    return out, None
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def not_a_number(summary: dict, records: list[dict]) -> str | None:
+    """Why a value the table reads is unusable (a string where a number belongs), or None."""
+    for key in SUMMARY_NUMBERS:
+        if summary.get(key) is not None and not is_number(summary[key]):
+            return f"summary.json's {key} is {summary[key]!r}, not a number"
+    for rec in records:
+        for key in RECORD_NUMBERS:
+            if rec.get(key) is not None and not is_number(rec[key]):
+                return f"metrics.jsonl's {key} at step {rec.get('step')} is {rec[key]!r}, not a number"
+    return None
+
+
+def summary_steps(summary: dict) -> int | None:
+    """summary.json's ``steps`` when it is a step count (an integer >= 0), else None."""
+    steps = summary.get("steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else None
 
 
 def read_summary(path: Path) -> dict | None:
@@ -105,11 +144,31 @@ def read_run(path: Path) -> Run | Skipped:
         how = (f"resume it with `policyzoo train --resume {path}`" if ckpt else
                "it holds no checkpoint to resume from: delete it and run it again")
         return Skipped(path, f"no complete summary.json: the run has not finished or was cut off; {how}")
-    records = read_jsonl(path / "metrics.jsonl")
+    return _with_metrics(path, config, summary)
+
+
+def _with_metrics(path: Path, config: dict, summary: dict) -> Run | Skipped:
+    """The run once its summary's steps, its metrics file and its numbers hold up, else why not."""
+    steps = summary_steps(summary)
+    if steps is None:
+        return Skipped(path, f"summary.json's steps is {summary['steps']!r}, not a step count: the file is not "
+                       "the one `policyzoo train` wrote; run it again")
+    records, cut = read_jsonl_cut(path / "metrics.jsonl")
+    if cut is not None:
+        return Skipped(path, f"metrics.jsonl line {cut} does not parse (cut off while written, or edited): the "
+                       "per-step values would end early; run it again, or restore the file")
     train = by_step([r for r in records if r.get("kind", "train") == "train"])
     evals = by_step([r for r in records if r.get("kind") == "eval"])
     if not train:
         return Skipped(path, "metrics.jsonl holds no training step")
+    have = {r["step"] for r in train}
+    if sum(1 <= k <= steps for k in have) < steps:
+        return Skipped(path, f"metrics.jsonl holds {len(have)} of the {steps} training steps summary.json "
+                       "counts (cut short): its last-20% window would be another; run it again, or restore the "
+                       "file")
+    bad = not_a_number(summary, records)
+    if bad is not None:
+        return Skipped(path, f"{bad}: run it again, or fix the value")
     return Run(path, config, summary, train, evals)
 
 

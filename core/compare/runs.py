@@ -8,9 +8,11 @@ weights. ``data.seed=K`` among the overrides pins the data for all seeds (then s
 only); ``train.seed`` and ``output_dir`` are set here and refused as overrides.
 
 The status of each run's folder (:func:`status`): ``new``; ``done`` (a complete summary.json at the
-config's ``train.steps``: skipped); ``resume`` (a checkpoint: ``policyzoo train --resume DIR``);
-``restart`` (a started run without a checkpoint, so nothing to resume: its run files are removed
-before it starts again); ``blocked`` (another live run writes there, or files that are not a run's).
+planned ``train.steps``, its config.yaml the planned run's: skipped); ``resume`` (a checkpoint:
+``policyzoo train --resume DIR``); ``restart`` (a started run without a checkpoint, so nothing to
+resume: its run files are removed before it starts again); ``blocked`` (another live run writes
+there, files that are not a run's, a config.yaml that does not parse or differs from the planned
+run's in more than ``train.steps``, ``output_dir`` and ``engine.threads``, a run of more steps).
 """
 
 from __future__ import annotations
@@ -20,17 +22,21 @@ import os
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import yaml
 
 from policyzoo.assembly import assemble
 from policyzoo.catalog import get_catalog
 from policyzoo.config import load_config
+from policyzoo.contract.ground import SLOTS
 from policyzoo.errors import ConfigError, UserError
 
+from .aggregate import config_differences
 from .entries import parse_entry
-from .rundirs import RUN_FILES, read_jsonl, read_summary
+from .rundirs import RUN_FILES, read_jsonl, read_summary, summary_steps
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
     from rich.console import Console
@@ -41,7 +47,8 @@ TRAIN = [sys.executable, "-m", "policyzoo.cli", "train"]
 @dataclass
 class RunSpec:
     """One planned run: ``entry`` (as in --algos), ``seed``, folder ``path``, the zoo name ``base``,
-    every override it gets, the configured ``steps``, and the folder's ``status`` with ``detail``."""
+    every override it gets, the configured ``steps``, the folder's ``status`` with ``detail``, and the
+    planned ``config`` (as ``config.yaml`` will hold it)."""
 
     entry: str
     seed: int
@@ -51,6 +58,7 @@ class RunSpec:
     steps: int
     status: str = "new"
     detail: str = ""
+    config: dict = field(default_factory=dict, repr=False)
 
     def train_args(self) -> list[str]:
         """The arguments after ``policyzoo train``: a new run, or ``--resume`` with the same overrides."""
@@ -84,13 +92,14 @@ def _check_overrides(overrides: list[str]) -> None:
 def plan(algos: list[str], seeds: list[int], output_dir: str | Path, overrides: list[str] = (),
          threads: int | None = None) -> list[RunSpec]:
     """Every run, checked before any starts: each entry's config validates and its names resolve
-    (an unknown name raises the ConfigError ``--algo`` gives, with the close matches)."""
+    (an unknown name raises the ConfigError ``--algo`` gives, with the close matches), and no two
+    entries resolve to the same algorithm (the same components with the same parameters)."""
     overrides = list(overrides)
     _check_overrides(overrides)
     keys = {item.split("=", 1)[0].strip() for item in overrides}
     extra = [f"engine.threads={threads}"] if threads and "engine.threads" not in keys else []
     catalog = get_catalog()
-    out = []
+    out, same = [], {}
     for entry in algos:
         base, changes = parse_entry(entry)
         catalog.bundle(base, f"--algos {entry}")
@@ -100,13 +109,28 @@ def plan(algos: list[str], seeds: list[int], output_dir: str | Path, overrides: 
                      *([] if "data.seed" in keys else [f"data.seed={seed}"])]
             config = load_config(None, base, [*given, f"output_dir={path}"])
             try:  # the components are built as a run builds them (names, parameters), no model loaded
-                assemble(config.algorithm, catalog=catalog)
+                built = assemble(config.algorithm, catalog=catalog)
             except UserError as e:
                 raise type(e)(f"--algos {entry}: {e.where}", e.why, e.fix) from None
-            spec = RunSpec(entry, seed, path, base, given, config.train.steps)
-            spec.status, spec.detail = status(path, spec.steps)
+            spec = RunSpec(entry, seed, path, base, given, config.train.steps, config=config.model_dump())
+            spec.status, spec.detail = status(path, spec.steps, spec.config)
             out.append(spec)
+        other = same.setdefault(_components(built), entry)
+        if other != entry:
+            raise ConfigError(f"--algos {other},{entry}", f"{other!r} and {entry!r} are the same algorithm (the same "
+                              "components with the same parameters): their runs would be one experiment twice",
+                              f"name it once: drop {entry!r} or {other!r}")
     return out
+
+
+def _components(run) -> str:
+    """What a run computes, as text: every slot's components with their parameters."""
+    slots = {}
+    for slot in SLOTS:
+        comps = getattr(run, slot)
+        comps = comps if isinstance(comps, list) else ([] if comps is None else [comps])
+        slots[slot] = [[c.name, c.params.model_dump()] for c in comps]
+    return json.dumps(slots, sort_keys=True, default=str)
 
 
 def _live_owner(path: Path) -> dict | None:
@@ -127,35 +151,68 @@ def _live_owner(path: Path) -> dict | None:
     return rec
 
 
-def status(path: Path, steps: int) -> tuple[str, str]:
-    """``(status, detail)`` of a planned run's folder (module docstring)."""
+def status(path: Path, steps: int, planned: dict | None = None) -> tuple[str, str]:
+    """``(status, detail)`` of a planned run's folder (module docstring); ``planned``, the run's config
+    (``config.model_dump()``): a folder made with other settings is ``blocked``, not ``done``."""
     if not path.is_dir() or not any(path.iterdir()):
         return "new", ""
     owner = _live_owner(path)
     if owner is not None:
         return "blocked", f"a live run (pid {owner['pid']}) is writing here: wait for it, or stop it"
-    summary = read_summary(path)
-    latest = None
-    try:
-        latest = int(json.loads((path / "checkpoints" / "latest.json").read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    if summary is not None and int(summary["steps"]) >= steps:
-        return "done", f"finished at step {summary['steps']}"
+    names = {p.name for p in path.iterdir()}
+    if not names & {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints"}:
+        return "new", ""
+    if names - RUN_FILES:
+        return "blocked", (f"holds files that are not a run's ({', '.join(sorted(names - RUN_FILES)[:3])}): "
+                           "delete them, or choose another --output-dir")
+    summary, latest = read_summary(path), _latest(path)
+    if summary is None and latest is None:
+        return "restart", "started before without a checkpoint (nothing to resume): its run files are removed"
+    why = _config_mismatch(path, planned)
+    if why:
+        return "blocked", f"{why}: delete the folder (or choose another --output-dir) to run the planned one"
+    done_at = None if summary is None else summary_steps(summary)
+    if summary is not None and done_at is None:
+        return "blocked", f"summary.json's steps is {summary['steps']!r}, not a step count: delete the folder"
+    if done_at == steps:
+        return "done", f"finished at step {done_at}"
+    if done_at is not None and done_at > steps:
+        return "blocked", (f"finished at step {done_at}, the plan has train.steps {steps}: another experiment (its "
+                           "last-20% window and schedule differ): delete the folder or choose another --output-dir")
     if latest is not None and latest < steps:
         return "resume", f"from the checkpoint of step {latest}"
-    if summary is not None and latest is None:
-        return "blocked", (f"finished at step {summary['steps']} (train.steps is {steps}) without a checkpoint to "
+    if latest is None:
+        return "blocked", (f"finished at step {done_at} (train.steps is {steps}) without a checkpoint to "
                            "continue from: delete the folder to run it again")
-    if latest is not None:
-        return "blocked", (f"a checkpoint of step {latest} but no summary.json (stopped while finishing): run "
-                           f"`policyzoo train --resume {path} train.steps={latest + 1}` or delete the folder")
-    names = {p.name for p in path.iterdir()}
-    if not names & {"config.yaml", "metrics.jsonl"}:
-        return "new", ""
-    if names <= RUN_FILES:
-        return "restart", "started before without a checkpoint (nothing to resume): its run files are removed"
-    return "blocked", f"holds files that are not a run's ({', '.join(sorted(names - RUN_FILES)[:3])}): delete them"
+    return "blocked", (f"a checkpoint of step {latest} but no summary.json (stopped while finishing): run "
+                       f"`policyzoo train --resume {path} train.steps={latest + 1}` or delete the folder")
+
+
+def _latest(path: Path) -> int | None:
+    try:
+        step = json.loads((path / "checkpoints" / "latest.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _config_mismatch(path: Path, planned: dict | None) -> str:
+    """Why the folder's config.yaml is not the planned run's (``train.steps``, ``output_dir`` and
+    ``engine.threads`` may differ: a run is extended, moved, given other cores), or ``""``."""
+    try:
+        config = yaml.safe_load((path / "config.yaml").read_text())
+    except FileNotFoundError:
+        return "a summary.json or checkpoint but no config.yaml: not a run of `policyzoo train`"
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        return f"config.yaml does not parse ({type(e).__name__}): not a run compare can use"
+    if not isinstance(config, dict):
+        return "config.yaml is not a mapping: not a run compare can use"
+    diff = {} if planned is None else config_differences(config, planned, ("output_dir", "engine.threads",
+                                                                            "train.steps"))
+    if not diff:
+        return ""
+    keys = "; ".join(f"{k} {a!r} here, {b!r} planned" for k, (a, b) in list(diff.items())[:5])
+    return f"made with other settings than the planned run: {keys}" + (" ..." if len(diff) > 5 else "")
 
 
 def clear(path: Path) -> None:
@@ -175,8 +232,11 @@ def measured_seconds(path: Path) -> float | None:
     if summary is None or summary.get("process_to_ready_seconds") is None:
         return None
     records = read_jsonl(path / "metrics.jsonl")
-    return float(summary["process_to_ready_seconds"]) + sum(
-        float(r.get("time_step") or r.get("time_eval") or 0.0) for r in records)
+    try:  # a value that is not a number: no measurement (the table leaves that run out, saying why)
+        return float(summary["process_to_ready_seconds"]) + sum(
+            float(r.get("time_step") or r.get("time_eval") or 0.0) for r in records)
+    except (TypeError, ValueError):
+        return None
 
 
 def eta_line(specs: list[RunSpec], parallel: int) -> str:

@@ -1,0 +1,225 @@
+"""policyzoo compare's checks of what it is given: run folders cut short or holding values that are not
+numbers are left out with the reason; a folder made with other settings is blocked, not skipped as done;
+the arguments (--seeds, --output-dir, --baseline, two spellings of one algorithm, what only goes with
+--algos, the Python API's types) are refused before anything runs, without a stack trace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _compare_helpers import write_planned, write_run
+from rich.console import Console
+
+from policyzoo.compare import runs
+from policyzoo.compare.api import compare
+from policyzoo.errors import ConfigError, UserError
+
+QUIET = Console(quiet=True)
+
+
+class Finish:
+    """Stands in for a `policyzoo train` process: writes the planned run (after 0.1 (seed + 1)), exits 0."""
+
+    started: list = []
+
+    def __init__(self, job):
+        self.job, self.returncode = job, None
+        Finish.started.append(job)
+
+    def poll(self):
+        if self.returncode is None:
+            s = self.job.spec
+            write_run(s.path, s.base, s.seed, 0.1 * (s.seed + 1), steps=s.steps, config=s.config)
+            self.returncode = 0
+        return self.returncode
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    Finish.started = []
+
+
+def _metrics(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def _write_metrics(path, records, tail=""):
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+
+
+def test_a_metrics_file_cut_short_is_left_out_with_the_reason(tmp_path, capsys):
+    for s, after in enumerate([0.2, 0.4, 0.6, 0.8]):
+        write_run(tmp_path / "grpo" / f"seed{s}", "grpo", s, after)
+    short, cut = tmp_path / "grpo" / "seed2", tmp_path / "grpo" / "seed3"
+    # seed2: the eval of step 0 and train steps 1-3 of the 6 summary.json counts (records 0..3 of 8)
+    _write_metrics(short, _metrics(short)[:4])
+    # seed3: all 6 steps, then the last eval line cut off while written: line 1 eval, 2-7 train, 8 the cut one
+    _write_metrics(cut, _metrics(cut)[:7], tail='{"kind": "eval", "step": 6, "eval_acc')
+    result = compare(str(tmp_path))
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"warning: {short} left out: metrics.jsonl holds 3 of the 6 training steps" in out
+    assert f"warning: {cut} left out: metrics.jsonl line 8 does not parse" in out
+    g = result["algorithms"][0]
+    assert g["n"] == 2 and g["eval_after"]["mean"] == pytest.approx(0.3)  # (0.2 + 0.4) / 2: seeds 2, 3 left out
+    assert sorted(s["path"] for s in result["skipped"]) == [str(short), str(cut)]
+
+
+@pytest.mark.parametrize("where,key,value,reason", [
+    ("summary", "eval_accuracy_after", "abc", "summary.json's eval_accuracy_after is 'abc', not a number"),
+    ("summary", "steps", "x", "summary.json's steps is 'x', not a step count"),
+    ("summary", "steps", None, "summary.json's steps is None, not a step count"),
+    ("metrics", "reward_mean", "x", "metrics.jsonl's reward_mean at step 3 is 'x', not a number"),
+    ("metrics", "time_step", "slow", "metrics.jsonl's time_step at step 3 is 'slow', not a number")])
+def test_a_value_that_is_not_a_number_leaves_the_run_out(tmp_path, where, key, value, reason):
+    write_run(tmp_path / "grpo" / "seed0", "grpo", 0, 0.2)
+    bad = write_run(tmp_path / "grpo" / "seed1", "grpo", 1, 0.9)
+    if where == "summary":
+        summary = json.loads((bad / "summary.json").read_text())
+        (bad / "summary.json").write_text(json.dumps({**summary, key: value}))
+    else:
+        records = _metrics(bad)
+        records[3][key] = value  # record 3: train step 3 (record 0 is the eval of step 0)
+        _write_metrics(bad, records)
+    result = compare(str(tmp_path), console=QUIET)
+    assert [s["path"] for s in result["skipped"]] == [str(bad)] and result["skipped"][0]["why"].startswith(reason)
+    assert result["algorithms"][0]["eval_after"]["mean"] == pytest.approx(0.2)  # seed0 alone
+
+
+def test_a_folder_made_with_other_settings_is_blocked_not_done(tmp_path):
+    (spec,) = runs.plan(["grpo"], [0], tmp_path, ["train.steps=2"])
+    other = dict(spec.config, train={**spec.config["train"], "lr": 0.5})
+    write_run(spec.path, "grpo", 0, 0.1, steps=2, config=other)
+    (again,) = runs.plan(["grpo"], [0], tmp_path, ["train.steps=2"])
+    assert again.status == "blocked" and "train.lr 0.5 here, 1e-06 planned" in again.detail
+    assert "delete the folder (or choose another --output-dir)" in again.detail
+    # the same run planned with lr 0.5 is done
+    assert runs.plan(["grpo"], [0], tmp_path, ["train.steps=2", "train.lr=0.5"])[0].status == "done"
+    # another algorithm's run in the folder: blocked too (the algorithm is part of what must match)
+    (dr,) = runs.plan(["dr_grpo"], [0], tmp_path / "dr", ["train.steps=2"])
+    write_run(tmp_path / "x" / "grpo" / "seed0", "dr_grpo", 0, 0.1, steps=2, config=dr.config)
+    (mine,) = runs.plan(["grpo"], [0], tmp_path / "x", ["train.steps=2"])
+    assert mine.status == "blocked" and "'dr_grpo' here" in mine.detail and "'grpo' planned" in mine.detail
+
+
+def test_a_longer_run_is_another_experiment_and_odd_folders_are_blocked(tmp_path):
+    (spec30,) = runs.plan(["grpo"], [0], tmp_path, ["train.steps=30"])
+    write_planned(spec30)
+    (spec20,) = runs.plan(["grpo"], [0], tmp_path)  # the default train.steps, 20
+    assert spec20.steps == 20 and spec20.status == "blocked"
+    assert spec20.detail.startswith("finished at step 30, the plan has train.steps 20: another experiment")
+    (spec,) = runs.plan(["dr_grpo"], [0], tmp_path, ["train.steps=2"])
+    write_planned(spec)
+    assert runs.status(spec.path, 2, spec.config)[0] == "done"
+    (spec.path / "notes.txt").write_text("mine")  # a file that is not a run's
+    assert runs.status(spec.path, 2, spec.config) == ("blocked", "holds files that are not a run's (notes.txt): "
+                                                      "delete them, or choose another --output-dir")
+    (spec.path / "notes.txt").unlink()
+    (spec.path / "config.yaml").write_text("train: [unclosed")
+    state, why = runs.status(spec.path, 2, spec.config)
+    assert state == "blocked" and why.startswith("config.yaml does not parse")
+    summary = json.loads((spec30.path / "summary.json").read_text())
+    (spec30.path / "summary.json").write_text(json.dumps({**summary, "steps": "x"}))
+    assert runs.status(spec30.path, 30, spec30.config) == (
+        "blocked", "summary.json's steps is 'x', not a step count: delete the folder")
+
+
+def test_blocked_runs_are_neither_run_nor_counted(tmp_path):
+    out = tmp_path / "cmp"
+    (spec,) = runs.plan(["grpo"], [0], out, ["train.steps=2"])
+    write_run(spec.path, "grpo", 0, 0.9, steps=2, config=dict(spec.config, data={**spec.config["data"],
+                                                                               "name": "other"}))
+    result = compare(algos="grpo", seeds=2, output_dir=str(out), train={"steps": 2}, start=Finish, console=QUIET)
+    assert [j.spec.seed for j in Finish.started] == [1]  # seed 0 is blocked: not run, not replaced
+    g = result["algorithms"][0]
+    assert g["n"] == 1 and g["eval_after"]["mean"] == pytest.approx(0.2)  # seed 1's 0.1 * (1 + 1), not seed 0's 0.9
+    (left,) = result["skipped"]
+    assert left["path"] == str(spec.path) and "data.name 'other' here, 'arithmetic' planned" in left["why"]
+
+
+def test_two_spellings_of_one_algorithm_are_refused_up_front(tmp_path):
+    out = tmp_path / "cmp"
+    for algos, first, second in [("grpo+clip=cispo,grpo+clip.use=cispo", "grpo+clip=cispo", "grpo+clip.use=cispo"),
+                                 ("grpo,grpo+clip=ppo_clip", "grpo", "grpo+clip=ppo_clip")]:
+        with pytest.raises(ConfigError) as e:
+            compare(algos=algos, seeds=1, output_dir=str(out), start=Finish, console=QUIET)
+        assert e.value.where == f"--algos {first},{second}" and "the same algorithm" in e.value.why
+    assert Finish.started == [] and not out.exists()
+
+
+def test_the_baseline_is_checked_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    for kw in ({"print_commands": True}, {"start": Finish}):
+        with pytest.raises(UserError) as e:
+            compare(algos="grpo,dr_grpo", seeds=1, output_dir=str(out), baseline="rloo", console=QUIET, **kw)
+        assert e.value.where == "--baseline rloo" and "grpo, dr_grpo" in e.value.fix
+    assert Finish.started == [] and capsys.readouterr().out == "" and not out.exists()
+    # an entry as given names its row even where the table's label is shorter (clip.eps_high is shared: no label)
+    result = compare(algos="grpo+clip.eps_high=0.3,dr_grpo+clip.eps_high=0.3", seeds=1, output_dir=str(out),
+                     baseline="dr_grpo+clip.eps_high=0.3", start=Finish, console=QUIET, train={"steps": 2})
+    assert result["baseline"] == "dr_grpo" and [a["algorithm"] for a in result["algorithms"]] == ["grpo", "dr_grpo"]
+
+
+def test_an_output_dir_that_is_a_file_and_wild_seeds_are_refused(tmp_path, capsys):
+    from policyzoo.cli import main
+
+    write_run(tmp_path / "runs" / "grpo" / "seed0", "grpo", 0, 0.1)
+    taken = tmp_path / "taken.txt"
+    taken.write_text("x")
+    for args in (["compare", str(tmp_path / "runs"), "--output-dir", str(taken)],
+                 ["compare", "--algos", "grpo", "--output-dir", str(taken / "cmp"), "train.steps=2"]):
+        assert main(args) == 2
+        err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+        assert f"{taken} is a file, not a folder" in err and "Traceback" not in err
+    with pytest.raises(UserError):
+        compare(algos="grpo", seeds=1, output_dir=str(taken), start=Finish, console=QUIET)
+    assert Finish.started == [] and taken.read_text() == "x"
+    for seeds, why in (("99999999999999999999", "a count is 1 to 1000"), ("1001", "a count is 1 to 1000"),
+                       ("99999999999999999999,", "seed 99999999999999999999 is out of range")):
+        assert main(["compare", "--algos", "grpo", "--seeds", seeds, "--output-dir", str(tmp_path / "c")]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert why in err and "Traceback" not in err
+
+
+def test_what_only_goes_with_algos_is_a_usage_error_when_aggregating(tmp_path, monkeypatch, capsys):
+    from policyzoo.cli import main
+
+    write_run(tmp_path / "runs" / "grpo" / "seed0", "grpo", 0, 0.1)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    runs_dir = str(tmp_path / "runs")
+    for extra, named in ((["train.steps=5"], "key=value overrides (train.steps=5)"), (["--print-commands"],
+                         "--print-commands"), (["--seeds", "2"], "--seeds"), (["--parallel", "2"], "--parallel")):
+        assert main(["compare", runs_dir, *extra]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"{named} only go with --algos" in err and "Traceback" not in err
+    assert list((tmp_path / "cwd").iterdir()) == [] and not (tmp_path / "runs" / "compare.md").exists()
+    # a folder whose name holds '=' (an entry's folder) is still a folder
+    (tmp_path / "cwd" / "x=1").mkdir()
+    write_run(tmp_path / "cwd" / "x=1" / "seed0", "grpo", 0, 0.1)
+    assert main(["compare", "x=1"]) == 0 and (tmp_path / "cwd" / "x=1" / "compare.md").is_file()
+
+
+def test_one_run_folder_gets_its_table_beside_it(tmp_path):
+    run = write_run(tmp_path / "agg" / "grpo" / "seed0", "grpo", 0, 0.1)
+    result = compare(str(run), console=QUIET)
+    assert result["files"][0] == str(tmp_path / "agg" / "grpo" / "compare.md")
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "metrics.jsonl", "summary.json"]
+
+
+def test_the_python_api_refuses_a_string_of_overrides_and_bool_seeds(tmp_path):
+    with pytest.raises(UserError, match="overrides must be a list of key=value strings"):
+        compare(algos="grpo", output_dir=str(tmp_path), overrides="train.steps=5", start=Finish, console=QUIET)
+    with pytest.raises(ConfigError, match="give a count"):
+        compare(algos="grpo", output_dir=str(tmp_path), seeds=True, start=Finish, console=QUIET)
+    assert Finish.started == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_finished_run_with_a_bad_time_gives_no_eta_instead_of_a_crash(tmp_path):
+    (spec,) = runs.plan(["grpo"], [0], tmp_path, ["train.steps=2"])
+    done = write_planned(spec)
+    summary = json.loads((done / "summary.json").read_text())
+    (done / "summary.json").write_text(json.dumps({**summary, "process_to_ready_seconds": "slow"}))
+    specs = runs.plan(["grpo"], [0, 1], tmp_path, ["train.steps=2"])
+    assert specs[0].status == "done" and runs.measured_seconds(done) is None
+    assert runs.eta_line(specs, 1).startswith("ETA: none yet")
