@@ -148,9 +148,10 @@ def _to_config_error(e: pydantic.ValidationError, tree: dict, where: str) -> Con
     else:
         why = f"{err.get('input')!r}: {err['msg']}"
         info = getattr(model, "model_fields", {}).get(loc[-1]) if loc else None
-        fix = info.description if info is not None and info.description else "see `policyzoo train --help`"
+        about = f" ({info.description})" if info is not None and info.description else ""
+        fix = f"give {path} a valid value{about}; `policyzoo config` lists every key and its default"
         if err["type"].startswith("bool"):
-            fix = f"give {path} true or false ({fix})"
+            fix = f"give {path} true or false{about}"
     return ConfigError(path if where == "config" else f"{where}: {path}", why, fix)
 
 

@@ -233,3 +233,9 @@ def test_a_boolean_where_a_number_belongs_is_an_error(override):
     with pytest.raises(ConfigError) as e:  # pydantic's lax mode took true as 1
         load_config(None, "grpo", [override])
     assert e.value.where == override.split("=")[0] and "boolean" in str(e.value)
+
+
+def test_a_value_of_the_wrong_type_says_how_to_fix_it_not_only_what_the_key_is():
+    msg = _err(path=None, algo="grpo", overrides=["train.steps=abc"])
+    assert "train.steps" in msg and "'abc'" in msg
+    assert "fix: give train.steps a valid value (optimizer steps" in msg and "`policyzoo config`" in msg
