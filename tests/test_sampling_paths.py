@@ -162,3 +162,24 @@ def test_the_transformers_engine_batches_prompts_and_its_logprobs_match_unpadded
     # the same step seed gives the same samples
     again = engine.generate(rows, n=2, max_tokens=6, temperature=1.0, seed=3)
     assert torch.equal(again.response_ids, roll.response_ids)
+
+
+def test_a_prompts_samples_do_not_depend_on_the_other_prompts_in_the_batch():
+    """Data-parallel ranks split a step's prompts: prompt 1 sampled with prompt 0 beside it (first_index 0)
+    must equal prompt 1 sampled alone as the first prompt of a second rank (first_index 1), ids and
+    log-probs, because each prompt draws from its own generator seeded by request_seed(seed, index, n)."""
+    from policyzoo.engine.models import resolve_model
+    from policyzoo.engine.rollout.hf import HFRollout
+
+    engine = HFRollout(resolve_model(str(tiny_model())), "float32")
+    rows = [{"prompt": "a much longer question about numbers, to pad the other one"}, {"prompt": "hi"}]
+    both = engine.generate(rows, n=3, max_tokens=8, temperature=0.9, seed=5, top_p=0.95)
+    alone = engine.generate(rows[1:], n=3, max_tokens=8, temperature=0.9, seed=5, top_p=0.95, first_index=1)
+    for j in range(3):
+        ids = both.response_ids[3 + j][both.response_mask[3 + j]].tolist()
+        assert ids == alone.response_ids[j][alone.response_mask[j]].tolist(), j
+        assert torch.allclose(both.rollout_logprobs[3 + j, :len(ids)], alone.rollout_logprobs[j, :len(ids)],
+                              atol=1e-5)
+    # another seed draws other samples (3 rows x 8 tokens of a 259-id vocabulary: equal by chance ~never)
+    other = engine.generate(rows[1:], n=3, max_tokens=8, temperature=0.9, seed=6, top_p=0.95, first_index=1)
+    assert not torch.equal(other.response_ids, alone.response_ids)

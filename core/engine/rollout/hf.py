@@ -16,12 +16,13 @@ from .finish import finish, text_stop
 class HFRollout(EngineBase):
     """transformers ``generate`` on a private copy of the weights (no KV-cache sharing).
 
-    A step's prompts go to **one** ``generate`` call, left-padded (as TRL does): on a GPU one call per
-    prompt left it launch-bound, 6.6x slower than TRL's rollout at 8 prompts x 8 samples x 128 tokens
-    (bench/results/gpu_h200). So a step's samples are fixed by the step's seed and its whole batch:
-    the same prompt in another batch samples differently, unlike vLLM, whose requests each carry their
-    own seed. Log-probs are gathered on the device (the sampled token's, ``[B, T]``), never a
-    vocabulary-wide ``[B, T, V]`` copy to the host."""
+    A step's prompts go to **one** ``generate`` call, left-padded: on a GPU one call per prompt left it
+    launch-bound, 6.6x slower than TRL's rollout at 8 prompts x 8 samples x 128 tokens
+    (bench/results/gpu_h200). Each prompt still draws its samples from its own generator, seeded by
+    ``request_seed(seed, first_index + i, n)`` (:class:`SeededSampling`), so a prompt samples the same
+    whichever batch or data-parallel rank it is in, as vLLM's per-request seeds do. Log-probs are
+    the sampled token's under the sampling distribution, ``[B, T]``, computed on the device (never a
+    vocabulary-wide ``[B, T, V]`` copy to the host)."""
 
     def __init__(self, model_info, dtype: str, trust_remote_code: bool = False):
         super().__init__(model_info)
@@ -44,17 +45,25 @@ class HFRollout(EngineBase):
     def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                  top_p: float = 1.0, greedy: bool = False, first_index: int = 0, top_k: int = 0, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, stop: list[str] = ()) -> Rollout:
+        from transformers import LogitsProcessorList
+
         prompt_ids, texts = self.encode(rows)
         eos = set(self.info.eos_token_ids)
         x, mask = left_pad(prompt_ids, self.info.pad_token_id, self.model.device)
-        torch.manual_seed(request_seed(seed, first_index, n))
-        out = self.model.generate(x, attention_mask=mask, max_new_tokens=max_tokens, num_return_sequences=n,
-                                  **self._sampling(greedy, temperature, top_p, top_k, min_p, repetition_penalty),
+        sampler = None if greedy else SeededSampling(
+            [request_seed(seed, first_index + i, n) for i in range(len(prompt_ids))], n,
+            temperature, top_p, top_k, min_p)
+        # greedy decoding picks the one token the sampler leaves finite (or the argmax when greedy); greedy
+        # generate takes one sequence per input, so each prompt is repeated n times here (prompt-major)
+        x, mask = x.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+        out = self.model.generate(x, attention_mask=mask, max_new_tokens=max_tokens,
+                                  **self._sampling(True, temperature, top_p, top_k, min_p, repetition_penalty),
                                   **self._options(stop, x.shape[1]), eos_token_id=list(eos),
-                                  pad_token_id=self.info.pad_token_id, output_scores=True,
+                                  logits_processor=LogitsProcessorList([sampler] if sampler else []),
+                                  pad_token_id=self.info.pad_token_id, output_scores=greedy,
                                   return_dict_in_generate=True)
-        gen = out.sequences[:, x.shape[1]:]  # [P*n, T'], prompt-major (generate repeats each prompt n times)
-        chosen = chosen_logprobs(out.scores, gen)
+        gen = out.sequences[:, x.shape[1]:]  # [P*n, T'], prompt-major
+        chosen = chosen_logprobs(out.scores, gen) if greedy else sampler.chosen()
         gen = gen.cpu()
         responses, lps, trunc, comps = [], [], [], []
         for j in range(gen.shape[0]):  # finished rows are padded after their end: finish() drops it
@@ -143,3 +152,44 @@ def chosen_logprobs(scores: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> t
         return torch.zeros(tokens.shape[0], 0)
     cols = [s.float().log_softmax(-1).gather(1, tokens[:, t:t + 1]) for t, s in enumerate(scores)]
     return torch.cat(cols, 1).cpu()
+
+
+class SeededSampling:
+    """Samples every prompt's ``n`` rows with that prompt's own ``torch.Generator`` (seeded from
+    ``seeds[i]``); a logits processor (any callable of ``input_ids, scores``), the last of a greedy
+    ``generate``: it applies temperature, top-k,
+    top-p and min-p (transformers' warpers, in ``generate``'s order) after the processors before it
+    (repetition penalty, suppressed ids), draws one token per row, records its log-prob under the
+    warped distribution, and returns scores that are -inf everywhere but that token, which greedy
+    decoding then takes. Rows are prompt-major, ``n`` per prompt. A prompt's generator advances once
+    per step whatever the other prompts do, so its samples do not depend on the batch."""
+
+    def __init__(self, seeds: list[int], n: int, temperature: float, top_p: float, top_k: int, min_p: float):
+        from transformers.generation.logits_process import (
+            MinPLogitsWarper,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.seeds, self.n, self.gens, self.logprobs = seeds, n, None, []
+        self.warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
+            ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else []) + \
+            ([MinPLogitsWarper(min_p)] if min_p else [])
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.gens is None:  # on the scores' device
+            self.gens = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        for w in self.warpers:
+            scores = w(input_ids, scores)
+        logp = scores.float().log_softmax(-1)
+        n = self.n
+        toks = torch.cat([torch.multinomial(logp[i * n:(i + 1) * n].exp(), 1, generator=g)
+                          for i, g in enumerate(self.gens)])  # [B, 1]
+        self.logprobs.append(logp.gather(1, toks).squeeze(1))
+        return torch.full_like(scores, float("-inf")).scatter_(1, toks, 0.0)
+
+    def chosen(self) -> torch.Tensor:
+        """The sampled tokens' log-probs, ``[B, T']`` fp32 on the host (columns past a row's end hold
+        values of tokens ``generate`` replaced by padding, which callers cut off)."""
+        return torch.stack(self.logprobs, 1).cpu() if self.logprobs else torch.zeros(len(self.seeds) * self.n, 0)
