@@ -4,7 +4,7 @@ under ``bench/results/<name>/``, and one entry in ``bench/results/summary.json``
     make compare-gym      # the runs (policyzoo compare ...), then: python bench/compare_record.py runs/cmp-gym
 
 Copied: ``compare.md``, ``compare.json``, ``compare.png`` and, per run, ``summary.json``, ``metrics.jsonl``
-and ``resolved.yaml`` (no checkpoints, no weights). The summary entry's value maps each algorithm to its
+and ``resolved.yaml`` (no checkpoints, no weights), with the checkout's absolute paths made relative. The summary entry's value maps each algorithm to its
 held-out metric before and after and its paired difference to the baseline, each ``[mean, half-width]``
 of the 95% t-interval over seeds (half-width None with one seed); ``detail`` holds the metric, the
 seeds, the held-out rows per run, the command that made the runs and the machine's fp32 matmul rate and
@@ -53,7 +53,10 @@ def copy_results(runs: Path, out: Path, result: dict) -> list[Path]:
             src = Path(run) if Path(run).is_absolute() else bench_summary.ROOT / run
             dst = out / src.relative_to(runs.resolve()) if src.is_relative_to(runs.resolve()) else out / src.name
             dst.mkdir(parents=True, exist_ok=True)
-            copied += [Path(shutil.copy2(src / f, dst / f)) for f in RUN_FILES if (src / f).is_file()]
+            for f in RUN_FILES:
+                if (src / f).is_file():  # paths inside the checkout written relative to it
+                    (dst / f).write_text(bench_summary.relative((src / f).read_text()))
+                    copied.append(dst / f)
     return copied
 
 
