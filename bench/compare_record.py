@@ -4,7 +4,8 @@ under ``bench/results/<name>/``, and one entry in ``bench/results/summary.json``
     make compare-gym      # the runs (policyzoo compare ...), then: python bench/compare_record.py runs/cmp-gym
 
 Copied: ``compare.md``, ``compare.json``, ``compare.png`` and, per run, ``summary.json``, ``metrics.jsonl``
-and ``resolved.yaml`` (no checkpoints, no weights), with the checkout's absolute paths made relative. The summary entry's value maps each algorithm to its
+and ``resolved.yaml`` (no checkpoints, no weights), the checkout's absolute paths made relative.
+The summary entry's value maps each algorithm to its
 held-out metric before and after and its paired difference to the baseline, each ``[mean, half-width]``
 of the 95% t-interval over seeds (half-width None with one seed); ``detail`` holds the metric, the
 seeds, the held-out rows per run, the command that made the runs and the machine's fp32 matmul rate and
