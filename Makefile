@@ -37,9 +37,12 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 DEMO_DIR ?= runs/demo
 DEMO_STEPS ?= 20
-DEMO_ARGS ?= --algo grpo --output-dir $(DEMO_DIR) train.steps=$(DEMO_STEPS) train.prompts_per_step=4 \
+DEMO_SETTINGS ?= train.steps=$(DEMO_STEPS) train.prompts_per_step=4 \
 	train.lr=1e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=16 data.eval_size=100 \
 	engine.sync_check=true train.save_every=10
+DEMO_ARGS ?= --algo grpo --output-dir $(DEMO_DIR) $(DEMO_SETTINGS)
+# the README's algorithm table on the embedded default task: 4 algorithms x 3 seeds on the demo's settings
+COMPARE_DEFAULT_DIR ?= runs/cmp-default
 
 AGENT_DEMO_DIR ?= runs/agent-demo
 AGENT_DEMO_STEPS ?= 12
@@ -59,8 +62,9 @@ GYM_DEMO_ARGS ?= --algo grpo --output-dir $(GYM_DEMO_DIR) $(GYM_SETTINGS)
 # ~9 min each on an idle 2-core machine); finished runs are skipped, so a second call only re-records
 COMPARE_GYM_DIR ?= runs/cmp-gym
 COMPARE_GYM_ALGOS ?= grpo,dr_grpo,rloo,gspo
+COMPARE_ALGOS ?= $(COMPARE_GYM_ALGOS)
 
-.PHONY: setup setup-cuda test test-engine demo demo-agent demo-gym compare-gym bench gpu-check gpu-bundle clean-venv
+.PHONY: setup setup-cuda test test-engine demo demo-agent demo-gym compare-gym compare-default bench gpu-check gpu-bundle clean-venv
 
 setup: $(STAMP)
 
@@ -139,6 +143,10 @@ demo-gym: $(STAMP)
 compare-gym: $(STAMP)
 	$(VENV)/bin/policyzoo compare --algos $(COMPARE_GYM_ALGOS) --seeds 3 --output-dir $(COMPARE_GYM_DIR) $(GYM_SETTINGS)
 	$(PY) bench/compare_record.py $(COMPARE_GYM_DIR) --name compare_gym --made-by "make compare-gym"
+
+compare-default: $(STAMP)
+	$(VENV)/bin/policyzoo compare --algos $(COMPARE_ALGOS) --seeds 3 --output-dir $(COMPARE_DEFAULT_DIR) $(DEMO_SETTINGS)
+	$(PY) bench/compare_record.py $(COMPARE_DEFAULT_DIR) --name compare_default --made-by "make compare-default"
 
 demo-agent: $(STAMP)
 	rm -rf $(AGENT_DEMO_DIR)

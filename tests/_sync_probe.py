@@ -64,3 +64,4 @@ out["moved"] = max(float((state["streamed"][k] - base[k]).abs().max()) for k in 
 out["ranks_agree"] = len({json.dumps(o, sort_keys=True) for o in dist.gather(out["weights_equal"])}) == 1
 if dist.rank() == 0:
     print("RESULT " + json.dumps(out), flush=True)
+dist.close()  # a gloo group left to the exit can abort the process after the work (policyzoo.engine.dist.close)

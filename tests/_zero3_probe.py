@@ -44,3 +44,4 @@ out = {"ref_diff": float((ref - want).abs().max()), "policy_diff": float((pol - 
        "replica_params": sum(p.numel() for p in replica.parameters()), "zero3_after": zero3_after}
 if dist.rank() == 0:
     print("RESULT " + json.dumps(out), flush=True)
+dist.close()  # a gloo group left to the exit can abort the process after the work (policyzoo.engine.dist.close)

@@ -23,7 +23,7 @@ def test_streamed_sync_equals_the_whole_model_sync_on_two_ranks(stage):
     env = engine_env()
     env.pop("RANK", None)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-1000:] + r.stderr[-3000:]
     out = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
     whole, streamed = out["whole"], out["streamed"]
     # the tiny Llama: embedding + 2 layers x 9 tensors (q k v o gate up down, 2 norms) + final norm = 20
@@ -46,7 +46,7 @@ def test_zero3_models_load_sharded_and_the_reference_scores_as_the_replica():
     env = engine_env()
     env.pop("RANK", None)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-1000:] + r.stderr[-3000:]
     out = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
     # each of 2 ranks holds a half partition of the policy and of the reference (DeepSpeed pads each
     # partition to the rank count: at most 1 element per parameter over half). Parameters under DeepSpeed's

@@ -87,6 +87,16 @@ def init(timeout_s: float = 600.0) -> None:
                                timeout=timedelta(seconds=timeout_s))
 
 
+def close() -> None:
+    """Leave the launcher's process group (the end of a run; no-op for one rank). A gloo group left to
+    the interpreter's exit can abort the process after its work is done ("terminate called without an
+    active exception": gloo's worker threads still hold tensors while Python tears down; pytorch issue
+    190489), which made torchrun report a finished run as failed."""
+    d = _dist()
+    if d is not None:
+        d.destroy_process_group()
+
+
 def is_collective_failure(error: BaseException) -> bool:
     """True for the error of a collective that timed out or lost its peer (gloo's RuntimeError,
     NCCL's ``DistBackendError``)."""

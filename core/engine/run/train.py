@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from policyzoo.config import load_config
+from policyzoo.engine import dist
 from policyzoo.engine.process import check_vllm_threads, quiet_libraries, setup_process
 from policyzoo.engine.rundir import ResumeError
 
@@ -46,4 +47,8 @@ def open_session(config, resume: str | None = None, force_resume: bool = False, 
 
 
 def main(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False) -> dict:
-    return open_session(config, resume, force_resume, verbose).train()
+    """The whole run, then the process group left (:func:`policyzoo.engine.dist.close`), also after an error."""
+    try:
+        return open_session(config, resume, force_resume, verbose).train()
+    finally:
+        dist.close()
