@@ -141,3 +141,26 @@ def test_a_gpu_count_below_1_is_refused(argv, capsys):
 
     assert main(["plan", "--shape", "qwen2.5-7b", *argv]) == 2
     assert "takes a GPU count >= 1" in capsys.readouterr().err
+
+
+def test_a_placement_that_fits_only_at_a_higher_zero_stage_says_so(capsys):
+    # qwen2.5-7b in fp32 (the default dtype), n = 7_615_487_488, 8 H100s (81_559 MiB = 85_520_809_984 bytes), TP 2.
+    # Activations of one rank (1 prompt x 8 samples): 2143 tokens x 28 x 79_360 x 4 bytes + logits 2_491_416_576
+    # = 21_539_086_336 bytes (20.06 GiB). Per parameter, before activations:
+    #   ZeRO 0 colocated TP 2: 4 + 4 + 8 + 4 + copy 2 = 22 n = 167.5e9: no;
+    #   ZeRO 2 at best (a server: no copy on the trainer): 4 + 4/8 + 8/8 + 4 = 9.5 n = 72.3e9, + 21.5e9 = 93.9e9: no;
+    #   ZeRO 3 colocated TP 2: weights, grads, reference 4/8 each + optimizer 8/8 = 2.5 n = 19_038_718_720, vLLM's
+    #   share 0.3 x 85_520_809_984 = 25_656_242_995 (copy 2 n and KV inside it), streamed sync buffer 152_064 x
+    #   3584 x 4 = 2_179_989_504, activations 21_539_086_336: 68.41e9 = 63.7 GiB <= 79.6 GiB: fits
+    args = ["plan", "--gpus", "8", "--rollout-tp", "2", "--gpu", "h100-80gb", "--shape", "qwen2.5-7b"]
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "8 trainer GPUs colocated with TP 2 (ZeRO 0): 185.80 GiB on the fullest GPU, does not fit" in out
+    assert ("no placement of 8 GPUs fits at ZeRO 0; with engine.zero_stage=3 (ZeRO shards the training state over "
+            "the 8 GPUs) these fit: 8 trainer GPUs colocated with TP 2 (ZeRO 3); 8 trainer GPUs + a rollout server "
+            "of TP 2 on its own GPUs (ZeRO 3)") in out
+    assert "needs >= 8 trainer GPUs" not in out  # the old verdict: 8 GPUs "do not fit" but "need >= 8"
+    # and the setting it names does fit
+    assert main([*args, "engine.zero_stage=3"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "8 trainer GPUs colocated with TP 2 (ZeRO 3): 63.72 GiB on the fullest GPU, fits in h100-80gb" in out

@@ -122,6 +122,23 @@ def smallest_fits(m: Shape, s: Sizes, o: Options, p: Placement, budget: int, v: 
     return out
 
 
+def same_gpus_fits(m: Shape, s: Sizes, o: Options, p: Placement, budget: int, v: Vllm = Vllm()) -> list[Placement]:
+    """The placements of ``p``'s GPU count that fit ``budget`` at the lowest ZeRO stage (``p``'s, then each higher)
+    at which any does: per rollout mode, ``p``'s TP when it fits, else the smallest of ``SEARCH_TP`` that does.
+    Empty when none fits even at ZeRO 3."""
+    tps = (p.tp, *(k for k in SEARCH_TP if k != p.tp))
+    for z in range(p.zero_stage, 4):
+        found = []
+        for mode in MODES:
+            tried = (dataclasses.replace(p, tp=k, mode=mode, zero_stage=z) for k in tps
+                     if mode == "server" or p.gpus % k == 0)
+            if (q := next((r for r in tried if fits(m, s, o, r, budget, v)), None)) is not None:
+                found.append(q)
+        if found:
+            return found
+    return []
+
+
 def describe(p: Placement) -> str:
     """A placement in words, e.g. ``16 trainer GPUs colocated with TP 8 (ZeRO 3)``."""
     where = f"colocated with TP {p.tp}" if p.mode == "colocated" else f"+ a rollout server of TP {p.tp} on its own GPUs"
@@ -151,7 +168,12 @@ def print_gpu_plan(out, m: Shape, s: Sizes, o: Options, p: Placement, budget: in
     others = [q for q in compared(p)[1:] if fits(m, s, o, q, budget, v)]
     if not ok and others:
         out.print("placements of the same GPUs that fit: " + "; ".join(describe(q) for q in others))
-    if not ok and not others:
+    staged = same_gpus_fits(m, s, o, p, budget, v) if not ok and not others else []
+    if staged:
+        z = staged[0].zero_stage
+        out.print(f"no placement of {p.gpus} GPUs fits at ZeRO {p.zero_stage}; with engine.zero_stage={z} (ZeRO "
+                  f"shards the training state over the {p.gpus} GPUs) these fit: " + "; ".join(map(describe, staged)))
+    elif not ok and not others:
         _print_none_fits(out, m, s, o, p, budget, v)
     if p.mode == "colocated" and v.sleep == 0:
         parts = mine["trainer GPU"]
