@@ -203,6 +203,28 @@ def test_print_commands_prints_one_train_line_per_run_to_do(tmp_path, capsys):
     assert f"# {tmp_path / 'grpo' / 'seed0'}: done" in captured.err and FakeTrain.started == []
 
 
+def test_print_commands_restart_line_clears_the_started_run_so_train_accepts_the_folder(tmp_path, capsys):
+    import subprocess
+
+    from policyzoo.engine.rundir import RunDir
+
+    run = tmp_path / "grpo" / "seed0"  # started, never stepped: a config.yaml and a startup.log, no checkpoint
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("algorithm: grpo\n")
+    (run / "startup.log").write_text("loading\n")
+    with pytest.raises(UserError, match="already holds another run's files"):
+        RunDir(run).check_new(create=False)  # what `policyzoo train --output-dir` checks first
+    got = compare(algos="grpo", seeds=1, output_dir=str(tmp_path), print_commands=True, overrides=["train.steps=2"])
+    captured = capsys.readouterr()
+    assert got["commands"] == [f"rm -rf -- {run}/config.yaml {run}/startup.log && policyzoo train --algo grpo "
+                               f"--output-dir {run} train.steps=2 train.seed=0 data.seed=0"]
+    assert f"# {run}: started before without a checkpoint (nothing to resume): its line removes" in captured.err
+    removal = got["commands"][0].split(" && ")[0]
+    subprocess.run(["bash", "-c", removal], check=True)  # as the scheduler runs it: bash -c "$line"
+    assert list(run.iterdir()) == []
+    RunDir(run).check_new(create=False)  # the train half is accepted now
+
+
 def test_the_command_line_form_reports_mistakes_without_a_trace(tmp_path, capsys):
     from policyzoo.cli import main
 

@@ -33,7 +33,7 @@ from policyzoo.errors import UserError
 from . import launch, plot, report, runs
 from .aggregate import aggregate, resolve_baseline
 from .entries import labels, parse_algos, parse_seeds, settings_overrides
-from .rundirs import Skipped, find_runs
+from .rundirs import RUN_FILES, Skipped, find_runs
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
     from rich.console import Console
@@ -138,9 +138,12 @@ def _print_commands(specs: list[runs.RunSpec]) -> list[str]:
         if s.status in ("done", "blocked"):
             print(f"# {s.path}: {s.status}: {s.detail}", file=sys.stderr)
             continue
-        if s.status == "restart":
-            print(f"# {s.path}: {s.detail.split(':')[0]}: delete the folder before running its line", file=sys.stderr)
-        lines.append(s.command())
+        line = s.command()
+        if s.status == "restart":  # `policyzoo train` refuses a folder holding a run's files: the line removes them
+            names = sorted(n for n in RUN_FILES if (s.path / n).exists() or (s.path / n).is_symlink())
+            line = shlex.join(["rm", "-rf", "--", *(str(s.path / n) for n in names)]) + " && " + line
+            print(f"# {s.path}: {s.detail.split(':')[0]}: its line removes the run files first", file=sys.stderr)
+        lines.append(line)
         print(lines[-1])
     return lines
 
