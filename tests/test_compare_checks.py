@@ -11,7 +11,7 @@ import pytest
 from _compare_helpers import write_planned, write_run
 from rich.console import Console
 
-from policyzoo.compare import runs
+from policyzoo.compare import entries, runs
 from policyzoo.compare.api import compare
 from policyzoo.errors import ConfigError, UserError
 
@@ -145,6 +145,24 @@ def test_two_spellings_of_one_algorithm_are_refused_up_front(tmp_path):
             compare(algos=algos, seeds=1, output_dir=str(out), start=Finish, console=QUIET)
         assert e.value.where == f"--algos {first},{second}" and "the same algorithm" in e.value.why
     assert Finish.started == [] and not out.exists()
+
+
+@pytest.mark.parametrize("entry, override, both", [
+    ("grpo+clip=cispo", "algorithm.clip.use=ppo_clip", "algorithm.clip.use"),  # the same key
+    ("grpo+clip=cispo", "algorithm.clip={use: ppo_clip}", "algorithm.clip"),  # the override holds the entry's key
+    ("grpo+kl=null", "algorithm.kl.beta=0.1", "algorithm.kl"),  # the entry removes the slot the override sets
+    ("grpo+clip.eps_high=0.28", "algorithm.clip.eps_high=0.3", "algorithm.clip.eps_high")])
+def test_an_override_and_a_hybrid_setting_one_key_are_refused_naming_both(tmp_path, entry, override, both):
+    with pytest.raises(ConfigError) as e:
+        compare(algos=f"grpo,{entry}", seeds=1, output_dir=str(tmp_path), print_commands=True, overrides=[override])
+    assert e.value.where == f"--algos {entry}"
+    assert repr(override) in e.value.why and f"both set {both}:" in e.value.why
+    assert repr(entries.parse_entry(entry)[1][0]) in e.value.why  # the entry's change, as its run would get it
+    assert not (tmp_path / "grpo").exists()
+    # a parameter of the swapped slot is no clash: the override reaches every run, the entry swaps the component
+    got = compare(algos="grpo,grpo+clip=cispo", seeds=1, output_dir=str(tmp_path), print_commands=True,
+                  overrides=["algorithm.clip.eps_high=0.3"])
+    assert len(got["commands"]) == 2
 
 
 def test_the_baseline_is_checked_before_anything_runs(tmp_path, capsys):

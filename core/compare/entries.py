@@ -48,6 +48,23 @@ def parse_entry(entry: str) -> tuple[str, list[str]]:
     return base, out
 
 
+def check_clashes(entry: str, changes: list[str], overrides: list[str]) -> None:
+    """Raise ConfigError when a ``key=value`` override and one of ``entry``'s changes (:func:`parse_entry`) set
+    the same key, or one sets a key inside the other's (``algorithm.clip={use: ppo_clip}`` and
+    ``algorithm.clip.use=cispo``): one would silently win over the other."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        for change in changes:
+            mine = change.split("=", 1)[0]
+            if key == mine or mine.startswith(key + ".") or key.startswith(mine + "."):
+                own = key.removeprefix("algorithm.")
+                example = f", e.g. --algos {entry},{entry.split('+')[0].strip()}+{render(own, item.split('=', 1)[1])}"
+                raise ConfigError(f"--algos {entry}", f"the override {item!r} and the entry's change {change!r} "
+                                  f"both set {min(key, mine, key=len)}: one would silently replace the other",
+                                  "drop the override (the entry sets it for its own runs); to compare both values, "
+                                  "give each its own entry" + (example if own != key else ""))
+
+
 def parse_algos(algos: str | list[str]) -> list[str]:
     """The entries of ``--algos`` (a comma-separated string or a list), each once, in order."""
     items = algos.split(",") if isinstance(algos, str) else list(algos)

@@ -35,7 +35,7 @@ from policyzoo.contract.ground import SLOTS
 from policyzoo.errors import ConfigError, UserError
 
 from .aggregate import config_differences
-from .entries import parse_entry
+from .entries import check_clashes, parse_entry
 from .rundirs import RUN_FILES, read_jsonl, read_summary, summary_steps
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
@@ -102,6 +102,7 @@ def plan(algos: list[str], seeds: list[int], output_dir: str | Path, overrides: 
     out, same = [], {}
     for entry in algos:
         base, changes = parse_entry(entry)
+        check_clashes(entry, changes, overrides)
         catalog.bundle(base, f"--algos {entry}")
         for seed in seeds:
             path = Path(output_dir) / entry / f"seed{seed}"
