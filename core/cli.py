@@ -175,7 +175,7 @@ def _commands() -> list[tuple]:
     return [
         ("zoo", "algorithm bundles and their slot tables", None, cmd_zoo),
         ("components", "every component in the catalog, with its source",
-         lambda c: c.add_argument("--slot", choices=list(SLOTS)), cmd_components),
+         lambda c: c.add_argument("--slot", choices=list(SLOTS), help="only this slot's components"), cmd_components),
         ("plugins", "plugin distributions, their hooks and components", None, cmd_plugins),
         ("explain", "a bundle's slots and every default", lambda e: e.add_argument("name"), cmd_explain),
         ("config", "every config key with its default and description", None,

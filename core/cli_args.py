@@ -23,7 +23,8 @@ def train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--trl-config", metavar="FILE", help="a TRL GRPOConfig as YAML, ported key by key (TRL's "
                    "defaults for keys it does not give; key=value overrides win; --dry-run shows each key's source)")
     t.add_argument("--output-dir", help="the run directory (default runs/<algo>-<time>)")
-    t.add_argument("--max-steps", type=int)
+    t.add_argument("--max-steps", type=int, metavar="N", help="train N optimizer steps: the same as train.steps=N "
+                   "(with --resume: continue up to step N)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last complete checkpoint")
     t.add_argument("--force-resume", action="store_true",
                    help="with --resume: load the checkpoint even if its algorithm, reward, model or data "
@@ -62,12 +63,14 @@ def serve_arguments(sv: argparse.ArgumentParser) -> None:
                     "secret (--token-file or POLICYZOO_SERVER_TOKEN)")
     sv.add_argument("--token-file", metavar="FILE", help="a file only you can read (chmod 600) holding the shared "
                     "secret; every route then needs Authorization: Bearer <secret> (or set POLICYZOO_SERVER_TOKEN)")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--tensor-parallel-size", type=int, default=1)
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    sv.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs (CPU: workers) the one vLLM engine is "
+                    "sharded over (default 1)")
     sv.add_argument("--dtype", default="float32", help="as the trainer's model.dtype (engine.rollout_dtype)")
-    sv.add_argument("--max-model-len", type=int)
-    sv.add_argument("--seed", type=int, default=0)
-    sv.add_argument("--served-model-name")
+    sv.add_argument("--max-model-len", type=int, help="vLLM's context length in tokens (default: the model's); a "
+                    "run refuses a server whose context is shorter than its prompt + response")
+    sv.add_argument("--seed", type=int, default=0, help="vLLM's seed (default 0)")
+    sv.add_argument("--served-model-name", help="the model name the OpenAI API serves (default: --model)")
     sv.add_argument("--weight-transfer", help="vLLM weight-transfer backend (default: nccl on CUDA, "
                     "policyzoo_gloo on CPU)")
     sv.add_argument("--kv-cache-gb", type=float, default=1.0, help="CPU only: vLLM's KV cache, GiB")
