@@ -147,6 +147,12 @@ def test_half_written_and_empty_folders_are_named_and_skipped(tmp_path, capsys):
     assert "Traceback" not in out
     assert f"{half} left out: no complete summary.json" in out and f"policyzoo train --resume {half}" in out
     assert f"{tmp_path / 'grpo' / 'seed3'} left out: empty directory" in out
+    # a checkpoint of the final step (6 of 6) but no summary: `--resume` alone is refused ("already at step 6"), the
+    # hint names one step more, 6 + 1
+    (half / "checkpoints" / "latest.json").write_text('{"step": 6, "path": "step-000006"}')
+    assert main(["compare", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"so `--resume` alone is refused: `policyzoo train --resume {half} train.steps=7`" in out
     data = json.loads((tmp_path / "compare.json").read_text())
     assert data["algorithms"][0]["n"] == 2 and len(data["skipped"]) == 2
     assert data["algorithms"][0]["eval_after"]["mean"] == pytest.approx(0.4)  # (0.3 + 0.5) / 2, seed2 left out

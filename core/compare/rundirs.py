@@ -140,11 +140,25 @@ def read_run(path: Path) -> Run | Skipped:
         return Skipped(path, "config.yaml is not a mapping")
     summary = read_summary(path)
     if summary is None:
-        ckpt = (path / "checkpoints" / "latest.json").is_file()
-        how = (f"resume it with `policyzoo train --resume {path}`" if ckpt else
-               "it holds no checkpoint to resume from: delete it and run it again")
-        return Skipped(path, f"no complete summary.json: the run has not finished or was cut off; {how}")
+        return Skipped(path, "no complete summary.json: the run has not finished or was cut off; "
+                       + _resume_hint(path, config))
     return _with_metrics(path, config, summary)
+
+
+def _resume_hint(path: Path, config: dict) -> str:
+    """How to finish a run without its summary: resume from its checkpoint, or (none) run it again. A checkpoint
+    of its final step (stopped while finishing) is one `--resume` alone refuses, as it would rewind the run."""
+    try:
+        latest = json.loads((path / "checkpoints" / "latest.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it holds no checkpoint to resume from: delete it and run it again"
+    train = config.get("train")
+    steps = train.get("steps") if isinstance(train, dict) else None
+    if isinstance(latest, int) and isinstance(steps, int) and latest >= steps:
+        return (f"its checkpoint is of its final step {latest} (stopped while finishing), so `--resume` alone is "
+                f"refused: `policyzoo train --resume {path} train.steps={latest + 1}` runs one step more, or delete "
+                "it and run it again")
+    return f"resume it with `policyzoo train --resume {path}`"
 
 
 def _with_metrics(path: Path, config: dict, summary: dict) -> Run | Skipped:
