@@ -221,8 +221,13 @@ def test_plot_draws_the_six_curves_to_a_png(tmp_path):
     assert out == tmp_path / "curves.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [title for title, _ in PANELS] == ["reward", "KL to reference", "response length (tokens)",
                                               "clip fraction", "entropy (nats/token)", "zero-std groups"]
+    (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no training steps"):
         plot(str(tmp_path / "empty"))
+    with pytest.raises(UserError, match="no such folder"):  # a typo in the path: not "no training steps"
+        plot(str(tmp_path / "nothing"))
+    with pytest.raises(UserError, match="not a folder"):
+        plot(str(tmp_path / "curves.png"))
 
 
 def test_vllm_thread_count_mismatch_is_a_config_error(monkeypatch):

@@ -43,6 +43,9 @@ def main(run_dir: str, output: str | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if not Path(run_dir).is_dir():
+        raise UserError(str(run_dir), "no such folder" if not Path(run_dir).exists() else "not a folder",
+                        "pass a run directory written by `policyzoo train` (its --output-dir)")
     rd = RunDir(run_dir)
     records = rd.read_metrics()
     train = [r for r in records if r.get("kind", "train") == "train"]
