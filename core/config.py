@@ -152,6 +152,9 @@ def _to_config_error(e: pydantic.ValidationError, tree: dict, where: str) -> Con
         fix = f"give {path} a valid value{about}; `policyzoo config` lists every key and its default"
         if err["type"].startswith("bool"):
             fix = f"give {path} true or false{about}"
+        elif err["type"] == "string_type" and isinstance(err.get("input"), dict):  # `key=Answer: 5` read as YAML
+            text = ", ".join(f"{k}: {v}" for k, v in err["input"].items())
+            fix = f"values are read as YAML, so text with ': ' in it is a mapping: quote it, e.g. '{path}=\"{text}\"'"
     return ConfigError(path if where == "config" else f"{where}: {path}", why, fix)
 
 

@@ -239,3 +239,15 @@ def test_a_value_of_the_wrong_type_says_how_to_fix_it_not_only_what_the_key_is()
     msg = _err(path=None, algo="grpo", overrides=["train.steps=abc"])
     assert "train.steps" in msg and "'abc'" in msg
     assert "fix: give train.steps a valid value (optimizer steps" in msg and "`policyzoo config`" in msg
+
+
+def test_unquoted_text_with_a_colon_gets_the_quoting_fix():
+    # the shell passes data.system_prompt=Answer: a number as one word when quoted '...'; YAML then reads
+    # "Answer: a number" as the mapping {Answer: a number}, not the string
+    with pytest.raises(ConfigError) as e:
+        load_config(None, "grpo", ["data.system_prompt=Answer: a number"])
+    assert e.value.where == "data.system_prompt" and "Input should be a valid string" in e.value.why
+    assert e.value.fix == ("values are read as YAML, so text with ': ' in it is a mapping: quote it, e.g. "
+                           "'data.system_prompt=\"Answer: a number\"'")
+    assert load_config(None, "grpo", ['data.system_prompt="Answer: a number"']).data.system_prompt == \
+        "Answer: a number"
