@@ -22,7 +22,10 @@ hf = AutoModelForCausalLM.from_pretrained(str(info.path), dtype=torch.float32).e
 rows = [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"},
         {"prompt": [{"role": "user", "content": "What is 12 plus 30?"}], "answer": "42"}]
 T = 0.7
+from torch._dynamo.utils import counters  # noqa: E402
+
 r = engine.generate(rows, n=3, max_tokens=10, temperature=T, seed=5)
+compiled_frames = counters["frames"]["total"]  # frames torch.compile traced at the first sampled step
 again = engine.generate(rows, n=3, max_tokens=10, temperature=T, seed=5)
 other = engine.generate(rows, n=3, max_tokens=10, temperature=T, seed=6)
 
@@ -71,7 +74,7 @@ print("RESULT " + json.dumps({
     "tied": bool(hf.config.tie_word_embeddings), "stale": stale, "synced": synced, "after_diff": after_diff,
     "greedy_rows": len(greedy), "big_rows": len(big), "big_prompt_tokens": sum(len(p) for p in big.prompt_ids),
     "completions": r.completions, "temperature": r.temperature,
-    "max_tokens": r.max_tokens,
+    "max_tokens": r.max_tokens, "compiled_frames": compiled_frames,
 }))
 
 # The sync check and vLLM's prefix cache: a 250-token prefix (two 128-token CPU blocks, the first

@@ -44,6 +44,23 @@ def test_sampler_logprobs_match_the_trainer_at_the_temperature(probe):
     assert probe["after_diff"] < 1e-4  # and again after a weight sync
 
 
+def test_the_first_sampled_step_compiles_nothing(probe):
+    # vLLM 0.32 ranked the sampled tokens with a torch.compile'd function: the first sampling with
+    # log-probs traced it (10 s of the first step). policyzoo counts the ranks eagerly on CPU.
+    assert probe["compiled_frames"] == 0
+
+
+def test_the_eager_rank_count_is_vllms_arithmetic():
+    import torch
+
+    from policyzoo.engine.rollout.vllm_options import count_at_least
+
+    x = torch.tensor([[0.1, 0.5, 0.3, -1.0], [1.0, 1.0, 0.0, 2.0]])
+    # row 0: entries >= 0.3 are 0.5 and 0.3 -> 2 (the sampled 0.3 is ranked 2nd);
+    # row 1: entries >= 1.0 are 1.0, 1.0, 2.0 -> 3 (ties count, as vLLM's x >= values)
+    assert count_at_least(x, torch.tensor([[0.3], [1.0]])).tolist() == [2, 3]
+
+
 def test_seeds_reproduce_and_samples_differ(probe):
     assert probe["same_seed_same"] and probe["other_seed_differs"]
     samples = probe["samples"]

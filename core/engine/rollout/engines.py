@@ -38,7 +38,7 @@ from policyzoo.engine import device
 from policyzoo.step.episodes import encode_prompt
 
 from .finish import finish
-from .vllm_options import Sleeper, llm_kwargs
+from .vllm_options import Sleeper, eager_token_ranks, llm_kwargs
 
 SEED_MOD = 2**62
 #: tokens whose next-token log-probs the sync check compares on the cached path
@@ -101,6 +101,8 @@ class VLLMRollout(EngineBase):
         from vllm import LLM
 
         on_cuda = device.cuda()
+        if not on_cuda:
+            eager_token_ranks()  # its compiled form took seconds at the first sampled step
         self.llm = LLM(str(model_info.path), **llm_kwargs(
             on_cuda=on_cuda, dtype=dtype, max_model_len=max_model_len, seed=seed, tokenizer=str(model_info.path),
             gpu_memory_utilization=gpu_memory_utilization, sleep_level=sleep_level,

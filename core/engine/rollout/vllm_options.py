@@ -10,7 +10,7 @@
 * CPU: ``"uni"`` with ``enforce_eager=True`` (the eager forward; ``engine.vllm_compile`` lets vLLM
   compile it with torch.compile instead: minutes at start, a faster decode) and no chunked prefill (a
   prefill split over two steps rewinds its seeded generator with ``Generator.set_offset``, which CPU
-  generators lack).
+  generators lack). The sampler's token ranks are counted eagerly (:func:`eager_token_ranks`).
 * Tensor parallel (``tensor_parallel_size`` k > 1, ``engine.vllm_tensor_parallel_size``): ``external_launcher``
   on CPU too (vLLM's TP groups are consecutive ranks of the launcher's process group; gloo on CPU), each
   rank's worker holds one shard; see ``policyzoo.engine.rollout.tensor_parallel``.
@@ -46,6 +46,27 @@ def llm_kwargs(*, on_cuda: bool, dtype: str, max_model_len: int, seed: int, toke
         kwargs.update(distributed_executor_backend="uni" if tensor_parallel_size == 1 else "external_launcher",
                       enforce_eager=not compile_cpu, enable_chunked_prefill=False)
     return kwargs
+
+
+def count_at_least(x, values):
+    """``[N]`` counts of the entries of each row of ``x [N, V]`` that are >= that row's ``values [N, 1]``:
+    the rank of each sampled token in vLLM's ``LogprobsTensors`` (1 = the most likely), the arithmetic of
+    ``vllm.v1.sample.ops.logprobs.batched_count_greater_than`` without its ``torch.compile``."""
+    return (x >= values).sum(-1)
+
+
+def eager_token_ranks() -> None:
+    """Make vLLM's sampler rank the sampled tokens eagerly (:func:`count_at_least`), on CPU.
+
+    vLLM 0.32 counts the ranks with a ``torch.compile``d function (backend inductor on CPU), whose first
+    call, at the first sampling that returns log-probs, traced and compiled it: 10.3 s of a first
+    sampled step on the tiny model against 0.04 s for the second (cProfile: 9.9 s in
+    ``torch._dynamo`` under ``Sampler.gather_logprobs``; 2 cores, another run busy), every run,
+    every test. policyzoo reads the sampled tokens' log-probs, never their ranks; the eager count
+    makes one ``[N, V]`` bool tensor per decode step (N sequences: ~1.5 MB at N = 32 and V = 49k)."""
+    from vllm.v1.sample import sampler
+
+    sampler.batched_count_greater_than = count_at_least
 
 
 class Sleeper:
