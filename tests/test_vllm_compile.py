@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from _engine_helpers import metrics, run_train
 
 from policyzoo.config import load_config
-from policyzoo.engine.rollout.vllm_options import llm_kwargs
+from policyzoo.engine.rollout.vllm_options import cpu_compile_cache_loads, llm_kwargs
 from policyzoo.errors import ConfigError
 
 COMMON = dict(dtype="float32", max_model_len=512, seed=7, tokenizer="m")
@@ -25,14 +27,42 @@ def test_compile_without_the_vllm_rollout_is_refused():
     assert "engine.rollout=vllm" in str(e.value)
 
 
+def test_a_cached_cpu_graph_gets_the_no_op_finalize_vllm_calls_after_loading(monkeypatch):
+    import torch.compiler
+
+    def plain_graph(*args):  # what inductor's whole-forward compilation (vLLM's CPU mode) deserialises to
+        return args
+
+    class Piecewise:  # vLLM's own serialisable graph keeps its method
+        def finalize_loading(self, vllm_config):
+            self.finalized = vllm_config
+
+    made = iter([plain_graph, Piecewise()])
+    monkeypatch.setattr(torch.compiler, "load_compiled_function",
+                        lambda f, **kw: SimpleNamespace(_artifacts=SimpleNamespace(compiled_fn=next(made))))
+    cpu_compile_cache_loads()
+    cpu_compile_cache_loads()  # idempotent: one wrapper
+    assert torch.compiler.load_compiled_function.policyzoo_finalize is True
+    first = torch.compiler.load_compiled_function(None, f_globals={})._artifacts.compiled_fn
+    assert first is plain_graph and first.finalize_loading("config") is None
+    second = torch.compiler.load_compiled_function(None)._artifacts.compiled_fn
+    second.finalize_loading("config")
+    assert second.finalized == "config"  # not replaced
+
+
 @pytest.mark.engine_group  # compiles the tiny model's forward (a minute or two): make test-engine
-def test_a_compiled_engine_samples_and_scores_exactly_after_each_weight_push(tmp_path):
+def test_a_compiled_engine_samples_and_scores_exactly_and_a_second_run_loads_it(tmp_path, monkeypatch):
     # TINY_OVERRIDES run the sync check after every push with tolerance 1e-4 nats (a failed check stops the
     # run); lr 1e-3 moves the tiny model's log-probs by far more than that in one step, so an engine whose
-    # compiled graph kept the old weights would fail it
-    proc = run_train(tmp_path / "run", "train.steps=2", "engine.vllm_compile=true", timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = metrics(tmp_path / "run")
-    assert [s["step"] for s in steps] == [1, 2]
-    assert all(s["sync_max_diff"] <= 1e-4 for s in steps)
-    assert steps[0]["grad_norm"] > 0  # the weights did change before the check
+    # compiled graph kept the old weights would fail it. The second run starts from the first's compile
+    # cache (its own VLLM_CACHE_ROOT, empty before the first) and must load, not compile, the same graph.
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    for name, how in (("run", "compiled at this start"), ("again", "loaded from its compile cache")):
+        proc = run_train(tmp_path / name, "train.steps=2", "engine.vllm_compile=true", timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"vLLM's compiled forward: {how}" in proc.stderr, proc.stderr[-3000:]
+        steps = metrics(tmp_path / name)
+        assert [s["step"] for s in steps] == [1, 2]
+        assert all(s["sync_max_diff"] <= 1e-4 for s in steps)
+        assert steps[0]["grad_norm"] > 0  # the weights did change before the check
+    assert list((tmp_path / "vllm-cache").glob("torch_compile_cache/torch_aot_compile/*/rank_0_0/model"))

@@ -102,6 +102,8 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
       launcher set ``RANK``/``WORLD_SIZE``. The one op DeepSpeed compiles on first use (~90 s) is
       cached in ``TORCH_EXTENSIONS_DIR``, by default :func:`extensions_dir` under the policyzoo
       cache (the Makefile points the cache into the project's ``.build/`` folder).
+    * vLLM's own cache (``VLLM_CACHE_ROOT``; its compiled forward with ``engine.vllm_compile``) goes under
+      the policyzoo cache too, beside the converted model it was compiled for: ``<cache>/vllm``.
     * torch threads: ``threads`` or the usable cores shared out among the ranks of this node
       (``LOCAL_WORLD_SIZE`` from torchrun, ``LOCAL_SIZE`` from the deepspeed launcher). Returns the count used.
     """
@@ -113,6 +115,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # unless quiet_libraries(verbose=True) set INFO
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))  # its compile cache (engine.vllm_compile)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         clear_stale_build_lock()

@@ -38,7 +38,14 @@ from policyzoo.engine import device
 from policyzoo.step.episodes import encode_prompt
 
 from .finish import finish
-from .vllm_options import Sleeper, eager_token_ranks, llm_kwargs
+from .vllm_options import (
+    Sleeper,
+    compile_cache_loads,
+    compile_note,
+    cpu_compile_cache_loads,
+    eager_token_ranks,
+    llm_kwargs,
+)
 
 SEED_MOD = 2**62
 #: tokens whose next-token log-probs the sync check compares on the cached path
@@ -103,6 +110,8 @@ class VLLMRollout(EngineBase):
         on_cuda = device.cuda()
         if not on_cuda:
             eager_token_ranks()  # its compiled form took seconds at the first sampled step
+        # with a compiled forward on CPU: a later start loads it (the count of loads so far, else None)
+        loaded = cpu_compile_cache_loads() if compile_cpu and not on_cuda else None
         self.llm = LLM(str(model_info.path), **llm_kwargs(
             on_cuda=on_cuda, dtype=dtype, max_model_len=max_model_len, seed=seed, tokenizer=str(model_info.path),
             gpu_memory_utilization=gpu_memory_utilization, sleep_level=sleep_level,
@@ -112,6 +121,12 @@ class VLLMRollout(EngineBase):
         self.sleeper = Sleeper(self.llm, sleep_level if on_cuda else 0, device.release_cached_memory)
         #: GiB vLLM gave its KV cache on this GPU (metric gpu_kv_cache_gib; None on CPU)
         self.kv_cache_gib = sum(self.llm.collective_rpc(_kv_cache_bytes)) / 2**30 if on_cuda else None
+        #: ``engine.vllm_compile`` on CPU: "loaded" (from vLLM's compile cache) or "compiled" at this start; else None
+        self.compile_cache = None if loaded is None else "loaded" if compile_cache_loads() > loaded else "compiled"
+
+    def notes(self) -> list[str]:
+        """Lines for the console once the engine started: how its compiled forward was made."""
+        return compile_note(self.compile_cache)
 
     def sampling_params(self, count: int, n: int, max_tokens: int, temperature: float, seed: int, top_p: float = 1.0,
                         first_index: int = 0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,

@@ -123,7 +123,10 @@ class Session:
         """The rollout engine (``engine.rollout``: vLLM, a server or HF generate) and the policy that
         samples from it and syncs the trainer's weights into it."""
         c, dtype = self.config, self._rollout_dtype()
-        self.phase(f"starting the rollout engine ({c.engine.rollout})")
+        compiled = c.engine.rollout == "vllm" and c.engine.vllm_compile and early is None
+        self.phase(f"starting the rollout engine ({c.engine.rollout})" + (
+            "; its compiled forward takes ~2 min at the first start with these settings, seconds once cached"
+            if compiled else ""))
         with captured_output(log, enabled=not self.verbose):
             if early is not None:
                 self.rollout = early.result()
