@@ -219,18 +219,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.parse_args(argv)  # argparse's own message and exit 2
     out = Console() if sys.stdout.isatty() else Console(width=200)
+    err = Console(stderr=True, soft_wrap=True)  # no line breaks inside a path: the terminal wraps, copies stay whole
     try:
         args.fn(args, out)
     except UserError as e:
-        Console(stderr=True).print(str(e), markup=False, highlight=False)
+        err.print(str(e), markup=False, highlight=False)
         return 130 if isinstance(e, Interrupted) else 2  # Ctrl-C after a saved checkpoint
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         # a path the user gave (an --output PNG, a folder) that cannot be used
-        Console(stderr=True).print(UserError(str(e.filename), e.strerror or str(e), "check the path").render(),
-                                   markup=False, highlight=False)
+        err.print(UserError(str(e.filename), e.strerror or str(e), "check the path").render(),
+                  markup=False, highlight=False)
         return 2
     except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted", markup=False)
+        err.print("interrupted", markup=False)
         return 130
     return 0
 
