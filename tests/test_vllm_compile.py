@@ -66,3 +66,16 @@ def test_a_compiled_engine_samples_and_scores_exactly_and_a_second_run_loads_it(
         assert all(s["sync_max_diff"] <= 1e-4 for s in steps)
         assert steps[0]["grad_norm"] > 0  # the weights did change before the check
     assert list((tmp_path / "vllm-cache").glob("torch_compile_cache/torch_aot_compile/*/rank_0_0/model"))
+
+
+def test_vllm_cache_is_under_the_policyzoo_cache_and_keyed_by_the_cpu(tmp_path, monkeypatch):
+    import platform
+
+    import torch
+
+    from policyzoo.engine.process import vllm_cache_dir
+
+    monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path))
+    # e.g. x86_64-AVX2 here, x86_64-AVX512 on another host: two folders, never one graph for both
+    expected = tmp_path / "vllm" / f"{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}"
+    assert vllm_cache_dir() == expected

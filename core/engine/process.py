@@ -36,6 +36,17 @@ def extensions_dir() -> Path:
     return cache_dir() / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}-{tag}"
 
 
+def vllm_cache_dir() -> Path:
+    """``<cache>/vllm/<machine>-<vector ISA>``, e.g. ``vllm/x86_64-AVX2``: vLLM keys its compile cache by its
+    config, source and versions but not by the CPU, and loads a cached graph without re-checking it, so a
+    cache shared by two hosts (a network home, a CI cache) must not hand one the other's compiled kernels."""
+    import platform
+
+    import torch
+
+    return cache_dir() / "vllm" / f"{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}"
+
+
 #: a build lock older than this, in a folder nothing has written to for as long, was left by a killed build
 STALE_LOCK_SECONDS = 900
 
@@ -103,7 +114,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
       cached in ``TORCH_EXTENSIONS_DIR``, by default :func:`extensions_dir` under the policyzoo
       cache (the Makefile points the cache into the project's ``.build/`` folder).
     * vLLM's own cache (``VLLM_CACHE_ROOT``; its compiled forward with ``engine.vllm_compile``) goes under
-      the policyzoo cache too, beside the converted model it was compiled for: ``<cache>/vllm``.
+      the policyzoo cache too, beside the converted model it was compiled for (:func:`vllm_cache_dir`).
     * torch threads: ``threads`` or the usable cores shared out among the ranks of this node
       (``LOCAL_WORLD_SIZE`` from torchrun, ``LOCAL_SIZE`` from the deepspeed launcher). Returns the count used.
     """
@@ -115,7 +126,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # unless quiet_libraries(verbose=True) set INFO
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))  # its compile cache (engine.vllm_compile)
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(vllm_cache_dir()))  # its compile cache (engine.vllm_compile)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         clear_stale_build_lock()
