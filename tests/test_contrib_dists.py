@@ -5,6 +5,7 @@ its own package, and its own test suite passes against the installed copy."""
 
 import importlib.metadata as md
 import json
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -55,10 +56,13 @@ def test_installed_copy_matches_the_source_tree(dist):
 
 @pytest.mark.parametrize("dist", DISTS)
 def test_wheel_holds_only_its_own_package(dist, tmp_path):
+    # built from a copy: a build in the source tree writes and deletes build/ and *.egg-info there, under
+    # the feet of tests that read contrib/ meanwhile on the other pytest worker
+    source = shutil.copytree(ROOT / "contrib" / dist, tmp_path / "src",
+                             ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(ROOT / "contrib" / dist)], check=True, capture_output=True,
-                   timeout=900)
-    (wheel,) = tmp_path.glob("*.whl")
+                    "-w", str(tmp_path / "wheels"), str(source)], check=True, capture_output=True, timeout=900)
+    (wheel,) = (tmp_path / "wheels").glob("*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     version = tomllib.loads((ROOT / "contrib" / dist / "pyproject.toml").read_text())["project"]["version"]
     assert tops == {_package(dist), f"{_package(dist)}-{version}.dist-info"}
