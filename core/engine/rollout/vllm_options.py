@@ -69,7 +69,6 @@ def eager_token_ranks() -> None:
     sampler.batched_count_greater_than = count_at_least
 
 
-
 def cpu_compile_cache_loads() -> int:
     """Let vLLM-CPU's compiled forward start from vLLM's on-disk compile cache (``engine.vllm_compile``).
 
@@ -82,10 +81,11 @@ def cpu_compile_cache_loads() -> int:
     whole once deserialised, so every load failed ("'function' object has no attribute 'finalize_loading'")
     and every start compiled again: 93 s against 111 s cold (default model, 2 cores). This gives such a
     function a no-op ``finalize_loading`` (nothing is left to load, as vLLM's own method returns early
-    when finalised): the warm start then loads the cache (14.7 s against eager's 5.2 s at
-    ``max_model_len`` 1024, the rest the warm-up forward), with the cold compile's log-probs bit for bit
-    (bench/results/vllm_compile_cache). Idempotent; patches ``torch.compiler.load_compiled_function``,
-    which only vLLM calls in the training process. Returns :func:`compile_cache_loads` (before the start)."""
+    when finalised): the warm start then loads the cache (14.1 s against 113 s cold and eager's
+    4.6 s at ``max_model_len`` 1024; most of the rest is vLLM's warm-up forward), with the cold
+    compile's log-probs bit for bit (bench/results/vllm_compile_cache). Idempotent; patches
+    ``torch.compiler.load_compiled_function``, which only vLLM calls in the training process.
+    Returns :func:`compile_cache_loads` (before the start)."""
     import torch.compiler
 
     load = torch.compiler.load_compiled_function
