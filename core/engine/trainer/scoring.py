@@ -16,6 +16,7 @@ from policyzoo.contract import Rollout, token_budget_bounds
 from policyzoo.engine.dist import gather
 
 from . import lora as lora_mod
+from . import share_check
 from .compute import autocast
 from .logprob import sum_pi_squared
 from .modeling import pack
@@ -65,13 +66,20 @@ class Scoring:
         On a difference above ``tolerance`` nats, or an error (a model without cache support, a
         cache kind not known to be restorable), turn sharing off and return why (for a warning);
         None when it agrees or is off. ``tolerance`` defaults to :data:`SHARE_PROMPT_TOLERANCE` of the
-        weights' dtype; the max and mean difference are kept in :attr:`share_prompt_check`."""
+        weights' dtype; the max and mean difference are kept in :attr:`share_prompt_check` (with
+        ``remembered`` True when a pass of an earlier start with the same model, code and libraries was
+        reused instead of the two forwards: :mod:`.share_check`)."""
         tolerance = SHARE_PROMPT_TOLERANCE[self.dtype] if tolerance is None else tolerance
         if not self.share_prompt:
             return None
         if len(ids) < 8:
             self.share_prompt = False
             return f"the check sequence has {len(ids)} tokens (< 8): shared-prompt scoring left unchecked and off"
+        key = share_check.check_key(self, ids)
+        known = share_check.recall(key, tolerance)
+        if known is not None:
+            self.share_prompt_check = {**known, "tolerance": tolerance, "remembered": True}
+            return None
         h = len(ids) // 2
         t = len(ids) - h
         resp = torch.tensor([ids[h:], ids[h:][::-1], ids[h - 1:][:t], ids[h:][:t]])
@@ -88,11 +96,13 @@ class Scoring:
             self.share_prompt = False
             return f"shared-prompt scoring failed on this model ({type(e).__name__}: {e}); scoring per row"
         diff = float(d.max())
-        self.share_prompt_check = {"max_diff": diff, "mean_diff": float(d.mean()), "tolerance": tolerance}
+        self.share_prompt_check = {"max_diff": diff, "mean_diff": float(d.mean()), "tolerance": tolerance,
+                                   "remembered": False}
         if not diff <= tolerance:
             self.share_prompt = False
             return (f"shared-prompt scoring differs from the per-row forward by up to {diff:.3g} nats (mean "
                     f"{float(d.mean()):.3g}, tolerance {tolerance:g}); scoring per row")
+        share_check.remember(key, self.share_prompt_check)
         return None
 
     def _chunked(self, fn, rollout: Rollout):
