@@ -21,7 +21,7 @@ from policyzoo.step import needs_reference
 
 from .loop import RunLoop
 from .preload import preload
-from .startup import Background, process_age_s
+from .startup import Background, freeze_heap, process_age_s
 
 
 class Session:
@@ -50,6 +50,7 @@ class Session:
     def prepare(cls, config, resume: str | None, force_resume: bool = False) -> "Session":
         """Join the launcher's process group and run every check before weights load (``preload``;
         raises its :class:`~policyzoo.errors.UserError`); no model is loaded yet."""
+        freeze_heap()  # the imports' objects: out of every later full collection's scan
         console = Console(stderr=True, quiet=dist.rank() != 0, soft_wrap=True)
         dist.init(config.engine.collective_timeout_s)  # join the launcher's process group (no-op for one rank)
         t0 = time.perf_counter()
@@ -65,6 +66,7 @@ class Session:
         checkpoint when resuming, open the run directory and the trackers, and make the loop."""
         for w in self.warnings:
             self.warn(w)
+        freeze_heap()  # what the checks loaded (transformers, the tokenizer, the data)
         t0 = time.perf_counter()
         log = self.rundir.path / "startup.log"
         early = self._start_trainer(log, t0)
@@ -123,6 +125,7 @@ class Session:
         """The rollout engine (``engine.rollout``: vLLM, a server or HF generate) and the policy that
         samples from it and syncs the trainer's weights into it."""
         c, dtype = self.config, self._rollout_dtype()
+        freeze_heap(collect=True)  # the trainer's models; their loading's dead cycles freed first
         compiled = c.engine.rollout == "vllm" and c.engine.vllm_compile and early is None
         self.phase(f"starting the rollout engine ({c.engine.rollout})" + (
             "; its compiled forward takes ~2 min at the first start with these settings, seconds once cached"
