@@ -203,6 +203,16 @@ def test_sync_guard_times_out_and_checks():
                          check_ids=[1, 2, 3])
     with pytest.raises(SyncError):
         stale_nan.check_now()
+    # bf16-sized rounding: the prompt tokens off by 0.2 and 0.2, the cached token by 0 -> max 0.2, mean
+    # (0.2 + 0.2 + 0) / 3 = 0.1333: within max 1.5 / mean 0.15; a push that left every token 0.2 off fails the mean
+    rounding = LMPolicy(Engine(0.2), Trainer(), check=True, tolerance=1.5, mean_tolerance=0.15, timeout_s=5,
+                        check_ids=[1, 2, 3])
+    assert rounding.check_now() == pytest.approx(0.2, abs=1e-6)
+    assert rounding.last_mean_diff == pytest.approx(0.4 / 3, abs=1e-6)
+    everywhere = LMPolicy(Engine(0.2, 0.2), Trainer(), check=True, tolerance=1.5, mean_tolerance=0.15, timeout_s=5,
+                          check_ids=[1, 2, 3])
+    with pytest.raises(SyncError, match="mean 0.2.*of the mean 0.15"):
+        everywhere.check_now()
 
 
 def test_plot_draws_the_six_curves_to_a_png(tmp_path):
