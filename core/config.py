@@ -17,7 +17,7 @@ from pydantic import Field
 
 from policyzoo.data.config import DataSettings
 
-from . import conventions, rules
+from . import conventions, host, rules
 from .errors import ConfigError, did_you_mean
 from .settings import EngineSettings, EvalSettings, ModelSettings, Section, TrainSettings
 
@@ -35,9 +35,13 @@ class Config(Section):
 
     @pydantic.model_validator(mode="after")
     def _cross_section_rules(self):
-        """The rules across sections (:mod:`policyzoo.rules`, docs/config-rules.md), then the rollout
-        correction: a rollout in another dtype than training gets ``engine.rollout_correction`` as the
-        algorithm's ratio unless the algorithm sets one."""
+        """``engine.rollout_dtype: auto`` made concrete for this machine (:func:`policyzoo.host.auto_rollout_dtype`;
+        the run directory records the dtype chosen, so a resume elsewhere samples the same), the rules across
+        sections (:mod:`policyzoo.rules`, docs/config-rules.md), then the rollout correction: a rollout in another
+        dtype than training gets ``engine.rollout_correction`` as the algorithm's ratio unless the algorithm sets
+        one."""
+        if self.engine.rollout_dtype == "auto":
+            self.engine.rollout_dtype = host.auto_rollout_dtype(self.model.dtype, self.engine.rollout)
         rules.check_config(self)
         e, algo = self.engine, self.algorithm
         if e.rollout_dtype is not None and e.rollout_dtype != self.model.dtype and e.rollout_correction \

@@ -50,18 +50,6 @@ def _autocast_dtype(c):
     return None
 
 
-def _rollout_dtype_sync(c):
-    e = c.engine
-    if e.rollout_dtype is None or e.rollout_dtype == c.model.dtype:
-        return None
-    if e.sync_check and "sync_tolerance" not in e.model_fields_set:
-        return ("engine.sync_check compares sampler and trainer log-probs within engine.sync_tolerance (by default "
-                f"the trainer dtype's), but engine.rollout_dtype={e.rollout_dtype} samples with other weights than "
-                f"the {c.model.dtype} trainer", "set engine.sync_tolerance for that difference (e.g. 0.1), or "
-                "engine.sync_check=false")
-    return None
-
-
 def _compile_vllm(c):
     if c.engine.vllm_compile and c.engine.rollout != "vllm":
         return (f"engine.vllm_compile compiles the colocated vLLM engine's forward, but engine.rollout is "
@@ -167,10 +155,6 @@ RULES: dict[str, Rule] = {r.name: r for r in (
          "train.micro_batches and train.max_tokens_per_micro_batch both set the micro-batches", _micro_batches),
     Rule("autocast_needs_fp32", "config", ("train.autocast", "model.dtype"),
          "train.autocast computes in bf16 over fp32 weights, but model.dtype is already {dtype}", _autocast_dtype),
-    Rule("rollout_dtype_needs_tolerance", "config",
-         ("engine.rollout_dtype", "model.dtype", "engine.sync_check", "engine.sync_tolerance"),
-         "engine.sync_check compares sampler and trainer log-probs within engine.sync_tolerance ...",
-         _rollout_dtype_sync),
     Rule("compile_needs_vllm", "config", ("engine.vllm_compile", "engine.rollout"),
          "engine.vllm_compile compiles the colocated vLLM engine's forward, but engine.rollout is {rollout}",
          _compile_vllm),

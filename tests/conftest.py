@@ -1,7 +1,13 @@
-"""Fixtures shared by the bandit and step test modules."""
+"""Fixtures shared by the bandit and step test modules; the host probe pinned for the whole suite."""
+
+import os
 
 import pytest
 import torch
+
+# engine.rollout_dtype: auto samples in bf16 on CPUs with bf16 instructions (policyzoo.host): every run of the
+# suite, and every process it starts, samples as it trains (fp32) whatever the host; tests of auto set it
+os.environ["POLICYZOO_NATIVE_BF16"] = "0"
 
 from policyzoo.testing.bandit import bandit_catalog
 

@@ -46,7 +46,16 @@ def test_vllm_starts_per_platform():
     cpu = llm_kwargs(on_cuda=False, dtype="float32", max_model_len=512, seed=7, tokenizer="m", sleep_level=0)
     assert cpu["distributed_executor_backend"] == "uni" and cpu["enforce_eager"] is True
     assert cpu["enable_chunked_prefill"] is False and "gpu_memory_utilization" not in cpu
-    assert "enable_sleep_mode" not in cpu
+    assert "enable_sleep_mode" not in cpu and "hf_overrides" not in cpu
+
+
+def test_an_fp32_head_is_asked_of_vllm_only_over_other_weights():
+    # engine.fp32_lm_head: vLLM's head_dtype override; over fp32 weights the head is fp32 already
+    bf16 = llm_kwargs(on_cuda=False, dtype="bfloat16", max_model_len=512, seed=7, tokenizer="m", fp32_head=True)
+    assert bf16["hf_overrides"] == {"head_dtype": "float32"} and bf16["dtype"] == "bfloat16"
+    assert "hf_overrides" not in llm_kwargs(on_cuda=False, dtype="float32", max_model_len=512, seed=7, tokenizer="m",
+                                            fp32_head=True)
+    assert "hf_overrides" not in llm_kwargs(on_cuda=False, dtype="bfloat16", max_model_len=512, seed=7, tokenizer="m")
 
 
 def test_every_engine_device_is_the_local_rank(fake_cuda, monkeypatch):

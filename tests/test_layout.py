@@ -1,8 +1,8 @@
 """The house by job, as rules on the imports (every module's AST, function-level imports counted).
 
 Layers, lowest first: ``errors`` <- ``contract`` <- ``step`` <- building a run (``catalog``, ``assembly``,
-``config``, ``settings``, ``data``, ``plan``; then ``plugins``/``zoo``, which import only the contract, errors and
-data) <- ``engine`` <- the top (``api``, ``cli``, ``testing``, the package root). A module imports only
+``config``, ``settings``, ``host``, ``data``, ``plan``; then ``plugins``/``zoo``, which import only the contract,
+errors and data) <- ``engine`` <- the top (``api``, ``cli``, ``testing``, the package root). A module imports only
 its own layer or lower ones; inside the contract one direction (ground <- batch/policy/components <-
 slots <- hookspecs); inside the engine ``rollout/`` and ``trainer/`` never import each other, ``report/``
 uses only ``rundir`` and ``dist``, and the engine root no room. No cycle among policyzoo modules, and a
@@ -26,7 +26,7 @@ ROOTS = {"core": "policyzoo", "plugins": "policyzoo.plugins", "zoo": "policyzoo.
 REMOVED = ("hookspecs", "slots", "batch", "components", "policy", "stats", "runstate")  # removed: CHANGELOG.md
 BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyzoo.conventions", "policyzoo.data",
          "policyzoo.plan", "policyzoo.settings", "policyzoo.resolve", "policyzoo.run_config", "policyzoo.rules",
-         "policyzoo.conformance")
+         "policyzoo.host", "policyzoo.conformance")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
                   "loss_slots": 1.5, "slots": 2, "hookspecs": 3, "": 4}
 ROOMS = ("rollout", "ahead", "trainer", "run", "report")

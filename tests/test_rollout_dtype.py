@@ -1,13 +1,15 @@
 """engine.rollout_dtype: a bf16 rollout with fp32 training turns on a mismatch correction (the
 ratio ``engine.rollout_correction``, TIS by default) unless the algorithm sets its own ratio, and
-the sync check then needs a tolerance chosen for it."""
+the sync check takes bf16's tolerance; ``auto`` chooses bf16 on CPUs with bf16 instructions."""
 
 from __future__ import annotations
 
 import pytest
 
+from policyzoo import host
 from policyzoo.assembly import Run, resolve_algorithm
 from policyzoo.config import load_config
+from policyzoo.engine.policy import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
 from policyzoo.errors import ConfigError
 
 BF16 = "engine.rollout_dtype=bfloat16"
@@ -35,10 +37,42 @@ def test_the_algorithms_own_ratio_and_a_null_correction_are_kept():
     assert load_config(overrides=[BF16, "engine.rollout_correction=null"]).algorithm == "grpo"
 
 
-def test_sync_check_needs_a_tolerance_chosen_for_the_mismatch():
-    with pytest.raises(ConfigError, match="sync_tolerance"):
-        load_config(overrides=[BF16, "engine.sync_check=true"])
-    assert load_config(overrides=[BF16, "engine.sync_check=true", "engine.sync_tolerance=0.1"]).engine.sync_check
+def test_sync_check_of_a_bf16_sampler_takes_the_bf16_tolerance():
+    # the trainer's fp32 against the sampler's bf16: the less precise dtype's defaults, max 1.5 and mean 0.15 nats
+    assert load_config(overrides=[BF16, "engine.sync_check=true"]).engine.sync_check
+    assert sync_tolerance("float32", None, "bfloat16") == SYNC_TOLERANCE["float32+bfloat16"] == 1.5
+    assert sync_tolerance("bfloat16", None, "bfloat16") == 0.25  # bf16 on both sides: the bf16 trainer's
+    assert sync_mean_tolerance("float32", None, "bfloat16") == 0.15
+    assert sync_tolerance("float32", None, "float32") == sync_mean_tolerance("float32", None, "float32") == 1e-3
+    assert sync_tolerance("float32", 0.5, "bfloat16") == sync_mean_tolerance("float32", 0.5, "bfloat16") == 0.5
+
+
+def _cpuinfo(tmp_path, flags: str) -> str:
+    path = tmp_path / "cpuinfo"
+    path.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: fpu sse2 {flags}\n\nprocessor\t: 1\n")
+    host._cpu_has_bf16.cache_clear()
+    return str(path)
+
+
+def test_the_cpu_probe_reads_the_bf16_flags(tmp_path):
+    assert host._cpu_has_bf16(_cpuinfo(tmp_path, "avx2 avx512f amx_bf16 amx_tile"))  # Sapphire Rapids
+    assert host._cpu_has_bf16(_cpuinfo(tmp_path, "avx2 avx512f avx512_bf16"))  # Zen 4, Cooper Lake
+    assert not host._cpu_has_bf16(_cpuinfo(tmp_path, "avx2 fma"))  # an AVX2-only EPYC
+    assert not host._cpu_has_bf16(str(tmp_path / "missing"))
+    host._cpu_has_bf16.cache_clear()
+
+
+def test_auto_samples_in_bf16_only_for_an_fp32_vllm_trainer_on_a_bf16_cpu(monkeypatch):
+    monkeypatch.setenv("POLICYZOO_NATIVE_BF16", "1")
+    cfg = load_config(overrides=["engine.rollout_dtype=auto"])
+    assert cfg.engine.rollout_dtype == "bfloat16" and _ratio(cfg) == "tis"  # the correction comes with it
+    assert load_config(overrides=["engine.rollout_dtype=auto", "engine.rollout=transformers"]).engine.rollout_dtype \
+        == "float32"
+    same = load_config(overrides=["engine.rollout_dtype=auto", "model.dtype=bfloat16", "engine.zero_stage=1"])
+    assert same.engine.rollout_dtype == "bfloat16" and same.algorithm == "grpo"  # as trained: no correction
+    monkeypatch.setenv("POLICYZOO_NATIVE_BF16", "0")
+    cfg = load_config(overrides=["engine.rollout_dtype=auto"])
+    assert cfg.engine.rollout_dtype == "float32" and cfg.algorithm == "grpo"
 
 
 def test_unknown_rollout_dtype_is_refused():

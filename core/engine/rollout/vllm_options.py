@@ -31,10 +31,13 @@ from __future__ import annotations
 
 def llm_kwargs(*, on_cuda: bool, dtype: str, max_model_len: int, seed: int, tokenizer: str,
                gpu_memory_utilization: float = 0.3, sleep_level: int = 0, tensor_parallel_size: int = 1,
-               compile_cpu: bool = False) -> dict:
-    """Keyword arguments of ``vllm.LLM`` for this platform (see the module docstring)."""
+               compile_cpu: bool = False, fp32_head: bool = False) -> dict:
+    """Keyword arguments of ``vllm.LLM`` for this platform (see the module docstring); ``fp32_head``: the
+    lm_head's projection in fp32 over bf16 weights (vLLM's ``head_dtype``, ``hf_overrides``)."""
     kwargs = dict(dtype=dtype, seed=seed, max_model_len=max_model_len, logprobs_mode="processed_logprobs",
                   trust_remote_code=False, tokenizer=tokenizer)
+    if fp32_head and dtype != "float32":
+        kwargs["hf_overrides"] = {"head_dtype": "float32"}
     if tensor_parallel_size > 1:
         kwargs["tensor_parallel_size"] = tensor_parallel_size
     if on_cuda:

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from policyzoo.catalog import get_catalog
 from policyzoo.engine import dist
-from policyzoo.engine.policy import LMPolicy, sync_tolerance
+from policyzoo.engine.policy import LMPolicy, sync_mean_tolerance, sync_tolerance
 from policyzoo.engine.process import captured_output
 from policyzoo.engine.report.tracking import Tracker
 from policyzoo.engine.rollout.engines import VLLMRollout
@@ -90,6 +90,11 @@ class Session:
     def _rollout_dtype(self) -> str:
         return self.config.engine.rollout_dtype or self.config.model.dtype  # bf16 sampling with fp32 training
 
+    def _fp32_head(self) -> bool:
+        """vLLM's logits in fp32 over its bf16 weights, as the fp32 trainer computes them (``engine.fp32_lm_head``)."""
+        return self.config.engine.fp32_lm_head and self.config.model.dtype == "float32" \
+            and self._rollout_dtype() != "float32"
+
     def _start_trainer(self, log: Path, t0: float) -> Background | None:
         """The DeepSpeed trainer (policy; reference, critic as the components need), its first forward
         (the ``engine.share_prompt`` check); vLLM starting meanwhile with ``engine.parallel_start``
@@ -100,7 +105,8 @@ class Session:
             if c.engine.rollout == "vllm" and c.engine.parallel_start:  # vLLM starts while DeepSpeed initialises
                 early = Background(lambda: VLLMRollout(self.model, self._rollout_dtype(), self.max_model_len,
                                                         c.train.seed, c.engine.gpu_memory_utilization,
-                                                        c.engine.vllm_sleep, compile_cpu=c.engine.vllm_compile))
+                                                        c.engine.vllm_sleep, compile_cpu=c.engine.vllm_compile,
+                                                        fp32_head=self._fp32_head()))
             self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
                                    weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
                                    need_ref=needs_reference(self.run),
@@ -139,7 +145,8 @@ class Session:
             elif c.engine.rollout == "vllm":  # k > 1: this rank's share of a group's engine (tensor_parallel.py)
                 self.rollout = start_rollout(self.model, dtype, self.max_model_len, c.train.seed,
                                              c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
-                                             c.engine.vllm_tensor_parallel_size, c.engine.vllm_compile)
+                                             c.engine.vllm_tensor_parallel_size, c.engine.vllm_compile,
+                                             self._fp32_head())
             else:
                 self.rollout = HFRollout(self.model, dtype, c.model.trust_remote_code)
         rollout = self.rollout
@@ -147,7 +154,8 @@ class Session:
             self.console.print(line, markup=False, highlight=False)
         cached = (self.check_ids * (self.max_model_len // len(self.check_ids) + 1))[:self.max_model_len - 1]
         self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check,
-                               tolerance=sync_tolerance(c.model.dtype, c.engine.sync_tolerance),
+                               tolerance=sync_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
+                               mean_tolerance=sync_mean_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
                                timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids, cached_ids=cached)
         self.policy.first_index = dist.rank() * self.share
 
