@@ -42,10 +42,11 @@ from .dist import DistCollective, sum_ints
 #: cannot tell rounding from a bad push; the mean bound below can
 SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float32+bfloat16": 1.5}
 #: default bound of the mean |difference| over the checked tokens (nats), keyed as :data:`SYNC_TOLERANCE`.
-#: fp32 training with bf16 sampling: 0.03-0.06 per check in the same 100 checks, while a sampler left at the
-#: initial weights after 50 steps of training (a push that silently did nothing) is off by a mean of
-#: 0.5 nats or more (bench/results/bf16_rollout_amx)
-SYNC_MEAN_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float32+bfloat16": 0.15}
+#: fp32 training with bf16 sampling: 0.03-0.055 per check in the same 100 checks. A sampler left at the initial
+#: weights while the trainer took 50 steps (a push that silently did nothing) differs from it by a mean of
+#: 0.19-0.21 and a max of 1.6-2.1 nats (fp32, 53-token prompt, both seeds' trained models): the bf16 bounds
+#: catch that, not one missed push (below bf16's own rounding)
+SYNC_MEAN_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float32+bfloat16": 0.12}
 
 
 def _pair(dtype: str, rollout_dtype: str | None) -> str:
