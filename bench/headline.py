@@ -47,7 +47,15 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import summary as bench_summary  # noqa: E402  (first: it notes the load at the start)
 
-PY = sys.executable
+
+def _project_path(path: str) -> str:
+    """``path`` relative to the project when it lies inside it (commands run from the project root, so the
+    recorded commands and results name no machine's folders), else as it is."""
+    rel = os.path.relpath(path, ROOT)
+    return path if rel.startswith("..") else rel
+
+
+PY = _project_path(sys.executable)
 #: (summary key, response tokens, steps, extra step_vs_trl arguments, minutes on an idle machine)
 STEP_RATIOS = (
     ("step_ratio_default", 32, 6, [], 3),
@@ -76,12 +84,12 @@ def plan(a) -> list[dict]:
     """The commands this run makes, each with its expected minutes on an idle machine."""
     steps = [{"what": "machine rates (fp32 matmul, copy bandwidth)", "command": "in-process", "minutes": 0.5}]
     for key, tokens, n, extra, minutes in STEP_RATIOS if a.only in (None, "step_ratio") else ():
-        out = str(HERE / "results" / f"headline_{key}")
+        out = f"bench/results/headline_{key}"
         steps.append({"what": key, "minutes": minutes, "command": [
-            PY, str(HERE / "step_vs_trl.py"), "--steps", str(n), "--P", "2", "--G", "4", "--max-tokens", str(tokens),
+            PY, "bench/step_vs_trl.py", "--steps", str(n), "--P", "2", "--G", "4", "--max-tokens", str(tokens),
             "--threads", "2", "--warmup", "1", *extra, "--out", out, "--summary-key", key, "--pair-median"]})
     for i in range(a.pairs if a.only in (None, "ceiling") else 0):
-        run = str(ROOT / "runs" / f"headline-ceiling-{i}")
+        run = f"runs/headline-ceiling-{i}"
         train = [str(Path(PY).parent / "policyzoo"), "train", "--algo", "grpo", "--output-dir", run, *CEILING_TRAIN]
         steps.append({"what": f"train_over_ceiling pair {i + 1}", "minutes": CEILING_PAIR_MIN, "command": train,
                       "run": run, "then": ["--P", "2", "--G", "4", "--threads", "2", "--metrics",
@@ -278,6 +286,7 @@ def main(argv=None) -> None:
           + (" -- NOT idle: timings would be pessimistic" if load > cpus / 2 else ""))
     if a.dry_run:
         return
+    os.chdir(ROOT)  # the plan's paths are the project's
     execute(a, steps)
     import json
 
