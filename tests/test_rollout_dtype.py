@@ -78,3 +78,17 @@ def test_auto_samples_in_bf16_only_for_an_fp32_vllm_trainer_on_a_bf16_cpu(monkey
 def test_unknown_rollout_dtype_is_refused():
     with pytest.raises(ConfigError):
         load_config(overrides=["engine.rollout_dtype=float16"])
+
+
+@pytest.mark.parametrize("value, chosen", [("yes", "bfloat16"), ("ON", "bfloat16"), ("false", "float32"),
+                                           ("off", "float32")])
+def test_the_switch_takes_the_usual_spellings(monkeypatch, value, chosen):
+    monkeypatch.setenv("POLICYZOO_NATIVE_BF16", value)
+    assert load_config(overrides=["engine.rollout_dtype=auto"]).engine.rollout_dtype == chosen
+
+
+def test_an_unreadable_switch_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv("POLICYZOO_NATIVE_BF16", "2")
+    with pytest.raises(ConfigError, match="POLICYZOO_NATIVE_BF16") as e:
+        load_config(overrides=["engine.rollout_dtype=auto"])
+    assert "set it to 1 or 0" in str(e.value)

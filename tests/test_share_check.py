@@ -101,3 +101,10 @@ def test_a_trainer_without_a_model_folder_is_not_cached(model, tmp_path, monkeyp
     tr = _trainer(Counting(model), None)
     assert tr.check_share_prompt(IDS) is None and tr.engine.calls >= 2
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_deeply_nested_record_is_ignored_not_raised(tmp_path):
+    # json.loads of 200,000 nested brackets raises RecursionError: the check runs as without a cache
+    (tmp_path / "share-prompt-check").mkdir()
+    (tmp_path / "share-prompt-check" / "deep.json").write_text("[" * 200_000)
+    assert share_check.recall("deep", 0.1, root=tmp_path) is None

@@ -239,6 +239,8 @@ class LMPolicy(DrivesEpisodes):
                             f"trainer's by up to {diff:.3g} nats (mean {self.last_mean_diff:.3g}) on a fixed "
                             f"{len(self.check_ids)}-token sequence "
                             f"(tolerance {self.tolerance:g}, of the mean {mean_bound:g})",
-                            "the rollout engine is sampling from other weights than the ones trained: report it "
-                            "with the model folder; engine.rollout: transformers avoids vLLM meanwhile")
+                            "if engine.sync_tolerance is set below the sampler's own rounding (a bf16 sampler: "
+                            "up to ~0.9 nats max, ~0.06 mean), unset it to use the defaults; otherwise the rollout "
+                            "engine is sampling from other weights than the ones trained: report it with the model "
+                            "folder; engine.rollout: transformers avoids vLLM meanwhile")
         return diff

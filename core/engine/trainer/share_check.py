@@ -9,9 +9,10 @@ forwards. Only passes are kept: a failing check runs (and warns) at every start.
 
 The key covers what the comparison depends on: the model folder's files (name, size, modification time in
 ns: a retrained or replaced weight file gives another key), the weights' dtype, the LoRA settings, the
-attention implementation, the device type, the versions of torch, transformers, peft and DeepSpeed, the source
-of the modules that score (prefix caching, log-probs, packing, this check) and the checked token ids.
-A file that cannot be read or written is ignored (the check runs as without a cache).
+attention implementation, the device type, the CPU's vector ISA (torch's capability: a cache shared between
+kinds of CPU keeps one pass each), the versions of torch, transformers, peft and DeepSpeed, the source of the
+modules that score (prefix caching, log-probs, packing, this check) and the checked token ids. A file that
+cannot be read or written, or does not parse, is ignored (the check runs as without a cache).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import os
 import tempfile
 from importlib import metadata
 from pathlib import Path
+
+import torch
 
 from policyzoo.engine.models import cache_dir
 
@@ -60,7 +63,8 @@ def check_key(trainer, ids: list[int]) -> str | None:
     model = getattr(trainer.engine, "module", trainer.engine)
     attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
     parts = [_files(Path(folder)), trainer.dtype, repr(getattr(model, "peft_config", None)), attn,
-             str(trainer.device), [_version(d) for d in ("torch", "transformers", "peft", "deepspeed")],
+             str(trainer.device), torch.backends.cpu.get_cpu_capability(),
+             [_version(d) for d in ("torch", "transformers", "peft", "deepspeed")],
              [_source(name) for name in SCORING_MODULES], list(ids)]
     return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()[:40]
 
@@ -76,7 +80,7 @@ def recall(key: str | None, tolerance: float, root: Path | None = None) -> dict 
     try:
         data = json.loads(_path(key, root).read_text(encoding="utf-8"))
         max_diff, mean_diff = float(data["max_diff"]), float(data["mean_diff"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # RecursionError: a deeply nested file
         return None
     return {"max_diff": max_diff, "mean_diff": mean_diff} if max_diff <= tolerance else None  # NaN: not kept
 
