@@ -32,6 +32,9 @@ class Config(Section):
     engine: EngineSettings = EngineSettings()
     eval: EvalSettings = EvalSettings()
     output_dir: str | None = Field(None, description="the run directory (null: runs/<algorithm>-<UTC time>)")
+    #: set by the validator when it added ``engine.rollout_correction`` as ``algorithm.ratio`` (a resume's
+    #: refusal says which of the keys that differ came from it)
+    _correction_added: bool = pydantic.PrivateAttr(False)
 
     @pydantic.model_validator(mode="after")
     def _cross_section_rules(self):
@@ -48,6 +51,7 @@ class Config(Section):
                 and not (isinstance(algo, dict) and "ratio" in algo):
             base = {"base": algo} if isinstance(algo, str) else dict(algo)
             self.algorithm = {**base, "ratio": {"use": e.rollout_correction}}
+            self._correction_added = True
         return self
 
 

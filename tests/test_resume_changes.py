@@ -33,10 +33,11 @@ def fingerprint(tmp_path_factory):
     return _prepare(_config(tmp_path_factory.mktemp("fresh") / "run")).fingerprint
 
 
-def _checkpoint(tmp_path, fingerprint, **state):
-    """A run directory whose latest checkpoint (step 2) records ``state``; config.yaml is the tiny run's."""
+def _checkpoint(tmp_path, fingerprint, config=None, **state):
+    """A run directory whose latest checkpoint (step 2) records ``state``; config.yaml is ``config``'s,
+    else the tiny run's."""
     rd = RunDir(tmp_path / "run")
-    rd.create(_config(rd.path).model_dump(), {})
+    rd.create((config or _config(rd.path)).model_dump(), {})
     (rd.ckpt / "step-000002").mkdir()
     (rd.ckpt / "step-000002" / "state.json").write_text(json.dumps(
         {"step": 2, "batches": 2, "fingerprint": fingerprint, **state}))
@@ -87,6 +88,52 @@ def test_a_config_mismatch_names_every_key_that_differs(tmp_path, fingerprint):
     assert "rewards" not in msg and "model." not in msg  # the keys that did not change are not listed
     # --force-resume loads anyway and prints the same list
     assert _prepare(cfg, run, force=True).resume_from.name == "step-000002"
+
+
+BF16 = "engine.rollout_dtype=bfloat16"
+
+
+def test_a_changed_rollout_dtype_names_the_correction_it_added_and_the_way_out(tmp_path, fingerprint):
+    # a run sampled in float32 (model.dtype), resumed sampling in bfloat16: the config adds algorithm.ratio tis
+    run = _checkpoint(tmp_path, fingerprint, zero_stage=0, world_size=1)
+    with pytest.raises(ResumeError) as e:
+        _prepare(_config(run, "train.steps=5", BF16), run)
+    msg = " ".join(str(e.value).split())
+    assert 'algorithm.ratio.components[0].use: "token" -> "tis"' in msg
+    assert ("algorithm.ratio was added by engine.rollout_correction=tis because engine.rollout_dtype (bfloat16) "
+            "differs from model.dtype (float32)") in msg
+    assert e.value.fix.startswith("engine.rollout_correction=null keeps the checkpoint's algorithm")
+    assert "--force-resume" in e.value.fix
+    # the way out resumes; another changed key too: the general fix, then the correction's
+    assert _prepare(_config(run, "train.steps=5", BF16, "engine.rollout_correction=null"), run).resume_from
+    with pytest.raises(ResumeError) as e:
+        _prepare(_config(run, "train.steps=5", BF16, "data.seed=3"), run)
+    fix = e.value.fix
+    assert fix.startswith("resume with the run's own config") and "engine.rollout_correction=null" in fix
+    # the algorithm's own ratio is the user's: no line about the correction
+    with pytest.raises(ResumeError) as e:
+        _prepare(_config(run, "train.steps=5", "algorithm.ratio.use=tis"), run)
+    assert "engine.rollout_correction" not in str(e.value) + e.value.fix
+
+
+def test_a_bf16_sampled_run_resumed_in_fp32_keeps_its_correction_and_says_so(tmp_path):
+    from policyzoo.engine.run.preload import preload
+    from policyzoo.engine.run.resume import checkpoint_state
+
+    bf16 = _config(tmp_path / "fresh" / "run", BF16)
+    assert checkpoint_state(2, 4, 2, {}, bf16, 1)["rollout_dtype"] == "bfloat16"
+    fp = _prepare(bf16).fingerprint
+    # as `--resume RUN_DIR engine.rollout_dtype=float32` loads the run's config.yaml: tis is in the algorithm
+    resumed = _config(tmp_path / "x", "train.steps=5", "algorithm.ratio.use=tis", "engine.rollout_dtype=float32")
+    for name, recorded in (("new", {"rollout_dtype": "bfloat16"}), ("old", {})):  # old: config.yaml says bf16
+        run = _checkpoint(tmp_path / name, fp, bf16, zero_stage=0, world_size=1, **recorded)
+        lines = preload(resumed, str(run), dry_run=True).resume_lines
+        note = " ".join(" ".join(lines).split())
+        assert "the checkpoint sampled in bfloat16 with algorithm.ratio tis" in note, lines
+        assert "sampling in float32 now, the checkpoint's algorithm is kept, so tis stays on" in note
+    # sampling on in bfloat16: nothing to say
+    kept = _config(tmp_path / "y", "train.steps=5", "algorithm.ratio.use=tis", BF16)
+    assert not any("rollout_correction" in x for x in preload(kept, str(run), dry_run=True).resume_lines)
 
 
 def test_a_changed_lr_is_reported_and_the_row_stream_continues(tmp_path, fingerprint):

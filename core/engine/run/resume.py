@@ -14,6 +14,7 @@
                       optimizer steps it counted)
     components        {key: state} of every stateful component (``Run.state_dict``: e.g. an adaptive
                       KL coefficient), restored exactly on resume (``Run.load_state_dict``)
+    rollout_dtype     the dtype it sampled in (engine.rollout_dtype, else model.dtype)
 
 All checks run in ``Session.prepare``, before DeepSpeed or vLLM start, and raise
 :class:`~policyzoo.engine.rundir.ResumeError` naming the real reason:
@@ -25,6 +26,11 @@ All checks run in ``Session.prepare``, before DeepSpeed or vLLM start, and raise
   Converting (DeepSpeed's universal checkpoint) is not attempted;
 * another algorithm / reward / model / data config (the ``fingerprint``): the message lists every
   key that differs with its old and new value (``--force-resume`` loads anyway).
+  Keys that ``engine.rollout_correction`` changed (its ratio, added because ``engine.rollout_dtype``
+  now differs from ``model.dtype``) are named as such, with ``engine.rollout_correction=null`` as the
+  way to keep the checkpoint's algorithm. The reverse, a run that sampled in another dtype with the
+  correction resumed sampling in ``model.dtype``, keeps the checkpoint's algorithm (the correction's
+  ratio, near 1 now) and says so (:func:`kept_correction_note`).
 
 ``train.*`` may change on resume. A changed learning rate or weight decay is applied to the
 restored optimizer (DeepSpeed restores the saved values with the Adam moments otherwise), and
@@ -63,6 +69,7 @@ def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, conf
     t = config.train
     return {"step": step, "rows": rows, "batches": batches, "fingerprint": fingerprint, "schedule": schedule or {},
             "zero_stage": effective_stage(config.engine), "world_size": world_size,
+            "rollout_dtype": config.engine.rollout_dtype or config.model.dtype,
             "train": {"lr": t.lr, "weight_decay": t.weight_decay, "prompts_per_step": t.prompts_per_step,
                       "critic_lr": config.engine.critic_lr or 10 * t.lr}}
 
@@ -116,16 +123,50 @@ def config_diff(old, new) -> list[str]:
             for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
 
 
+def _run_config(run_dir: Path, section: str) -> dict:
+    """A section of the run directory's ``config.yaml`` (still the config of the checkpoint's run when
+    the checks read it), for checkpoints written before ``state.json`` recorded what is asked."""
+    try:
+        tree = yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    return tree.get(section) or {} if isinstance(tree, dict) else {}
+
+
 def old_train_settings(state: dict, run_dir: Path) -> dict:
     """The checkpoint's ``train`` record; for checkpoints written before it existed, the run
-    directory's ``config.yaml`` (still the config of the checkpoint's run when this is called)."""
+    directory's ``config.yaml``."""
     if "train" in state:
         return state["train"]
-    try:
-        t = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train") or {}
-    except (OSError, yaml.YAMLError):
-        t = {}
+    t = _run_config(run_dir, "train")
     return {k: t[k] for k in ("lr", "weight_decay", "prompts_per_step") if k in t}
+
+
+def kept_correction_note(state: dict, config, run_dir: Path) -> list[str]:
+    """One console line when the checkpoint sampled in another dtype than ``model.dtype`` with the rollout
+    correction as its ratio and the resume samples in ``model.dtype``: the checkpoint's algorithm, and so
+    the correction, stays (over one dtype its weights are near 1); a new run would not add it."""
+    old = state.get("rollout_dtype") or _run_config(run_dir, "engine").get("rollout_dtype")
+    e, dtype, algo = config.engine, config.model.dtype, config.algorithm
+    ratio = (algo.get("ratio") or {}).get("use") if isinstance(algo, dict) else None
+    if old in (None, dtype) or (e.rollout_dtype or dtype) != dtype or not ratio or ratio != e.rollout_correction:
+        return []
+    return [f"resume: the checkpoint sampled in {old} with algorithm.ratio {ratio}, the correction "
+            f"engine.rollout_correction adds for a rollout in another dtype than model.dtype; sampling in {dtype} "
+            f"now, the checkpoint's algorithm is kept, so {ratio} stays on (its weights are near 1 over one dtype; "
+            "a new run with these settings would not add it)"]
+
+
+def _correction_keys(config, diff: list[str]) -> tuple[str, str] | None:
+    """``(why, fix)`` when some of ``diff``'s keys are the ratio the config's validator added for
+    ``engine.rollout_correction`` (a rollout dtype other than ``model.dtype``), else None."""
+    e = config.engine
+    if not (getattr(config, "_correction_added", False) and any(d.startswith("algorithm.ratio.") for d in diff)):
+        return None
+    return (f"algorithm.ratio was added by engine.rollout_correction={e.rollout_correction} because "
+            f"engine.rollout_dtype ({e.rollout_dtype}) differs from model.dtype ({config.model.dtype})",
+            f"engine.rollout_correction=null keeps the checkpoint's algorithm (sampling in {e.rollout_dtype} "
+            f"without a correction), or --force-resume trains on with {e.rollout_correction} as the ratio")
 
 
 def rows_drawn(state: dict, old_train: dict, prompts_per_step: int) -> int:
@@ -138,7 +179,8 @@ def rows_drawn(state: dict, old_train: dict, prompts_per_step: int) -> int:
 def check_resume(where: str, state: dict, config, fingerprint: dict, world_size: int, force: bool,
                  run_dir: str = "RUN_DIR") -> list[str]:
     """Raise :class:`ResumeError` if the checkpoint ``state`` cannot continue with ``config`` on
-    ``world_size`` ranks; return notes for the console (e.g. what ``--force-resume`` overrode)."""
+    ``world_size`` ranks; return notes for the console (e.g. what ``--force-resume`` overrode, a rollout
+    correction kept, :func:`kept_correction_note`). ``run_dir``: the run directory."""
     step = state["step"]
     if config.train.steps <= step:
         raise ResumeError(where, f"the run is already at step {step} and train.steps is {config.train.steps}: "
@@ -162,15 +204,22 @@ def check_resume(where: str, state: dict, config, fingerprint: dict, world_size:
                           "load on any number of ranks)")
     diff = config_diff(state.get("fingerprint"), fingerprint)
     if not diff:
-        return []
+        return kept_correction_note(state, config, Path(run_dir))
     listed = [f"  {d}" for d in diff[:MAX_LISTED]] + ([f"  ... and {len(diff) - MAX_LISTED} more"]
                                                       if len(diff) > MAX_LISTED else [])
+    correction = _correction_keys(config, diff)
+    if correction:
+        listed.append(f"  {correction[0]}")
     if force:
         return ["--force-resume: loading the checkpoint although it was written with another config:", *listed]
+    fix = ("resume with the run's own config (`--resume RUN_DIR` alone), start a new run, or pass --force-resume "
+           "to load its weights anyway")
+    if correction and all(d.startswith("algorithm.ratio.") for d in diff):
+        fix = correction[1]
+    elif correction:
+        fix = f"{fix}; for algorithm.ratio: {correction[1]}"
     raise ResumeError(where, "the checkpoint was written with another algorithm, reward, model or data config "
-                      "than the one given; these keys differ (checkpoint -> now):\n" + "\n".join(listed),
-                      "resume with the run's own config (`--resume RUN_DIR` alone), start a new run, or pass "
-                      "--force-resume to load its weights anyway")
+                      "than the one given; these keys differ (checkpoint -> now):\n" + "\n".join(listed), fix)
 
 
 def optimizer_notes(old_train: dict, config) -> list[str]:
