@@ -59,6 +59,7 @@ def _dry_run(args, config, port, overrides: list[str], out: Console) -> None:
     import yaml
 
     from policyzoo.engine.run.preload import preload
+    from policyzoo.host import rollout_dtype_notes
 
     pre = preload(config, args.resume, args.force_resume, dry_run=True)
     resolved = pre.resolved
@@ -69,7 +70,7 @@ def _dry_run(args, config, port, overrides: list[str], out: Console) -> None:
     err = Console(stderr=True, soft_wrap=True)
     for line in pre.resume_lines:
         err.print(line, markup=False, highlight=False)
-    for line in pre.notes:
+    for line in rollout_dtype_notes(config) + pre.notes:
         err.print(line, markup=False, highlight=False)
     for w in pre.warnings:
         err.print(f"warning: {w}", markup=False, highlight=False, style="yellow")

@@ -35,6 +35,8 @@ class Config(Section):
     #: set by the validator when it added ``engine.rollout_correction`` as ``algorithm.ratio`` (a resume's
     #: refusal says which of the keys that differ came from it)
     _correction_added: bool = pydantic.PrivateAttr(False)
+    #: set by the validator when ``engine.rollout_dtype`` was ``auto`` (the start-up line says what it chose)
+    _auto_rollout_dtype: bool = pydantic.PrivateAttr(False)
 
     @pydantic.model_validator(mode="after")
     def _cross_section_rules(self):
@@ -45,6 +47,7 @@ class Config(Section):
         one."""
         if self.engine.rollout_dtype == "auto":
             self.engine.rollout_dtype = host.auto_rollout_dtype(self.model.dtype, self.engine.rollout)
+            self._auto_rollout_dtype = True
         rules.check_config(self)
         e, algo = self.engine, self.algorithm
         if e.rollout_dtype is not None and e.rollout_dtype != self.model.dtype and e.rollout_correction \

@@ -15,20 +15,24 @@ from .errors import ConfigError
 
 #: CPU flags of bf16 matrix instructions (Intel AMX-BF16, AVX512-BF16; AMD Zen 4 has the latter)
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+#: how the console names them
+FLAG_NAMES = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}
 #: ``0`` or ``1`` overrides the probe (:func:`native_bf16`)
 NATIVE_BF16_ENV = "POLICYZOO_NATIVE_BF16"
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+def _cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...]:
+    """The :data:`BF16_FLAGS` among the CPU's flags (empty: none, or no ``/proc/cpuinfo``)."""
     try:
         text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return False
+        return ()
     for line in text.splitlines():
         if line.startswith("flags"):
-            return bool(set(line.partition(":")[2].split()) & set(BF16_FLAGS))
-    return False
+            flags = set(line.partition(":")[2].split())
+            return tuple(f for f in BF16_FLAGS if f in flags)
+    return ()
 
 
 def native_bf16() -> bool:
@@ -40,7 +44,7 @@ def native_bf16() -> bool:
     another value of the variable (an unread switch would leave the probe deciding)."""
     forced = os.environ.get(NATIVE_BF16_ENV, "").strip().lower()
     if not forced:
-        return _cpu_has_bf16()
+        return bool(_cpu_has_bf16())
     if forced in ("1", "true", "yes", "on"):
         return True
     if forced in ("0", "false", "no", "off"):
@@ -56,3 +60,24 @@ def auto_rollout_dtype(model_dtype: str, rollout: str) -> str:
     if model_dtype == "float32" and rollout == "vllm" and native_bf16():
         return "bfloat16"
     return model_dtype
+
+
+def rollout_dtype_notes(config) -> list[str]:
+    """The console's start-up line for ``engine.rollout_dtype: auto`` (the config's validator marks a
+    config that asked for it), e.g. ``rollout dtype: bfloat16 (engine.rollout_dtype auto: this CPU has
+    AMX-BF16)``; none for a config that named its dtype."""
+    if not getattr(config, "_auto_rollout_dtype", False):
+        return []
+    model_dtype, rollout, chosen = config.model.dtype, config.engine.rollout, config.engine.rollout_dtype
+    forced = os.environ.get(NATIVE_BF16_ENV, "").strip()
+    if model_dtype != "float32":
+        why = f"model.dtype is {model_dtype}, sampled as trained"
+    elif rollout != "vllm":
+        why = f"bf16 only for the trainer's own vLLM engine, and engine.rollout is {rollout}"
+    elif forced:
+        why = f"{NATIVE_BF16_ENV}={forced}"
+    elif chosen == "bfloat16":
+        why = "this CPU has " + " and ".join(FLAG_NAMES[f] for f in _cpu_has_bf16())
+    else:
+        why = "no bf16 instructions on this CPU"
+    return [f"rollout dtype: {chosen} (engine.rollout_dtype auto: {why})"]

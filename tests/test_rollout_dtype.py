@@ -92,3 +92,38 @@ def test_an_unreadable_switch_is_refused_naming_it(monkeypatch):
     with pytest.raises(ConfigError, match="POLICYZOO_NATIVE_BF16") as e:
         load_config(overrides=["engine.rollout_dtype=auto"])
     assert "set it to 1 or 0" in str(e.value)
+
+
+def test_auto_says_what_it_chose_and_why(monkeypatch):
+    auto = "engine.rollout_dtype=auto"
+    monkeypatch.delenv("POLICYZOO_NATIVE_BF16")
+    monkeypatch.setattr(host, "_cpu_has_bf16", lambda: ("amx_bf16",))
+    assert host.rollout_dtype_notes(load_config(overrides=[auto])) == [
+        "rollout dtype: bfloat16 (engine.rollout_dtype auto: this CPU has AMX-BF16)"]
+    monkeypatch.setattr(host, "_cpu_has_bf16", lambda: ())
+    assert host.rollout_dtype_notes(load_config(overrides=[auto])) == [
+        "rollout dtype: float32 (engine.rollout_dtype auto: no bf16 instructions on this CPU)"]
+    assert host.rollout_dtype_notes(load_config(overrides=[auto, "engine.rollout=transformers"])) == [
+        "rollout dtype: float32 (engine.rollout_dtype auto: bf16 only for the trainer's own vLLM engine, and "
+        "engine.rollout is transformers)"]
+    monkeypatch.setenv("POLICYZOO_NATIVE_BF16", "1")
+    assert host.rollout_dtype_notes(load_config(overrides=[auto])) == [
+        "rollout dtype: bfloat16 (engine.rollout_dtype auto: POLICYZOO_NATIVE_BF16=1)"]
+    assert host.rollout_dtype_notes(load_config(overrides=[BF16])) == []  # a dtype named: nothing to say
+    assert host.rollout_dtype_notes(load_config()) == []
+
+
+def test_the_start_up_console_says_what_auto_chose(monkeypatch, tmp_path, capsys):
+    from _engine_helpers import TINY_OVERRIDES, tiny_model
+
+    from policyzoo.engine.run import train
+
+    monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(train, "setup_process", lambda *a: 1)  # the process as it is
+    monkeypatch.setattr(train, "quiet_libraries", lambda *a: None)
+    monkeypatch.setattr(train.Session, "start", lambda self: None)  # no model loads
+    cfg = load_config(None, "grpo", [f"model.path={tiny_model()}", *TINY_OVERRIDES, "engine.rollout_dtype=auto",
+                                     f"output_dir={tmp_path / 'run'}"])
+    train.open_session(cfg)
+    err = " ".join(capsys.readouterr().err.split())
+    assert "rollout dtype: float32 (engine.rollout_dtype auto: POLICYZOO_NATIVE_BF16=0)" in err

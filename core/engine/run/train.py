@@ -17,6 +17,7 @@ from policyzoo.config import load_config
 from policyzoo.engine import dist
 from policyzoo.engine.process import check_vllm_threads, quiet_libraries, setup_process
 from policyzoo.engine.rundir import ResumeError
+from policyzoo.host import rollout_dtype_notes
 
 from .session import Session
 
@@ -42,6 +43,8 @@ def open_session(config, resume: str | None = None, force_resume: bool = False, 
     session.verbose = verbose
     session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
                           f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
+    for line in rollout_dtype_notes(config):  # engine.rollout_dtype: auto's choice
+        session.console.print(line, markup=False, highlight=False)
     session.start()
     return session
 
