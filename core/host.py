@@ -65,7 +65,8 @@ def auto_rollout_dtype(model_dtype: str, rollout: str) -> str:
 def rollout_dtype_notes(config) -> list[str]:
     """The console's start-up line for ``engine.rollout_dtype: auto`` (the config's validator marks a
     config that asked for it), e.g. ``rollout dtype: bfloat16 (engine.rollout_dtype auto: this CPU has
-    AMX-BF16)``; none for a config that named its dtype."""
+    AMX-BF16)``, and one more when ``engine.fp32_lm_head`` has no effect because auto chose float32; none for
+    a config that named its dtype."""
     if not getattr(config, "_auto_rollout_dtype", False):
         return []
     model_dtype, rollout, chosen = config.model.dtype, config.engine.rollout, config.engine.rollout_dtype
@@ -80,4 +81,7 @@ def rollout_dtype_notes(config) -> list[str]:
         why = "this CPU has " + " and ".join(FLAG_NAMES[f] for f in _cpu_has_bf16())
     else:
         why = "no bf16 instructions on this CPU"
-    return [f"rollout dtype: {chosen} (engine.rollout_dtype auto: {why})"]
+    idle = config.engine.fp32_lm_head and chosen == "float32"  # rules.py refuses it for a float32 the config names
+    return [f"rollout dtype: {chosen} (engine.rollout_dtype auto: {why})"] + (
+        ["engine.fp32_lm_head is idle: auto sampled in float32, whose logits are fp32 already (it takes effect where "
+         "auto chooses bfloat16)"] if idle else [])

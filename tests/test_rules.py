@@ -41,6 +41,37 @@ def test_a_config_rule_fails_at_load_config_with_its_reason_and_fix():
     assert e.value.fix == "set model.dtype=float32, or train.autocast=false"
 
 
+HEAD = "engine.fp32_lm_head=true"
+
+
+@pytest.mark.parametrize("extra, why, fix", [
+    (["engine.rollout=transformers", "engine.rollout_dtype=bfloat16"],
+     "engine.fp32_lm_head asks the colocated vLLM engine for fp32 logits, but engine.rollout is transformers",
+     "set engine.rollout=vllm, or drop engine.fp32_lm_head"),
+    (["model.dtype=bfloat16", "engine.zero_stage=1", "engine.rollout_dtype=bfloat16"],
+     "engine.fp32_lm_head computes the sampler's logits in fp32 as an fp32 trainer does, but model.dtype is bfloat16",
+     "drop engine.fp32_lm_head, or set model.dtype=float32"),
+    ([], "engine.fp32_lm_head computes vLLM's logits in fp32 over bf16 weights, but engine.rollout_dtype is float32 "
+     "(its logits are fp32 already)", "set engine.rollout_dtype=bfloat16 (or auto: bf16 where the CPU has bf16 "
+     "instructions), or drop engine.fp32_lm_head"),
+    (["engine.rollout_dtype=float32"], "engine.fp32_lm_head computes vLLM's logits in fp32 over bf16 weights",
+     "set engine.rollout_dtype=bfloat16"),
+    # auto decides the dtype by the CPU only for an fp32 trainer's own vLLM engine: elsewhere it is refused too
+    (["engine.rollout_dtype=auto", "engine.rollout=transformers"], "engine.fp32_lm_head asks the colocated vLLM",
+     "set engine.rollout=vllm"),
+])
+def test_an_fp32_head_that_would_do_nothing_is_refused(extra, why, fix):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, "grpo", [HEAD, *extra])
+    assert e.value.why.startswith(why) and e.value.fix.startswith(fix)
+
+
+def test_an_fp32_head_with_auto_runs_on_every_cpu(monkeypatch):
+    assert load_config(None, "grpo", [HEAD, "engine.rollout_dtype=bfloat16"]).engine.fp32_lm_head  # its use
+    monkeypatch.setenv("POLICYZOO_NATIVE_BF16", "0")  # auto chooses float32 here: not refused (a console note)
+    assert load_config(None, "grpo", [HEAD, "engine.rollout_dtype=auto"]).engine.rollout_dtype == "float32"
+
+
 def _config(overlap="none", staleness=0, teacher=None):
     return SimpleNamespace(engine=SimpleNamespace(overlap=overlap, max_staleness=staleness),
                            model=SimpleNamespace(teacher=teacher))
