@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,33 @@ def engine_env() -> dict:
     env.setdefault("POLICYZOO_CACHE", str(BUILD / "cache"))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see the Makefile
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack: what a run that timed out was doing
     return env
+
+
+def run_bounded(cmd: list[str], timeout: int = 600, logs: Path | None = None, **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=engine_env())`` that,
+    on a timeout, fails the test with what the process was doing: it is sent SIGABRT (the faulthandler of
+    :func:`engine_env` prints every thread's stack, into ``startup.log`` while the libraries' output goes there),
+    and the failure shows the end of its stderr and of each ``startup.log`` under ``logs``."""
+    import pytest
+
+    kw = {"env": engine_env(), "cwd": ROOT, **kw}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGABRT)
+            try:
+                out, err = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+            startup = [f"--- {f}:\n{f.read_text(errors='replace')[-6000:]}"
+                       for f in (sorted(Path(logs).rglob("startup.log")) if logs else [])]
+            pytest.fail(f"{' '.join(map(str, cmd))[:300]} timed out after {timeout} s; its stderr ends:\n"
+                        f"{(err or '')[-6000:]}\n" + "\n".join(startup), pytrace=False)
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 TINY_OVERRIDES = [
@@ -57,8 +84,7 @@ def train_cmd(out: Path, *extra: str, algo: str | None = "grpo", model: Path | N
 
 
 def run_train(out: Path, *extra: str, algo: str | None = "grpo", timeout: int = 600, model: Path | None = None):
-    return subprocess.run(train_cmd(out, *extra, algo=algo, model=model), env=engine_env(), capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    return run_bounded(train_cmd(out, *extra, algo=algo, model=model), timeout, logs=out)
 
 
 def metrics(run_dir: Path, kind: str = "train") -> list[dict]:

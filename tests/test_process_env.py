@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 CODE = ("import json, os; from policyzoo.engine.process import setup_process; setup_process(1, {gb}); "
@@ -32,21 +33,72 @@ def test_kv_cache_and_thread_binding_are_explicit_and_user_values_kept():
     assert _env_after(1.0, VLLM_CPU_OMP_THREADS_BIND="0-1")["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
 
 
-def test_a_lock_left_by_a_killed_build_is_removed_and_a_live_build_is_left_alone(tmp_path, capsys):
-    from policyzoo.engine.process import STALE_LOCK_SECONDS, clear_stale_build_lock
+def test_a_lock_whose_process_ended_is_removed_and_a_held_one_is_left_alone(tmp_path, capsys):
+    from policyzoo.engine import oplock
 
     dead, live = tmp_path / "deepspeed_shm_comm", tmp_path / "other_op"
     for folder in (dead, live):
         folder.mkdir()
         (folder / "lock").touch()
+    held = os.open(live / "lock", os.O_RDONLY)  # as torch's FileBaton holds its lock from taking to release
+    try:
+        old = time.time() - 10  # both made 10 s ago, past the 2 s grace between torch's close and remove
+        for lock in (dead / "lock", live / "lock"):
+            os.utime(lock, (old, old))
+        assert oplock.holders(dead / "lock") == 0 and oplock.holders(live / "lock") == 1
+        assert oplock.clear_stale_build_lock(tmp_path) == [dead / "lock"]
+        assert not (dead / "lock").exists() and (live / "lock").exists()
+    finally:
+        os.close(held)
+    assert "removed a lock left by a process that ended while holding it" in capsys.readouterr().err
+    fresh = dead / "lock"
+    fresh.touch()  # just made: within the grace, its maker may be between taking and opening
+    assert not oplock.is_stale(fresh)
+
+
+def test_where_proc_cannot_tell_the_age_of_the_last_write_decides(tmp_path, monkeypatch):
+    from policyzoo.engine import oplock
+
+    monkeypatch.setattr(oplock, "holders", lambda lock: None)  # another user's processes, or not Linux
+    built, building = tmp_path / "built", tmp_path / "building"
+    for folder in (built, building):
+        folder.mkdir()
+        (folder / "lock").touch()
         (folder / "shm.o").touch()
-    old = os.path.getmtime(dead / "lock") - STALE_LOCK_SECONDS - 60  # a build killed 16 minutes ago
-    for f in dead.iterdir():
-        os.utime(f, (old, old))
-    os.utime(live / "lock", (old, old))  # an old lock, but the build wrote shm.o just now: alive
-    assert clear_stale_build_lock(tmp_path) == [dead / "lock"]
-    assert not (dead / "lock").exists() and (live / "lock").exists() and (dead / "shm.o").exists()
-    assert "stale build lock" in capsys.readouterr().err
+    (built / "deepspeed_shm_comm.so").touch()
+    now = time.time()
+    for f in [*built.iterdir(), *building.iterdir()]:  # 5 minutes without a write in either folder
+        os.utime(f, (now - 300, now - 300))
+    # the built op: a load holds the lock for ninja's check only, 300 s > 240 s: left behind
+    assert oplock.is_stale(built / "lock", now)
+    # no op built yet: a build may still be compiling, 300 s < 900 s; a write 1000 s ago: left behind
+    assert not oplock.is_stale(building / "lock", now)
+    assert oplock.is_stale(building / "lock", now + 700)
+
+
+def test_torchs_wait_on_a_lock_left_behind_ends(tmp_path, capsys):
+    # torch's own FileBaton.wait polls for the file without limit; with the bounded wait installed it ends once
+    # no process holds the lock (looked at every 2 s, then twice a second apart)
+    from torch.utils.file_baton import FileBaton
+
+    from policyzoo.engine import oplock
+
+    lock = tmp_path / "op" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    old = time.time() - 10
+    os.utime(lock, (old, old))
+    original = FileBaton.wait
+    try:
+        oplock.install()
+        baton = FileBaton(str(lock))
+        assert not baton.try_acquire()
+        started = time.time()
+        baton.wait()
+        assert not lock.exists() and time.time() - started < 30
+    finally:
+        FileBaton.wait = original
+    assert "removed a lock left by a process that ended" in capsys.readouterr().err
 
 
 def test_an_unwritable_cache_moves_the_build_caches_to_a_temporary_folder_and_says_so(tmp_path):

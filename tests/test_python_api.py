@@ -15,12 +15,11 @@ import sys
 import textwrap
 from collections import defaultdict
 
-from _engine_helpers import ROOT, engine_env, metrics, tiny_model
+from _engine_helpers import metrics, run_bounded, tiny_model
 
 
-def run_script(code: str, prelude: str = "", timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=engine_env(),
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run_script(code: str, prelude: str = "", timeout: int = 600, logs=None) -> subprocess.CompletedProcess:
+    return run_bounded([sys.executable, "-c", prelude + textwrap.dedent(code)], timeout, logs=logs)
 
 
 def read_events(folder) -> dict[str, list[tuple[int, float]]]:
@@ -55,7 +54,7 @@ def test_train_with_a_lambda_reward_and_a_datasets_dataset(tmp_path):
             train={{"steps": 2, "prompts_per_step": 2, "lr": 1e-3, "log_completions_every": 2}},
             **{{"algorithm.sample.max_tokens": 12, "data.eval_size": 4, "engine.sync_check": True}})
         print("SUMMARY", json.dumps(summary))
-    """)
+    """, logs=tmp_path)
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads(r.stdout.split("SUMMARY ", 1)[1])
     assert summary["steps"] == 2 and summary["run_dir"] == str(out)
@@ -123,7 +122,7 @@ def test_trainer_step_by_step_with_a_trl_conversational_reward(tmp_path):
             ckpt = t.save()
             print("RESULT", json.dumps({{"steps": [a["step"], b["step"]], "eval_rows": ev["eval_rows"],
                                          "ckpt": str(ckpt), "global_step": t.global_step}}))
-    """, prelude=TRL_CONVERSATIONAL)
+    """, prelude=TRL_CONVERSATIONAL, logs=tmp_path)
     assert r.returncode == 0, r.stderr[-4000:]
     res = json.loads(r.stdout.split("RESULT ", 1)[1])
     assert res["steps"] == [1, 2] and res["global_step"] == 2 and res["eval_rows"] == 4

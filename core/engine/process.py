@@ -15,11 +15,11 @@ import shutil
 import socket
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from policyzoo.errors import ConfigError
 
+from . import oplock
 from .models import cache_dir, is_writable
 
 
@@ -77,33 +77,6 @@ def build_cache_env() -> str | None:
             f"{' and '.join(moved)} to writable folders, to keep what a run builds")
 
 
-#: a build lock older than this, in a folder nothing has written to for as long, was left by a killed build
-STALE_LOCK_SECONDS = 900
-
-
-def clear_stale_build_lock(folder: Path | None = None) -> list[Path]:
-    """Remove torch's extension-build ``lock`` files that a killed build left behind.
-
-    torch holds ``TORCH_EXTENSIONS_DIR/<op>/lock`` while it compiles an op and waits, without limit,
-    for any existing lock to go (``torch.utils.file_baton``). A build killed half-way (a timeout, Ctrl-C,
-    an out-of-memory kill) leaves the lock, and every later run then waits silently at start-up. A lock
-    counts as stale when it and every file of its folder are older than :data:`STALE_LOCK_SECONDS`
-    (a live build writes its object files and links within a few minutes even on a loaded 2-core
-    machine). Returns the locks removed; each removal is announced on stderr."""
-    root = folder or Path(os.environ.get("TORCH_EXTENSIONS_DIR") or extensions_dir())
-    removed, now = [], time.time()
-    for lock in root.glob("*/lock"):
-        try:
-            newest = max(f.stat().st_mtime for f in lock.parent.iterdir())
-        except (FileNotFoundError, ValueError):  # a build finishing right now
-            continue
-        if now - newest > STALE_LOCK_SECONDS:
-            lock.unlink(missing_ok=True)
-            removed.append(lock)
-            print(f"policyzoo: removed a stale build lock left by an interrupted build: {lock}", file=sys.stderr)
-    return removed
-
-
 def build_deepspeed_op() -> str:
     """Compile DeepSpeed's one CPU op (its shared-memory all-reduce, ``deepspeed_shm_comm``) into the
     extensions cache now, so that no training run compiles it (~90 s, and a run killed while compiling
@@ -114,7 +87,8 @@ def build_deepspeed_op() -> str:
         return "no CPU op needed on CUDA"
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    clear_stale_build_lock()
+    oplock.install()
+    oplock.clear_stale_build_lock(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
     from deepspeed.comm.torch import build_shm_op
 
     return "built" if build_shm_op() is not None else "not compatible here (DeepSpeed falls back to gloo)"
@@ -161,7 +135,8 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
         print(note, file=sys.stderr)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        clear_stale_build_lock()
+        oplock.install()  # a lock a killed process left on DeepSpeed's op: removed, not waited on for ever
+        oplock.clear_stale_build_lock(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
