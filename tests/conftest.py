@@ -12,6 +12,18 @@ os.environ["POLICYZOO_NATIVE_BF16"] = "0"
 from policyzoo.testing.bandit import bandit_catalog
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Every test leaves ``os.environ`` as it found it. A variable set in the test process (``setup_process``'s, a
+    cache folder under a test's ``tmp_path``) otherwise reaches every run the worker starts later: CI once hung
+    twice 600 s on a ``TORCH_EXTENSIONS_DIR`` left pointing at a test's folder with a lock file in it."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     # tiny tensors: intra-op threads only add overhead (several times slower on 2 busy cores)

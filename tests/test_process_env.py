@@ -125,8 +125,9 @@ def test_the_compiled_op_is_copied_writable_without_its_lock_and_a_writable_cach
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("POLICYZOO_CACHE", str(cache))
-    for key in ("TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT"):
-        monkeypatch.delenv(key, raising=False)
+    for key in ("TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT"):  # set first: undone at the end, whatever sets them
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     assert process.build_cache_env() is None  # writable (made when first written)
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(process.extensions_dir())
     op = process.extensions_dir() / "deepspeed_shm_comm"
