@@ -51,3 +51,22 @@ def test_the_floor_table_states_the_ratio_of_the_two_trainers():
     text = train_floor.table(res, args)
     assert "| layers only | 8.00 | 1.00, 2.00 | 4.60 | 1.74 |" in text  # 8.0 / 4.6 = 1.739
     assert text.endswith("= 0.919")  # 12.5 / 13.6 = 0.9191
+
+
+def test_length_groups_masks_each_row_to_its_length_and_tables_the_ratio_to_the_best():
+    import length_groups
+    import torch
+
+    from policyzoo.contract import Rollout
+
+    roll = Rollout(prompt_ids=[[1, 2]] * 2, response_ids=torch.ones(2, 4, dtype=torch.long),
+                   response_mask=torch.ones(2, 4, dtype=torch.bool), rollout_logprobs=torch.zeros(2, 4),
+                   group_ids=torch.tensor([0, 0]), truncated=torch.zeros(2, dtype=torch.bool))
+    length_groups.with_lengths(roll, [3, 1])
+    assert roll.response_mask.tolist() == [[True, True, True, False], [True, False, False, False]]
+    res = {"times": {"close": {16: [12.0, 11.9, 12.1], 128: [10.0, 10.1, 9.9]}},
+           "groups": {"close": {16: [[0], [1]], 128: [[0, 1]]}},
+           "gflops_fp32": (250.0, 240.0), "load_before": (1.0, 1.0, 1.0), "load_after": (1.0, 1.0, 1.0)}
+    text = length_groups.table(res, SimpleNamespace(threads=2, reps=3))
+    assert "| close | 16 | {128} {120} | 12.00 | 12.00, 11.90, 12.10 | 1.20 |" in text  # 12.0 / 10.0
+    assert "| close | 128 | {128,120} | 10.00 | 10.00, 10.10, 9.90 | 1.00 |" in text

@@ -10,7 +10,13 @@ import torch
 from _engine_helpers import make_rollout, tiny_model
 
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer, pack, token_logprobs
-from policyzoo.engine.trainer.prefix import _cache_layers, distinct_prompts, length_buckets, shared_prompt_logprobs
+from policyzoo.engine.trainer.prefix import (
+    CALL_OVERHEAD,
+    _cache_layers,
+    distinct_prompts,
+    length_buckets,
+    shared_prompt_logprobs,
+)
 
 PAD = 2
 
@@ -25,7 +31,7 @@ P1, P2 = [1, 40, 41, 42, 43], [1, 50, 51]
 ROLL = _rollout([P1, P2, P1, P2, P1, P2],
                 [[60, 61, 62, 63], [70, PAD], [64], [71, 72, 73, 74], [65, 66, PAD], [75, 76, 77]])
 
-# One long response among short ones: run as two length groups (see test_length_buckets...).
+# One long response among short ones, and one-token rows that make no call (see test_one_token_rows...).
 LONG = _rollout([P1, P1, P2, P2, P1, P2], [list(range(60, 80)), [61, 62], [70], [71, PAD], [63], [72, 73]])
 
 
@@ -111,32 +117,42 @@ def test_each_distinct_prompt_runs_once(model):
 
 
 def test_length_buckets_minimise_padded_positions_plus_call_overhead():
-    # Lengths [32, 5, 6, 5, 7, 6, 5, 5], overhead 16 positions per group; a group costs
-    # rows x (longest - 1) + 16:
-    #   one group:                 8 x 31 + 16                      = 264
-    #   {32} + {7, 6, 5}:          1 x 31 + 16 + 7 x 6 + 16         = 105  <- best
-    #   {32} + {7, 6} + {5}:       47 + (3 x 6 + 16) + (4 x 4 + 16) = 113
-    #   {32} + {7} + {6, 5}:       47 + (6 + 16) + (6 x 5 + 16)     = 115
+    # Lengths [32, 5, 6, 5, 7, 6, 5, 5], overhead 128 positions per group (CALL_OVERHEAD); a group costs
+    # rows x (longest - 1) + 128:
+    #   one group:                 8 x 31 + 128                          = 376
+    #   {32} + {7, 6, 5}:          1 x 31 + 128 + 7 x 6 + 128            = 329  <- best
+    #   {32} + {7, 6} + {5}:       159 + (3 x 6 + 128) + (4 x 4 + 128)   = 449
+    assert CALL_OVERHEAD == 128
     assert length_buckets([32, 5, 6, 5, 7, 6, 5, 5]) == [[0], [1, 2, 3, 4, 5, 6, 7]]
+    # bench/length_groups.py's two patterns, as measured fastest there:
+    # close [128, 120, 112, 104] x 2: one group 8 x 127 + 128 = 1144; {128, 120} + {112, 104}:
+    #   4 x 127 + 4 x 111 + 256 = 1208; four groups 2 x (127 + 119 + 111 + 103) + 512 = 1432
+    assert length_buckets([128, 120, 112, 104] * 2) == [list(range(8))]
+    # spread [128, 128, 128, 96, 64, 48, 32, 16]: {128..96} + {64..16}: 4 x 127 + 4 x 63 + 256 = 1016;
+    #   one group 1016 + 128 = 1144; {128 x 3, 96, 64} + {48, 32, 16}: 5 x 127 + 3 x 47 + 256 = 1032;
+    #   three groups {128..96} {64, 48} {32, 16}: 508 + 126 + 62 + 384 = 1080
+    assert length_buckets([128, 128, 128, 96, 64, 48, 32, 16]) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # At 16 (the value before the measurement) the spread pattern split six ways: 381 + 95 + 63 + 47 + 31 + 15 + 96
+    assert len(length_buckets([128, 128, 128, 96, 64, 48, 32, 16], overhead=16)) == 6
     # Without call overhead every distinct length is its own group (no padding at all):
     # {3}: rows 0, 2; {2}: row 3; {1}: row 1.
     assert length_buckets([3, 1, 3, 2], overhead=0) == [[0, 2], [3], [1]]
     # One-token responses make no call, so they cost nothing apart: [3, 1, 1, 1, 1, 1] merged
-    # costs 6 x 2 + 16 = 28, split {3} + {1} costs (1 x 2 + 16) + 0 = 18.
+    # costs 6 x 2 + 128 = 140, split {3} + {1} costs (1 x 2 + 128) + 0 = 130.
     assert length_buckets([3, 1, 1, 1, 1, 1]) == [[0], [1, 2, 3, 4, 5]]
     # Equal lengths: one group.
     assert length_buckets([4, 4, 4]) == [[0, 1, 2]]
 
 
-def test_a_long_response_gets_its_own_group(model):
-    # LONG: lengths [20, 2, 1, 2, 1, 2] (the PAD of [71, PAD] is a generated EOS, masked in).
-    #   one group: 6 x 19 + 16 = 130; {20} + {2, 1}: (19 + 16) + (5 x 1 + 16) = 56;
-    #   {20} + {2} + {1}: 35 + (3 x 1 + 16) + 0 = 54 (best).
-    # Calls: prompts (2 x width 5 = 10), the long row (1 x 19), the 2-token rows (3 x 1).
+def test_one_token_rows_make_no_call_and_short_rows_join_the_long_one(model):
+    # LONG: lengths [20, 2, 1, 2, 1, 2] (the PAD of [71, PAD] is a generated EOS, masked in); 128 a call:
+    #   one group: 6 x 19 + 128 = 242; {20, 2} + {1}: 4 x 19 + 128 + 0 = 204 (best: one-token rows make no call);
+    #   {20} + {2} + {1}: (19 + 128) + (3 x 1 + 128) + 0 = 278; {20} + {2, 1}: 147 + (5 x 1 + 128) = 280.
+    # Calls: prompts (2 x width 5 = 10), the four rows of 2 or 20 tokens padded to 20 (4 x 19 = 76).
     counting = _Counting(model)
     with torch.no_grad():
         _shared(counting, LONG)
-    assert counting.fed == [10, 19, 3]
+    assert counting.fed == [10, 76]
 
 
 def test_masked_columns_are_exactly_zero_on_both_paths(model):

@@ -65,14 +65,21 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return fused_token_logprobs(logits, targets, temperature, entropy, entropy_grad)
 
 
-def length_buckets(lengths: list[int], overhead: int = 16) -> list[list[int]]:
+#: what one more model call costs, in padded row-positions: measured on the default model (fp32, 2 threads),
+#: one trainer step (reference forward, forward + backward) took 1.19-1.22x as long split at 16 as at the best
+#: split, and 64-256 were within the noise of the best (``bench/length_groups.py``,
+#: bench/results/length_groups); an earlier run of the same A/B put a call at ~130 positions
+CALL_OVERHEAD = 128
+
+
+def length_buckets(lengths: list[int], overhead: int = CALL_OVERHEAD) -> list[list[int]]:
     """Rows grouped so that each group is padded only to its own longest response.
 
     ``lengths``: each row's response length (tokens fed per row = length - 1). A group costs
     rows x (its longest - 1) token positions plus ``overhead`` positions for its model call (a
-    group of one-token responses makes no call and costs nothing); the split minimising the total
-    is found exactly by dynamic programming over the distinct lengths (sorted, longest first;
-    O(k^2) for k distinct lengths). Returns lists of row indices, longest group first."""
+    group of one-token responses makes no call and costs nothing; :data:`CALL_OVERHEAD`); the split
+    minimising the total is found exactly by dynamic programming over the distinct lengths (sorted,
+    longest first; O(k^2) for k distinct lengths). Returns lists of row indices, longest group first."""
     distinct = sorted(set(lengths), reverse=True)
     count = {n: 0 for n in distinct}
     for n in lengths:
@@ -143,14 +150,14 @@ def _group(model, rollout: Rollout, rows: list[int], width: int, prompt, device,
     return torch.cat(lps, 1), (torch.cat(ents, 1) if entropy else None)
 
 
-def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
-                           entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device, entropy: bool, entropy_grad: bool = False,
+                           overhead: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` of ``response_ids`` at ``rollout.temperature`` (and the entropy
     ``[B, T]`` with ``entropy``), on ``device``: those of the per-row forward wherever
     ``response_mask`` is True, exactly 0 elsewhere. Token t is scored from the logits at the
     position before it (the prompt's last position for t = 0). Rows run in
-    :func:`length_buckets` groups, each padded to its own longest response; log-probs are taken
-    per group, so no [B, T, V] logits tensor is ever built.
+    :func:`length_buckets` groups (``overhead`` positions a call; None: :data:`CALL_OVERHEAD`), each padded to
+    its own longest response; log-probs are taken per group, so no [B, T, V] logits tensor is ever built.
 
     ``model``: a causal LM (or a DeepSpeed engine around one) called as
     ``model(input_ids=, attention_mask=, position_ids=, past_key_values=, use_cache=, logits_to_keep=)``.
@@ -162,7 +169,7 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device,
     lengths = torch.where(rollout.response_mask, cols, 0).amax(-1).clamp(min=1).tolist()  # through the last real token
     lp = torch.zeros(b, t, device=device)
     ent = torch.zeros(b, t, device=device) if entropy else None
-    for rows in length_buckets(lengths):
+    for rows in length_buckets(lengths, CALL_OVERHEAD if overhead is None else overhead):
         width = max(lengths[r] for r in rows)
         g_lp, g_ent = _group(model, rollout, rows, width, prompt, device, entropy, entropy_grad)
         idx = torch.tensor(rows, device=device)

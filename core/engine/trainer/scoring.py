@@ -90,7 +90,8 @@ class Scoring:
                     rollout_logprobs=torch.zeros(4, t), group_ids=torch.tensor([0, 0, 1, 1]),
                     truncated=torch.zeros(4, dtype=torch.bool))
         try:
-            d = (self._logprobs(self.engine, r, False, True, cast=False)[0]
+            # overhead 0: every distinct length its own group, the cache restored between the calls
+            d = (shared_prompt_logprobs(self.engine, r, self.pad_id, self.device, False, overhead=0)[0]
                  - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs()[mask]
         except Exception as e:  # noqa: BLE001 - any failure means: score per row
             self.share_prompt = False
