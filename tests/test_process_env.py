@@ -161,3 +161,25 @@ def test_the_default_model_is_not_converted_into_an_unwritable_cache(tmp_path, m
     with pytest.raises(ModelError, match="POLICYZOO_CACHE") as e:
         default_model_path()
     assert "is not writable" in str(e.value) and "run once with a writable POLICYZOO_CACHE" in e.value.fix
+
+
+def test_a_lock_removed_while_library_output_is_captured_is_said_on_the_console_too(tmp_path):
+    # during start-up the libraries' output (fd 1 and 2) goes to startup.log; the lock's lines must also reach
+    # the console, or a wait looks like the old silent hang in "loading the model"
+    code = f"""
+import os, time
+from pathlib import Path
+from policyzoo.engine import oplock
+from policyzoo.engine.process import captured_output
+lock = Path({str(tmp_path / "op" / "lock")!r})
+lock.parent.mkdir()
+lock.touch()
+os.utime(lock, (time.time() - 10, time.time() - 10))
+with captured_output(Path({str(tmp_path / "startup.log")!r})):
+    assert oplock.remove_stale(lock)
+assert oplock.console_fd is None
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = "policyzoo: removed a lock left by a process that ended while holding it"
+    assert line in r.stderr and line in (tmp_path / "startup.log").read_text()

@@ -30,6 +30,16 @@ STALE_LOAD_LOCK_SECONDS = 240
 HELD_GRACE_SECONDS = 2.0
 #: a process waiting on a lock says so after this long
 WAIT_NOTE_SECONDS = 20.0
+#: the console's stderr while the libraries' output goes to ``startup.log`` (set by ``process.captured_output``):
+#: what this module says goes there too, so that a wait is never silent on the console
+console_fd: int | None = None
+
+
+def say(line: str) -> None:
+    """``line`` on stderr (``startup.log`` while captured) and on the console (:data:`console_fd`)."""
+    print(line, file=sys.stderr, flush=True)
+    if console_fd is not None:
+        os.write(console_fd, (line + "\n").encode())
 
 
 def holders(lock: Path) -> int | None:
@@ -88,7 +98,7 @@ def remove_stale(lock: Path) -> bool:
     if not is_stale(lock):
         return False
     lock.unlink(missing_ok=True)
-    print(f"policyzoo: removed a lock left by a process that ended while holding it: {lock}", file=sys.stderr)
+    say(f"policyzoo: removed a lock left by a process that ended while holding it: {lock}")
     return True
 
 
@@ -105,8 +115,8 @@ def bounded_wait(baton) -> None:
         time.sleep(baton.wait_seconds)
         now = time.time()
         if not told and now - start > WAIT_NOTE_SECONDS:
-            print(f"policyzoo: waiting for {lock}: another process is building or loading DeepSpeed's CPU op "
-                  "(a lock whose process has ended is removed)", file=sys.stderr)
+            say(f"policyzoo: waiting for {lock}: another process is building or loading DeepSpeed's CPU op "
+                "(a lock whose process has ended is removed)")
             told = True
         if now - looked > 2.0:
             looked = now

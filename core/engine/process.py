@@ -212,11 +212,12 @@ def captured_output(log_file: Path, enabled: bool = True):
     with open(log_file, "ab") as f:
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
-        ok = False
+        ok, oplock.console_fd = False, saved[1]  # a wait on DeepSpeed's op lock is said on the console too
         try:
             yield
             ok = True
         finally:
+            oplock.console_fd = None
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(saved[0], 1)
