@@ -28,6 +28,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import summary as bench_summary  # bench/summary.py (the script's folder is on sys.path)
 import torch
@@ -99,6 +100,14 @@ def step_flops(a: Arch, P: int, G: int, prompt_len: int, response_len: int, kl: 
     if kl:
         out["reference forward"] = B * fwd_row
     return out
+
+
+def report(text: str, out: str | None) -> None:
+    """Print a benchmark's markdown ``text`` and, with ``out``, write it there (its folders made)."""
+    print(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
 
 
 def _sync(device: str) -> None:

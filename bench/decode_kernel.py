@@ -99,11 +99,7 @@ def main(argv=None) -> dict:
     bw = max(bw0, bw1)
     res = {"rows": rows, "bytes": nbytes, "bound_s": nbytes / bw, "copy_gbs": (bw0 / 1e9, bw1 / 1e9),
            "load_before": load0, "load_after": os.getloadavg(), "matmuls": len(weights)}
-    text = table(res, args)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    ceiling.report(table(res, args), args.out)
     return res
 
 

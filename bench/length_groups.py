@@ -85,11 +85,7 @@ def main(argv=None) -> dict:
     res = {"times": times, "groups": {n: {o: split(ls, o) for o in args.overheads} for n, ls in PATTERNS.items()},
            "gflops_fp32": (rate0 / 1e9, ceiling.matmul_rate(2048, 576, 1536, torch.float32, 10) / 1e9),
            "load_before": load0, "load_after": os.getloadavg()}
-    text = table(res, args)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    ceiling.report(table(res, args), args.out)
     return res
 
 

@@ -146,11 +146,7 @@ def main(argv=None) -> dict:
     res = {"median_s": med, "times": times, "ceiling_s": ceil, "over_ceiling": {p: med[p] / ceil[p] for p in PATHS},
            "gflops_fp32": (rate0 / 1e9, rate1 / 1e9), "copy_gbs": (bw0 / 1e9, bw1 / 1e9),
            "load_before": load0, "load_after": load1}
-    text = table(res, args)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    ceiling.report(table(res, args), args.out)
     return res
 
 

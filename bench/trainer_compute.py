@@ -145,11 +145,7 @@ def main(argv=None) -> dict:
     med = {p: statistics.median(v) for p, v in times.items()}
     res = {"median_s": med, "times": times, "ratio_old_over_new": med["old"] / med["new"], "gflops_fp32": gflops,
            "load_before": load0, "load_after": load1}
-    text = table(res, args)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    ceiling.report(table(res, args), args.out)
     return res
 
 

