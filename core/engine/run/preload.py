@@ -192,7 +192,8 @@ def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, 
         found = pre.rundir.latest()
         if found is None:
             raise ResumeError(str(resume), "no complete checkpoint in this run directory",
-                              "start a new run (drop --resume), or set train.save_every to save checkpoints")
+                              "start a new run (drop --resume) in another --output-dir, or delete this folder "
+                              "first; set train.save_every to save checkpoints")
         pre.resume_from, pre.state = found
         pre.resume_lines = check_resume(str(pre.resume_from), pre.state, config, pre.fingerprint,
                                         dist.world_size(), force_resume, str(resume))
