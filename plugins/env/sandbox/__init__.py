@@ -43,7 +43,6 @@ refused by the kernel, an interpreter that cannot be probed, a bad ``ro_paths`` 
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -51,29 +50,27 @@ import sys
 import time
 from dataclasses import dataclass
 
-from policyzoo.plugins.env.sandbox import seccomp
+from policyzoo.plugins.env.sandbox import host, seccomp
 from policyzoo.plugins.env.sandbox.capture import Capture, read_until
 from policyzoo.plugins.env.sandbox.view import SandboxError, check_ro_paths, view
-
-NOBODY = 65534
-#: open files per process (``RLIMIT_NOFILE``): what the kernel buffers for a program's pipes and sockets
-#: stays within MAX_FILES buffers
-MAX_FILES = 64
 
 
 @dataclass
 class SandboxResult:
     """One run: ``stdout`` / ``stderr`` (text, cut to the caller's limit), ``exit_code`` (negative:
-    killed by that signal), ``timed_out`` (the wall-clock limit killed it)."""
+    killed by that signal), ``timed_out`` (the wall-clock limit killed it), ``sandbox_error`` (empty
+    when the program started; else why the sandbox itself failed -- bubblewrap could not start, a
+    namespace, mount or cgroup could not be made -- which is no verdict on the program)."""
 
     stdout: str
     stderr: str
     exit_code: int
     timed_out: bool
+    sandbox_error: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and not self.sandbox_error
 
 
 def python_path(python: str | None) -> str:
@@ -97,26 +94,6 @@ def user_processes(uid: int) -> int:
     return n
 
 
-def _limits(cpu_s: int, memory_mb: int, max_procs: int, file_mb: int):
-    # RLIMIT_NPROC counts every process of the user: as root the sandbox runs as nobody (root ignores
-    # the limit), otherwise the limit is what the user already runs plus max_procs
-    procs = max_procs + (0 if os.geteuid() == 0 else user_processes(os.geteuid()))
-
-    def apply():
-        os.setsid()  # a process group of its own, killed as a whole
-        if os.geteuid() == 0:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        resource.setrlimit(resource.RLIMIT_NPROC, (procs, procs))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_FILES, MAX_FILES))  # pipes and sockets: bounded buffers
-    return apply
-
-
 def memory_bound(memory_mb: int, tmp_mb: int, max_procs: int) -> dict:
     """The sandbox's memory in MiB: ``process`` (one process's address space plus ``/tmp``, at most
     ``memory_mb``) and ``worst`` (``max_procs`` processes each at its address-space limit, plus ``/tmp``)."""
@@ -124,18 +101,26 @@ def memory_bound(memory_mb: int, tmp_mb: int, max_procs: int) -> dict:
 
 
 def command(code: str, python: str | None = None, tmp_mb: int = 64, ro_paths: tuple[str, ...] = (),
-            seccomp_fd: int | None = None) -> list[str]:
+            seccomp_fd: int | None = None, tmp_folder: str | None = None, max_procs: int = 8,
+            started_fd: int | None = None) -> list[str]:
     """The ``bwrap`` command line that runs ``code`` with ``python -I -c`` (isolated mode: no
     user site, no PYTHON* variables, no current-directory import) in the view of
-    :func:`~policyzoo.plugins.env.sandbox.view.view`, with a ``tmp_mb`` MiB ``/tmp``."""
+    :func:`~policyzoo.plugins.env.sandbox.view.view`. ``/tmp`` is ``tmp_folder`` (the private
+    tmpfs with an inode cap, :mod:`~policyzoo.plugins.env.sandbox.host`) bound read-write, or
+    without one bubblewrap's own ``tmp_mb`` MiB tmpfs. With ``started_fd`` the interpreter first
+    runs :data:`~policyzoo.plugins.env.sandbox.host.STUB` (the box's own process limit
+    ``max_procs``, "started" written to that fd), which execs the program."""
     exe = python_path(python)
+    tmp = ("--bind", tmp_folder, "/tmp") if tmp_folder else ("--size", str(tmp_mb << 20), "--tmpfs", "/tmp")
+    run = ([exe, "-I", "-c", host.STUB, str(max_procs), str(started_fd), exe, code] if started_fd is not None
+           else [exe, "-I", "-c", code])
     # --as-pid-1: the program is the namespace's init, so bubblewrap's own reaper never outlives the
     # call as a zombie (on a host whose init reaps no orphans they filled RLIMIT_NPROC after 6 runs)
     return [shutil.which("bwrap") or "bwrap", *view(exe, check_ro_paths(ro_paths)),
-            "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
+            "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc", *tmp,
             "--remount-ro", "/", "--unshare-all", "--unshare-user", "--disable-userns", "--unshare-net", "--as-pid-1",
             "--die-with-parent", "--new-session", "--clearenv", *(("--seccomp", str(seccomp_fd)) if seccomp_fd else ()),
-            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--chdir", "/tmp", exe, "-I", "-c", code]
+            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--chdir", "/tmp", *run]
 
 
 def run_python(code: str, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, max_procs: int = 8,
@@ -146,23 +131,62 @@ def run_python(code: str, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int
     ``memory_mb`` is one process's whole budget: ``tmp_mb`` of it is ``/tmp`` (must be smaller than
     ``memory_mb``), the rest its address space. ``max_output_chars`` bounds each of stdout and stderr
     while they are read (head and tail kept). Raises :class:`SandboxError` for ``tmp_mb >= memory_mb``
-    and a bad ``ro_paths`` entry."""
+    and a bad ``ro_paths`` entry; a sandbox that fails to start is the result's ``sandbox_error``."""
     if not 0 < tmp_mb < memory_mb:
         raise SandboxError(f"env: python_sandbox: tmp_mb = {tmp_mb}", f"/tmp must be a positive part of memory_mb "
                            f"= {memory_mb} (the address space gets the rest)", "lower tmp_mb or raise memory_mb")
+    cmd = command(code, python, tmp_mb, tuple(ro_paths))  # a bad ro_paths entry raises before anything is made
     filt, fd = seccomp.program(), None
-    if filt is not None:  # the filter travels to bubblewrap through a pipe (--seccomp FD)
-        fd, w = os.pipe()
-        os.write(w, filt)
-        os.close(w)
+    started_r, started_w = os.pipe()
+    folder = host.tmp_folder() if host.tmp_mount_works() else None
+    cgroup, error = None, ""
     try:
-        cmd = command(code, python, tmp_mb, tuple(ro_paths), seccomp_fd=fd)
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
-                                preexec_fn=_limits(cpu_s, memory_mb - tmp_mb, max_procs, file_mb),
-                                pass_fds=() if fd is None else (fd,))
+        if host.cgroup_parent() is not None:
+            try:
+                cgroup = host.make_cgroup(host.cgroup_parent(), memory_mb, tmp_mb, max_procs)
+            except OSError as e:
+                error = f"cgroup: {e}"
+        if filt is not None:  # the filter travels to bubblewrap through a pipe (--seccomp FD)
+            fd, w = os.pipe()
+            os.write(w, filt)
+            os.close(w)
+        cmd = command(code, python, tmp_mb, tuple(ro_paths), seccomp_fd=fd, tmp_folder=folder, max_procs=max_procs,
+                      started_fd=started_w)
+        if error:
+            return SandboxResult("", "", -1, False, error)
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env={}, pass_fds=tuple(f for f in (fd, started_w) if f is not None),
+                                    preexec_fn=host.preexec(cpu_s, memory_mb - tmp_mb, file_mb, folder, tmp_mb,
+                                                            cgroup))
+        except (OSError, subprocess.SubprocessError) as e:
+            return SandboxResult("", "", -1, False, f"cannot start bwrap: {e}")
+        finally:
+            for f in (fd, started_w):
+                if f is not None:
+                    os.close(f)
+            fd = started_w = None
+        result = _collect(proc, timeout_s, max_output_chars)
+        os.set_blocking(started_r, False)
+        try:
+            started = os.read(started_r, 1) == b"1"
+        except BlockingIOError:
+            started = False
+        if not started:  # the program never ran: bubblewrap's own failure (its message is on stderr)
+            result.sandbox_error = result.stderr.strip()[:500] or f"bwrap exited {result.exit_code} before the program"
+        return result
     finally:
-        if fd is not None:
-            os.close(fd)
+        for f in (fd, started_w, started_r):
+            if f is not None:
+                os.close(f)
+        if cgroup is not None:
+            host.remove_cgroup(cgroup)
+        if folder is not None:
+            os.rmdir(folder)
+
+
+def _collect(proc: subprocess.Popen, timeout_s: float, max_output_chars: int) -> SandboxResult:
+    """Read ``proc``'s output until it ends or ``timeout_s`` passes (then kill its process group)."""
     out, err = Capture(max_output_chars), Capture(max_output_chars)
     try:
         timed_out = not read_until({proc.stdout: out, proc.stderr: err}, time.monotonic() + timeout_s)
@@ -179,17 +203,25 @@ def run_python(code: str, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int
     return SandboxResult(out.text(), err.text(), proc.returncode, timed_out)
 
 
-def check_sandbox(python: str | None = None, ro_paths: tuple[str, ...] = ()) -> None:
-    """Raise :class:`SandboxError` with the fix unless the sandbox runs ``print(1)`` here."""
+def check_sandbox(python: str | None = None, ro_paths: tuple[str, ...] = ()) -> list[str]:
+    """Raise :class:`SandboxError` with the fix unless the sandbox runs ``print(1)`` here; returns
+    :func:`~policyzoo.plugins.env.sandbox.host.protections` (which protection is active on this host)."""
     if shutil.which("bwrap") is None:
         raise SandboxError("env: python_sandbox", "bubblewrap (bwrap) is not installed",
                            "apt-get install bubblewrap (make setup installs it)")
-    try:
-        r = run_python("print(1)", timeout_s=60, python=python, ro_paths=ro_paths)
-    except OSError as e:
-        raise SandboxError("env: python_sandbox", f"cannot start bwrap: {e}", "apt-get install bubblewrap") from None
-    if r.stdout.strip() != "1":
-        raise SandboxError("env: python_sandbox", f"the sandbox does not run here (exit {r.exit_code}): "
-                           f"{r.stderr.strip()[:300]}", "allow unprivileged user namespaces "
-                           "(sysctl kernel.unprivileged_userns_clone=1, or a container run with them), or train "
-                           "without python_sandbox")
+    r = run_python("print(1)", timeout_s=60, python=python, ro_paths=ro_paths)
+    if r.stdout.strip() == "1" and r.ok:
+        return host.protections()
+    why = r.sandbox_error or r.stderr.strip()[:300]
+    if "Resource temporarily unavailable" in why:
+        uid = host.NOBODY if os.geteuid() == 0 else os.geteuid()
+        raise SandboxError("env: python_sandbox", f"the sandbox does not start here: {why}; the cause is the shared "
+                           f"process limit: RLIMIT_NPROC counts every process of uid {uid} "
+                           f"({user_processes(uid)} running now), the sandboxes' and the host's",
+                           "run on Linux >= 5.14 (the limit then counts per sandbox), stop the host processes of "
+                           "that user, or train without python_sandbox")
+    if "cannot start bwrap" in why:
+        raise SandboxError("env: python_sandbox", why, "apt-get install bubblewrap")
+    raise SandboxError("env: python_sandbox", f"the sandbox does not run here (exit {r.exit_code}): {why}",
+                       "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, or a "
+                       "container run with them), or train without python_sandbox")
