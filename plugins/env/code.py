@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from pydantic import Field
@@ -34,6 +35,7 @@ class CodeEpisode(Episode):
             m for m in row["prompt"] if m.get("role") != "system"]
         self.prompt = [{"role": "system", "content": params.system_prompt or CODE_SYSTEM}, *turns]
         self.params, self.passed, self.final = params, False, None
+        self.sandbox_error = ""
 
     def step(self, turn_text: str, turn_ids: list[int]) -> Observation:
         p = self.params
@@ -45,6 +47,9 @@ class CodeEpisode(Episode):
         r = run_python(code + ("\n\n" + tests if tests else ""), timeout_s=p.timeout_s, cpu_s=p.cpu_s,
                        memory_mb=p.memory_mb, max_procs=p.max_procs, max_output_chars=p.max_output_chars,
                        python=p.python, tmp_mb=p.tmp_mb, ro_paths=tuple(p.ro_paths))
+        if r.sandbox_error:  # the sandbox failed, not the program: no verdict, the episode is unscorable
+            self.sandbox_error = r.sandbox_error
+            return Observation(done=True)
         self.passed = bool(tests) and r.ok
         self.last_stdout = r.stdout
         status = ("timed out after {:g} s (killed)".format(p.timeout_s) if r.timed_out
@@ -57,7 +62,12 @@ class CodeEpisode(Episode):
 
     def reward(self) -> float:
         """With ``tests``: 1.0 when the last program passed them. Without: 1.0 when the number in
-        the final answer (or, without one, the last run's stdout) equals the row's ``answer``."""
+        the final answer (or, without one, the last run's stdout) equals the row's ``answer``. NaN
+        (unscorable) when the sandbox itself failed to run a program (``SandboxResult.sandbox_error``):
+        its score ``sandbox_failure`` is then 1 (``env_score/sandbox_failure``, the fraction of episodes)."""
+        self.scores["sandbox_failure"] = float(bool(self.sandbox_error))
+        if self.sandbox_error:
+            return math.nan
         if self.row.get("tests"):
             return 1.0 if self.passed else 0.0
         text = self.final if self.final is not None else getattr(self, "last_stdout", "")
@@ -74,7 +84,10 @@ class PythonSandbox(Env):
     followed by the row's ``tests`` column (assert lines) if present; a turn without code is the
     final answer. A program that fails, times out, or hits a limit (a fork bomb, a memory bomb, an
     attempt to write outside ``/tmp`` or to open a socket) is a tool error
-    (``env_tool_errors_mean``) and its output is shown to the model. Reward: with ``tests``, 1.0
+    (``env_tool_errors_mean``) and its output is shown to the model. A program the sandbox could not
+    start (bubblewrap, a namespace, mount or cgroup failed) is no failure of the model: the episode
+    ends unscored (reward NaN, which the step leaves out of every statistic and gives advantage 0),
+    counted as ``env_score/sandbox_failure``. Reward: with ``tests``, 1.0
     when the last program passed them (the episode ends there with ``stop_when_passed``); else 1.0
     when the final answer's number (or the last output's) equals the row's ``answer`` -- GSM8K
     answered by a program. The sandbox is checked when the env is built, before any model loads.
@@ -110,16 +123,18 @@ class PythonSandbox(Env):
             raise SandboxError(f"env: {self.name}: tmp_mb", f"tmp_mb = {self.params.tmp_mb} must be smaller than "
                                f"memory_mb = {self.params.memory_mb} (/tmp is part of the memory budget)",
                                "lower tmp_mb or raise memory_mb")
-        check_sandbox(self.params.python, tuple(self.params.ro_paths))
+        self.protections = check_sandbox(self.params.python, tuple(self.params.ro_paths))
 
     def notes(self) -> list[str]:
         p = self.params
+        active = "; ".join(self.protections)
         b = memory_bound(p.memory_mb, p.tmp_mb, p.max_procs)
         return [f"env {self.name}: each program holds at most {b['process']} MiB in one process (address space "
                 f"{p.memory_mb - p.tmp_mb} + /tmp {p.tmp_mb}) and {b['worst']} MiB if it forks up to max_procs = "
                 f"{p.max_procs}; episodes run one at a time per rank, so a host with k ranks holds at most "
                 f"k x {b['worst']} MiB of sandbox memory; read-only paths: the interpreter's (docs/security.md)"
-                + (f" and ro_paths {p.ro_paths}" if p.ro_paths else "")]
+                + (f" and ro_paths {p.ro_paths}" if p.ro_paths else ""),
+                f"env {self.name} protections on this host: {active}"]
 
     def env(self, row):
         return CodeEpisode(row, self.params)

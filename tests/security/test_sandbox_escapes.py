@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from _engine_helpers import BUILD
+from _sandbox_helpers import NON_ROOT_UID, as_user_package
 
 from policyzoo.plugins.env import PythonSandbox, run_python
 from policyzoo.plugins.env.sandbox import memory_bound
@@ -212,31 +213,6 @@ def test_ro_paths_are_the_only_extra_view(tmp_path):
         subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
-NON_ROOT_UID = 45678
-
-
-def _as_user_package(tmp: Path) -> Path:
-    """The sandbox modules as a package that the system Python of an ordinary user can import
-    (policyzoo's errors and the sandbox package, linked: they import nothing else)."""
-    pkg = tmp / "pkg" / "policyzoo"
-    (pkg / "plugins" / "env").mkdir(parents=True)
-    for init in (pkg, pkg / "plugins", pkg / "plugins" / "env"):
-        (init / "__init__.py").write_text("")
-    os.symlink(ROOT / "core" / "errors.py", pkg / "errors.py")
-    os.symlink(ROOT / "plugins" / "env" / "sandbox", pkg / "plugins" / "env" / "sandbox")
-    return tmp / "pkg"
-
-
-@pytest.fixture()
-def user_dir():
-    """A folder an ordinary user can reach (pytest's tmp_path is root's own, mode 0700)."""
-    d = BUILD / f"user-{secrets.token_hex(4)}"
-    d.mkdir(parents=True)
-    os.chmod(d, 0o755)
-    yield d
-    subprocess.run(["rm", "-rf", str(d)], check=False)
-
-
 def test_secrets_of_a_non_root_user_stay_outside(user_dir):
     # an ordinary user's own ~/.netrc and HF token (mode 0600: readable by that user on the host)
     tmp_path = user_dir
@@ -247,7 +223,7 @@ def test_secrets_of_a_non_root_user_stay_outside(user_dir):
              "    r = run_python(f'print(open({p!r}).read())')\n    out.append(r.stdout + r.stderr)\n"
              "r = run_python('import os; print(sorted(os.environ))')\nout.append(r.stdout)\nprint(json.dumps(out))")
     env = {"HOME": str(home), "HF_TOKEN": SECRET, "WANDB_API_KEY": SECRET, "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(_as_user_package(tmp_path))}
+           "PYTHONPATH": str(as_user_package(tmp_path))}
     if os.geteuid() == 0:
         for p in (home, home / ".cache", home / ".cache" / "huggingface", netrc, token):
             os.chown(p, NON_ROOT_UID, NON_ROOT_UID)

@@ -135,30 +135,41 @@ def run_python(code: str, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int
     if not 0 < tmp_mb < memory_mb:
         raise SandboxError(f"env: python_sandbox: tmp_mb = {tmp_mb}", f"/tmp must be a positive part of memory_mb "
                            f"= {memory_mb} (the address space gets the rest)", "lower tmp_mb or raise memory_mb")
-    cmd = command(code, python, tmp_mb, tuple(ro_paths))  # a bad ro_paths entry raises before anything is made
-    filt, fd = seccomp.program(), None
-    started_r, started_w = os.pipe()
+    command(code, python, tmp_mb, tuple(ro_paths))  # a bad ro_paths entry raises before anything is made
     folder = host.tmp_folder() if host.tmp_mount_works() else None
-    cgroup, error = None, ""
+    cgroup = None
     try:
         if host.cgroup_parent() is not None:
             try:
                 cgroup = host.make_cgroup(host.cgroup_parent(), memory_mb, tmp_mb, max_procs)
             except OSError as e:
-                error = f"cgroup: {e}"
+                return SandboxResult("", "", -1, False, f"cgroup: {e}")
+        return _run(code, python, tmp_mb, tuple(ro_paths), max_procs, timeout_s, max_output_chars,
+                    host.preexec(cpu_s, memory_mb - tmp_mb, file_mb, folder, tmp_mb, cgroup), folder)
+    finally:
+        if cgroup is not None:
+            host.remove_cgroup(cgroup)
+        if folder is not None:
+            os.rmdir(folder)
+
+
+def _run(code: str, python: str | None, tmp_mb: int, ro_paths: tuple[str, ...], max_procs: int, timeout_s: float,
+         max_output_chars: int, preexec, folder: str | None) -> SandboxResult:
+    """Start bubblewrap with the filter and the "started" pipe, collect the run, and tell a program
+    that ran from a sandbox that never started it (nothing came on the pipe)."""
+    filt, fd = seccomp.program(), None
+    started_r, started_w = os.pipe()
+    try:
         if filt is not None:  # the filter travels to bubblewrap through a pipe (--seccomp FD)
             fd, w = os.pipe()
             os.write(w, filt)
             os.close(w)
-        cmd = command(code, python, tmp_mb, tuple(ro_paths), seccomp_fd=fd, tmp_folder=folder, max_procs=max_procs,
+        cmd = command(code, python, tmp_mb, ro_paths, seccomp_fd=fd, tmp_folder=folder, max_procs=max_procs,
                       started_fd=started_w)
-        if error:
-            return SandboxResult("", "", -1, False, error)
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env={}, pass_fds=tuple(f for f in (fd, started_w) if f is not None),
-                                    preexec_fn=host.preexec(cpu_s, memory_mb - tmp_mb, file_mb, folder, tmp_mb,
-                                                            cgroup))
+                                    preexec_fn=preexec)
         except (OSError, subprocess.SubprocessError) as e:
             return SandboxResult("", "", -1, False, f"cannot start bwrap: {e}")
         finally:
@@ -179,10 +190,6 @@ def run_python(code: str, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int
         for f in (fd, started_w, started_r):
             if f is not None:
                 os.close(f)
-        if cgroup is not None:
-            host.remove_cgroup(cgroup)
-        if folder is not None:
-            os.rmdir(folder)
 
 
 def _collect(proc: subprocess.Popen, timeout_s: float, max_output_chars: int) -> SandboxResult:

@@ -46,6 +46,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from policyzoo.plugins.env.sandbox import seccomp
+
 NOBODY = 65534
 #: open files per process (``RLIMIT_NOFILE``): what the kernel buffers for a program's pipes and sockets
 #: stays within MAX_FILES buffers
@@ -234,8 +236,6 @@ def per_sandbox_nproc() -> bool:
 
 def protections() -> list[str]:
     """One line per protection, active or not on this host (printed by ``check_sandbox`` and the dry run)."""
-    from policyzoo.plugins.env.sandbox import seccomp
-
     arch = platform.machine()
     return [
         f"syscall filter: {'on' if seccomp.program() is not None else 'OFF'} ({arch}; xattrs, sockets but "
