@@ -8,12 +8,16 @@ around a Python interpreter. What it promises, each pinned by a test in ``tests/
   standard library and the shared libraries it loads (:mod:`~policyzoo.plugins.env.sandbox.view`
   lists them and why), plus the user's explicit ``ro_paths``; no ``$HOME``, no checkout, no run
   directory, no ``/sys``; its own ``/proc`` (new PID namespace) and a minimal ``/dev``;
-* **no network**: new network namespace (``--unshare-all``: no interface but a down loopback);
-* **bounded memory**: ``/tmp`` is the only writable place, a tmpfs of ``tmp_mb`` MiB (bubblewrap's
-  ``--size``: a full ``/tmp`` is ``ENOSPC``); each process's address space is limited to
-  ``memory_mb - tmp_mb`` (``RLIMIT_AS``), so one process and its ``/tmp`` stay within ``memory_mb``;
-  a program that forks holds at most ``tmp_mb + max_procs * (memory_mb - tmp_mb)``
-  (:func:`memory_bound`);
+* **no network**: new network namespace (``--unshare-all``: no interface but a down loopback), and
+  the syscall filter refuses a socket of any family but ``AF_UNIX`` (``AF_VSOCK`` to the hypervisor,
+  ``AF_NETLINK``, ``AF_PACKET``, ``AF_INET``/``AF_INET6``...);
+* **bounded memory**: ``/tmp`` is the only writable place, a tmpfs of ``tmp_mb`` MiB and
+  ``256 x tmp_mb`` inodes (:mod:`~policyzoo.plugins.env.sandbox.host`: a full ``/tmp``, in bytes or
+  in files, symlinks and links, is ``ENOSPC``); extended attributes are refused (kernel memory no
+  cap counts); each process's address space is limited to ``memory_mb - tmp_mb`` (``RLIMIT_AS``), so
+  one process and its ``/tmp`` stay within ``memory_mb``; a program that forks holds at most
+  ``tmp_mb + max_procs * (memory_mb - tmp_mb)`` (:func:`memory_bound`), the ``memory.max`` of its
+  cgroup where the host has a writable cgroup v2 (kernel memory included);
 * **bounded output**: stdout and stderr are read as they arrive and only the head and the tail
   (``max_output_chars`` bytes in all per stream) are kept (:mod:`~policyzoo.plugins.env.sandbox.capture`):
   the trainer's memory does not grow with what a program prints;
@@ -23,21 +27,26 @@ around a Python interpreter. What it promises, each pinned by a test in ``tests/
 * **a smaller kernel surface**: a seccomp filter (:mod:`~policyzoo.plugins.env.sandbox.seccomp`)
   answers ``EPERM`` to the syscalls that hold memory outside ``RLIMIT_AS`` (``memfd_create``,
   ``shmget``, ``msgget``), make namespaces or mounts, or reach keyrings, ``bpf``, ``ptrace``...;
-  ``--disable-userns`` forbids a nested user namespace; ``RLIMIT_NOFILE`` (:data:`MAX_FILES`) bounds
+  ``--disable-userns`` forbids a nested user namespace; ``RLIMIT_NOFILE`` (``host.MAX_FILES``) bounds
   the kernel buffers of pipes and sockets;
 * **separate process tree**: new PID namespace (the trainer's processes are invisible, no signal
   reaches them); ``--die-with-parent`` and a new session, and the whole process group is killed at
   the wall-clock limit, so nothing outlives the call;
 * **limits** (``setrlimit`` before ``bwrap`` starts, inherited): CPU seconds, address space,
-  processes (``RLIMIT_NPROC``: a fork bomb gets EAGAIN), file size; wall-clock ``timeout_s``. When
-  this process runs as root the sandbox runs as ``nobody`` (65534) -- root ignores
-  ``RLIMIT_NPROC`` -- through an unprivileged user namespace; as another user the process limit is
-  that user's current count plus ``max_procs`` (the limit is per user).
+  processes, file size; wall-clock ``timeout_s``. When this process runs as root the sandbox runs as
+  ``nobody`` (65534) -- root ignores ``RLIMIT_NPROC`` -- through an unprivileged user namespace;
+* **independent sandboxes**: ``RLIMIT_NPROC`` = ``max_procs`` is set inside each sandbox's own user
+  namespace, where the kernel counts it for that sandbox alone (Linux >= 5.14): a fork bomb gets
+  EAGAIN, and sandboxes that run at once, or host processes of the same user (``nobody``), do not
+  use up each other's processes (:mod:`~policyzoo.plugins.env.sandbox.host`).
 
-The result is a :class:`SandboxResult` (stdout, stderr, exit code, whether the limit killed it);
-the program's failure is data for the caller (an observation), never an exception here.
-:class:`SandboxError` is raised only when the sandbox itself cannot run (bubblewrap missing or
-refused by the kernel, an interpreter that cannot be probed, a bad ``ro_paths`` entry), with the fix.
+The result is a :class:`SandboxResult` (stdout, stderr, exit code, whether the limit killed it,
+and ``sandbox_error`` when the sandbox itself failed before the program ran: the program wrote
+nothing yet, so that is no verdict on it; ``python_sandbox`` scores such an episode NaN). The
+program's failure is data for the caller (an observation), never an exception here.
+:class:`SandboxError` is raised for a sandbox that cannot run here at all (bubblewrap missing or
+refused by the kernel, an interpreter that cannot be probed; :func:`check_sandbox` names the cause)
+and for a bad ``ro_paths`` entry, with the fix.
 """
 
 from __future__ import annotations
