@@ -97,7 +97,9 @@ def test_xattr_flood_is_refused_and_holds_no_kernel_memory():
     if platform.machine() in ("x86_64", "aarch64"):  # the *xattrat numbers are the same on both
         assert lines[4:] == [f"{nr} -1 95" for nr in (463, 464, 465, 466)], r.stdout
     assert moved["SUnreclaim"] < 100 and moved["Slab"] < 100, moved
-    assert moved["MemAvailable"] < 512 + 100, moved  # at most the sandbox's own 512 MiB, plus the host's noise
+    # the attack took 1.4-1.7 GiB of host memory before; the box holds at most its 512 MiB, and the shared
+    # host moves by a few hundred MiB on its own in 4 s (measured: up to 289 MiB with other tests running)
+    assert moved["MemAvailable"] < 1024, moved
 
 
 def test_flood_of_files_symlinks_and_links_stops_at_the_inode_cap():
@@ -117,7 +119,7 @@ def test_flood_of_files_symlinks_and_links_stops_at_the_inode_cap():
     entries, err, files = (int(x) for x in r.stdout.split())
     assert err == 28 and files == 16384 and 16000 <= entries <= 16383, r.stdout  # n made + /tmp/a
     assert moved["SUnreclaim"] < 100 and moved["Slab"] < 100, moved
-    assert moved["MemAvailable"] < 512 + 100, moved
+    assert moved["MemAvailable"] < 1024, moved  # as in the xattr test: the box 512 MiB at most, the rest noise
     assert leftovers() == before  # the mount went with its namespace, the folder is removed
 
 
