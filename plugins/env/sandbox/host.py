@@ -201,7 +201,8 @@ def make_cgroup(parent: Path, memory_mb: int, tmp_mb: int, max_procs: int) -> Pa
     path.mkdir()
     try:
         for name, value in cgroup_limits(memory_mb, tmp_mb, max_procs).items():
-            (path / name).write_text(value)
+            if name != "memory.swap.max" or (path / name).exists():  # no swap file: no swap accounting
+                (path / name).write_text(value)
     except OSError:
         remove_cgroup(path)
         raise
