@@ -288,3 +288,26 @@ def test_cgroup_limits_bound_the_whole_sandbox():
     # memory.max = 64 + 8 x (512 - 64) = 3648 MiB = 3648 x 2^20 = 3825205248 bytes; pids: 8 + bubblewrap's 1
     assert host.cgroup_limits(512, 64, 8) == {"memory.max": "3825205248", "memory.swap.max": "0", "pids.max": "9"}
     assert host.tmp_inodes(64) == 16384 and host.tmp_inodes(1) == 256  # one inode per 4 KiB page
+
+
+def test_other_abis_cannot_open_a_socket():
+    # x86_64 only (aarch64 has no second ABI here): the x32 ABI's socket (41 | 0x40000000) and i386's
+    # socketcall (102, SYS_SOCKET = 1) through `int 0x80` -- machine code in an executable page:
+    # push rbx; mov eax, 102; mov ebx, 1; xor ecx, ecx; int 0x80; pop rbx; ret. The filter answers EPERM
+    # (-1 from libc, -EPERM = -1 in eax) to both; a kernel without i386 emulation kills the program
+    # (SIGSEGV) instead. Let through, socketcall with a NULL argument array would give -EFAULT (-14).
+    if platform.machine() != "x86_64":
+        assert platform.machine() == "aarch64" and "x86_64" not in host.seccomp.ARCHES[platform.machine()]
+        return
+    code = dedent("""\
+        import ctypes, mmap
+        libc = ctypes.CDLL(None, use_errno=True)
+        print('x32', libc.syscall(41 | 0x40000000, 2, 1, 0), ctypes.get_errno(), flush=True)
+        page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(bytes.fromhex('53b866000000bb0100000031c9cd805bc3'))
+        call = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+        print('i386', call())
+        """)
+    r = run_python(code)
+    assert r.stdout.splitlines()[0] == "x32 -1 1", r.stdout + r.stderr
+    assert (r.ok and r.stdout.splitlines()[1] == "i386 -1") or r.exit_code in (-11, 139), r
