@@ -57,6 +57,24 @@ def watched(code: str, **kw):
     return r, {k: v / MIB_KB for k, v in peak.items()}
 
 
+#: MiB: what an attack may move the host's SUnreclaim and Slab up, and MemAvailable down (the box itself
+#: holds at most its 512 MiB; before the fixes the xattr attack took 1.4-1.7 GiB in 5 s)
+BOUNDS = {"SUnreclaim": 100, "Slab": 100, "MemAvailable": 1024}
+
+
+def attack(code: str, tries: int = 3):
+    """:func:`watched` until every move is within :data:`BOUNDS`, at most ``tries`` times; returns the last
+    result and, per quantity, the smallest move seen. The machine is shared: a neighbour's allocation
+    moves these numbers for one try, an attack's own use moves them on every try."""
+    best = None
+    for _ in range(tries):
+        r, moved = watched(code)
+        best = moved if best is None else {k: min(v, moved[k]) for k, v in best.items()}
+        if all(best[k] < bound for k, bound in BOUNDS.items()):
+            break
+    return r, best
+
+
 def leftovers() -> set[str]:
     """The per-sandbox /tmp folders on the host (each must be gone after its run)."""
     return {p.name for p in Path("/tmp").glob("pz-sandbox-tmp-*")}
@@ -90,16 +108,13 @@ def test_xattr_flood_is_refused_and_holds_no_kernel_memory():
         for nr in (463, 464, 465, 466):  # setxattrat, getxattrat, listxattrat, removexattrat (Linux 6.13)
             print(nr, libc.syscall(nr, -100, b'/tmp/f', 0, b'user.a', None, 0), ctypes.get_errno())
         """)
-    r, moved = watched(code)
+    r, moved = attack(code)
     assert r.ok, r.stderr
     lines = r.stdout.splitlines()
     assert lines[:4] == ["set 0 95 True", "get 95", "list 95", "remove 95"], r.stdout
     if platform.machine() in ("x86_64", "aarch64"):  # the *xattrat numbers are the same on both
         assert lines[4:] == [f"{nr} -1 95" for nr in (463, 464, 465, 466)], r.stdout
-    assert moved["SUnreclaim"] < 100 and moved["Slab"] < 100, moved
-    # the attack took 1.4-1.7 GiB of host memory before; the box holds at most its 512 MiB, and the shared
-    # host moves by a few hundred MiB on its own in 4 s (measured: up to 289 MiB with other tests running)
-    assert moved["MemAvailable"] < 1024, moved
+    assert all(moved[k] < bound for k, bound in BOUNDS.items()), moved
 
 
 def test_flood_of_files_symlinks_and_links_stops_at_the_inode_cap():
@@ -114,12 +129,11 @@ def test_flood_of_files_symlinks_and_links_stops_at_the_inode_cap():
             "    except OSError as e:\n        err = e.errno\n        break\n"
             "print(n + 1, err, os.statvfs('/tmp').f_files)")
     before = leftovers()
-    r, moved = watched(code)
+    r, moved = attack(code)
     assert r.ok, r.stderr
     entries, err, files = (int(x) for x in r.stdout.split())
     assert err == 28 and files == 16384 and 16000 <= entries <= 16383, r.stdout  # n made + /tmp/a
-    assert moved["SUnreclaim"] < 100 and moved["Slab"] < 100, moved
-    assert moved["MemAvailable"] < 1024, moved  # as in the xattr test: the box 512 MiB at most, the rest noise
+    assert all(moved[k] < bound for k, bound in BOUNDS.items()), moved
     assert leftovers() == before  # the mount went with its namespace, the folder is removed
 
 

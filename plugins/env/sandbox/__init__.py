@@ -153,7 +153,9 @@ def run_python(code: str, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int
                 cgroup = host.make_cgroup(host.cgroup_parent(), memory_mb, tmp_mb, max_procs)
             except OSError as e:
                 return SandboxResult("", "", -1, False, f"cgroup: {e}")
-        return _run(code, python, tmp_mb, tuple(ro_paths), max_procs, timeout_s, max_output_chars,
+        # before Linux 5.14 the limit counts every process of the user, so it is what the user runs plus max_procs
+        procs = max_procs + (0 if host.per_sandbox_nproc() else user_processes(host.sandbox_uid()))
+        return _run(code, python, tmp_mb, tuple(ro_paths), procs, timeout_s, max_output_chars,
                     host.preexec(cpu_s, memory_mb - tmp_mb, file_mb, folder, tmp_mb, cgroup), folder)
     finally:
         if cgroup is not None:
@@ -230,7 +232,7 @@ def check_sandbox(python: str | None = None, ro_paths: tuple[str, ...] = ()) -> 
         return host.protections()
     why = r.sandbox_error or r.stderr.strip()[:300]
     if "Resource temporarily unavailable" in why:
-        uid = host.NOBODY if os.geteuid() == 0 else os.geteuid()
+        uid = host.sandbox_uid()
         raise SandboxError("env: python_sandbox", f"the sandbox does not start here: {why}; the cause is the shared "
                            f"process limit: RLIMIT_NPROC counts every process of uid {uid} "
                            f"({user_processes(uid)} running now), the sandboxes' and the host's",

@@ -229,6 +229,11 @@ def remove_cgroup(path: Path) -> None:
             time.sleep(0.02)
 
 
+def sandbox_uid() -> int:
+    """The host user the sandbox runs as: ``nobody`` when this process is root, else this user."""
+    return NOBODY if os.geteuid() == 0 else os.geteuid()
+
+
 def per_sandbox_nproc() -> bool:
     """Whether ``RLIMIT_NPROC`` counts per user namespace here (Linux 5.14 and later)."""
     major, minor = (int(x) for x in platform.release().split(".")[:2])
