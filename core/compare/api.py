@@ -22,6 +22,7 @@ Mistakes raise :class:`~policyzoo.errors.UserError` before anything runs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -162,6 +163,16 @@ def _default_out(patterns: list[str], found: list, skipped: tuple = ()) -> Path:
     return common.parent if (common / "config.yaml").exists() or len(paths) == 1 else common
 
 
+def _recorded_baseline(patterns: list[str]) -> str | None:
+    """The baseline of the ``compare.json`` in the one folder given (a table made before, e.g. a recorded
+    one), so the table again has the same baseline; None otherwise (the first algorithm found)."""
+    try:
+        data = json.loads((Path(patterns[0]) / "compare.json").read_text()) if len(patterns) == 1 else None
+    except (OSError, ValueError):
+        return None
+    return data.get("baseline") if isinstance(data, dict) and isinstance(data.get("baseline"), str) else None
+
+
 def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: Console, command: str,
                left_out: list[Skipped] = ()) -> dict:
     found, skipped = find_runs(patterns)
@@ -169,8 +180,11 @@ def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: 
     for s in skipped:
         console.print(f"warning: {s.path} left out: {s.why}", markup=False, highlight=False, style="yellow",
                       soft_wrap=True)
-    result = aggregate(found, baseline, allow_mixed)
     out = Path(output_dir) if output_dir else _default_out(patterns, found, skipped)
+    recorded = None if baseline else _recorded_baseline(patterns)
+    if recorded not in labels([r.config.get("algorithm") for r in found]):
+        recorded = None
+    result = aggregate(found, baseline or recorded, allow_mixed)
     files = report.write(result, skipped, out, command)
     files.append(plot.draw(result, out / "compare.png"))
     report.print_table(console, result, skipped)

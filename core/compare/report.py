@@ -28,7 +28,7 @@ COLUMNS = [("before", "eval_before", ".3f", True), ("after", "eval_after", ".3f"
            ("after - baseline (paired)", "paired_diff", "+.3f", True), ("reward (last 20%)", "reward", ".3f", True),
            ("step s", "step_seconds", ".2f", False), ("tokens/s", "tokens_per_s", ".0f", False),
            ("peak RSS GiB", "peak_rss_gib", ".2f", False), ("peak GPU GiB", "gpu_peak_gib", ".2f", False),
-           ("run s", "run_seconds", ".0f", False), ("disk MiB", "disk_mib", ".1f", False)]
+           ("run s", "run_seconds", ".0f", False), ("disk MiB", "disk_mib", ".2f", False)]
 #: the mechanism table: what each algorithm exists to change (means over seeds)
 MECHANISMS = [("KL", "kl", ".3g"), ("entropy", "entropy", ".3f"), ("clip low", "clip_low", ".3f"),
               ("clip high", "clip_high", ".3f"), ("zero-std groups", "zero_std", ".2f"), ("kept", "kept", ".2f"),
@@ -77,6 +77,11 @@ def mechanism_rows(result: dict) -> tuple[list[str], list[list[str]]]:
             [[a["algorithm"]] + [cell(a.get(k), f, False) for _, k, f in cols] for a in algos])
 
 
+def _signed(x: float) -> str:
+    """``+0.150``; a float residue below the last digit is ``+0.000``, never ``-0.000``."""
+    return f"{round(x, 3) + 0.0:+.3f}"
+
+
 def verdict(result: dict) -> list[str]:
     """The comparison in words: per algorithm, whether its paired difference to the baseline excludes 0
     and in which direction, or that it cannot tell; then the smallest gap the design resolves: the
@@ -90,19 +95,19 @@ def verdict(result: dict) -> list[str]:
             continue
         name, n = a["algorithm"], d["n"]
         if d["half_width"] is None:
-            out.append(f"{name} - {base}: {d['mean']:+.3f} from one seed pair: no interval, no verdict (--seeds 3 "
+            out.append(f"{name} - {base}: {_signed(d['mean'])} from one seed pair: no interval, no verdict (--seeds 3 "
                        "or more).")
             continue
         widths.append(d["half_width"])
-        span = f"{d['mean']:+.3f} ± {d['half_width']:.3f} over {n} paired seeds, 95% interval [{d['low']:+.3f}, " \
-               f"{d['high']:+.3f}]"
+        span = f"{_signed(d['mean'])} ± {d['half_width']:.3f} over {n} paired seeds, 95% interval " \
+               f"[{_signed(d['low'])}, {_signed(d['high'])}]"
         if d["low"] > 0 or d["high"] < 0:
             side = "higher" if d["low"] > 0 else "lower"
             out.append(f"{name}'s held-out {metric} is {side} than {base}'s: {span} excludes 0.")
         else:
             out.append(f"{name} and {base} are not told apart: {span} includes 0.")
     if not out:
-        out.append(f"Only {base} was compared: no paired difference to judge.")
+        out.append(f"No paired difference to judge: no other algorithm shares a seed with {base}.")
     if widths:
         out.append(f"Smallest gap this design resolves: the paired half-width, {min(widths):.3f}"
                    + (f" to {max(widths):.3f}" if max(widths) > min(widths) else "")
@@ -146,7 +151,7 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 def _run_line(r: dict) -> str:
     cost = ", ".join(x for x in (f"{r['run_seconds']:.0f} s" if r.get("run_seconds") is not None else "",
-                                 f"{r['disk_mib']:.1f} MiB on disk" if r.get("disk_mib") is not None else "") if x)
+                                 f"{r['disk_mib']:.2f} MiB on disk" if r.get("disk_mib") is not None else "") if x)
     stop = f"; stopped early: {r['stopped']}" if r.get("stopped") else ""
     return f"* {r['algorithm']} seed {r['seed']}: `{r['run_dir']}`" + (f" ({cost})" if cost else "") + stop
 
@@ -161,7 +166,7 @@ def markdown(result: dict, skipped: list, command: str | None = None) -> str:
     lines += ["", *[f"* {n}" for n in notes(result, skipped)], "", "Runs (seconds: start-up + steps + "
               "evaluations; disk: the run folder now):", ""]
     lines += [_run_line(r) for r in result["runs"]]
-    lines += ["", "![curves](compare.png)", "", "## Verdict", "", *verdict(result), ""]
+    lines += ["", "![curves](compare.png)", "", "## Verdict", "", *[f"* {v}" for v in verdict(result)], ""]
     return "\n".join(lines)
 
 
