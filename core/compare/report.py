@@ -133,10 +133,10 @@ def notes(result: dict, skipped: list) -> list[str]:
     if ones:
         out.append(f"One seed for {', '.join(ones)}: values only; no interval can be given (a t-interval needs "
                    "at least 2 seeds: --seeds 3).")
-    out.append(f"Reward and the mechanisms but tokens per kept row: means over {result['window']}; step "
-               "seconds: the median step without the first (warm-up); tokens/s: prompt + response tokens per "
-               "second of training steps; right / wrong answers: reward > 0 / <= 0; tokens / kept row: response "
-               "tokens sampled (every dynamic-sampling round) per row trained on.")
+    out.append("Reward and the mechanisms (tokens / kept row: over the whole run): means over "
+               f"{result['window']}; step seconds: the median step without the first (warm-up); tokens/s: prompt + "
+               "response tokens per second of training steps; right / wrong answers: reward > 0 / <= 0; tokens / "
+               "kept row: response tokens sampled (every dynamic-sampling round) per row trained on.")
     for key, groups in (result.get("mixed_keys") or {}).items():
         out.append(f"--allow-mixed: the runs differ in {key}: " +
                    "; ".join(f"{g['value']!r} in {len(g['runs'])} run(s)" for g in groups))
