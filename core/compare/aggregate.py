@@ -150,9 +150,9 @@ def run_values(run: Run) -> dict:
     tokens = sum((r.get("rollout_tokens") or 0) + (r.get("prompt_tokens") or 0) for r in train)
     rss = [v for v in [run.summary.get("peak_rss_gib"), *(r.get("peak_rss_gib") for r in train)] if v is not None]
     gpu = [r["gpu_peak_allocated_gib"] for r in train if r.get("gpu_peak_allocated_gib") is not None]
-    kept_rows = sum(r["rows"] for r in train if isinstance(r.get("rows"), int) and r.get("rollout_tokens") is not None)
-    sampled = sum(r["rollout_tokens"] for r in train if isinstance(r.get("rows"), int) and
-                  r.get("rollout_tokens") is not None)
+    cost = [(r["rollout_tokens"], r["rows"]) for r in train if r.get("rollout_tokens") is not None and
+            isinstance(r.get("rows"), int)]  # response tokens sampled, rows kept: per step
+    sampled, kept_rows = sum(t for t, _ in cost), sum(n for _, n in cost)
     eval_rows = [r["eval_rows"] for r in run.evals if isinstance(r.get("eval_rows"), int)]
     out = {"eval_before": run.summary.get("eval_accuracy_before"), "eval_after": run.summary.get("eval_accuracy_after"),
            "step_seconds": statistics.median(steady) if steady else None,
