@@ -130,3 +130,5 @@ def test_one_seed_gives_no_verdict(tmp_path):
     lines = report.verdict(aggregate.aggregate(find_runs([str(tmp_path)])[0], baseline="grpo"))
     assert lines[0] == "dapo - grpo: +0.100 from one seed pair: no interval, no verdict (--seeds 3 or more)."
     assert not any(x.startswith("Smallest gap") for x in lines)
+    alone = aggregate.aggregate(find_runs([str(tmp_path / "grpo")])[0])
+    assert report.verdict(alone)[0] == "Only grpo was compared: nothing to judge."

@@ -107,7 +107,8 @@ def verdict(result: dict) -> list[str]:
         else:
             out.append(f"{name} and {base} are not told apart: {span} includes 0.")
     if not out:
-        out.append(f"No paired difference to judge: no other algorithm shares a seed with {base}.")
+        out.append(f"Only {base} was compared: nothing to judge." if len(result["algorithms"]) == 1 else
+                   f"No paired difference to judge: no other algorithm shares a seed with {base}.")
     if widths:
         out.append(f"Smallest gap this design resolves: the paired half-width, {min(widths):.3f}"
                    + (f" to {max(widths):.3f}" if max(widths) > min(widths) else "")
