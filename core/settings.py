@@ -83,6 +83,9 @@ class TrainSettings(Section):
     eval_every: int = Field(0, ge=0, description="held-out greedy accuracy every N steps (0: first and last)")
     export_every: int = Field(0, ge=0, description="every N steps write a checkpoint with a save_pretrained export "
                               "(safetensors) in its hf/ folder (0: only final/ and on Ctrl-C)")
+    export_final: bool = Field(True, description="at the end write final/, a save_pretrained export (safetensors + "
+                               "tokenizer; 4 bytes per fp32 parameter) of the trained weights; false: none "
+                               "(policyzoo compare's runs unless --export)")
     report_to: list[Literal["tensorboard", "wandb"]] = Field(
         ["tensorboard"], description="experiment trackers that receive every metric: tensorboard (RUN_DIR/"
         "tensorboard), wandb (WANDB_MODE=offline works without a network); [] for none")
@@ -132,6 +135,12 @@ class EngineSettings(Section):
                                            "multiple of k")
     critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in the run directory")
+    delete_checkpoints_at_end: bool = Field(False, description="once summary.json is written, delete checkpoints/ "
+                                            "(weights + AdamW state, ~12 bytes per fp32 parameter: 1.6 GB for the "
+                                            "default model), and skip the checkpoint of the last step (a kill during "
+                                            "the last evaluation resumes from the last train.save_every one); the "
+                                            "finished run can then not be resumed or extended (policyzoo compare's "
+                                            "runs set it)")
     trim_memory: bool = Field(False, description="after every step, return the C heap's free memory to the OS "
                               "(glibc malloc_trim): the resident memory stays at what the run holds, but the "
                               "next step faults its pages in again (~13% slower at the demo settings)")

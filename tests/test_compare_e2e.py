@@ -17,9 +17,11 @@ def test_two_algorithms_two_seeds_tiny_model_with_a_real_resume(tmp_path, monkey
         monkeypatch.setenv(key, value)
     out = tmp_path / "cmp"
     common = [f"model.path={tiny_model()}", *TINY_OVERRIDES, "engine.rollout=transformers", "engine.threads=1"]
-    # grpo seed 1 first, to step 1 only; its summary removed: a run cut off after its checkpoint of step 1
+    # grpo seed 1 first, to step 1 only, its checkpoint kept (a compare run deletes it once finished); its summary
+    # removed: a run cut off after its checkpoint of step 1
     wide = Console(width=300)  # the plan's table on one line per run
-    compare(algos="grpo", seeds=[1], output_dir=str(out), overrides=[*common, "train.steps=1"], console=wide)
+    compare(algos="grpo", seeds=[1], output_dir=str(out), console=wide,
+            overrides=[*common, "train.steps=1", "engine.delete_checkpoints_at_end=false"])
     cut = out / "grpo" / "seed1"
     (cut / "summary.json").unlink()
     capsys.readouterr()
@@ -45,6 +47,13 @@ def test_two_algorithms_two_seeds_tiny_model_with_a_real_resume(tmp_path, monkey
     md = (out / "compare.md").read_text()
     assert "| grpo | 2 |" in md and "| dr_grpo | 2 |" in md and "(baseline)" in md
     assert (out / "compare.png").stat().st_size > 20_000 and json.loads((out / "compare.json").read_text())
+    # lean runs: once finished no checkpoint and no final/ export is left, only the run's small files
+    for a in ("grpo", "dr_grpo"):
+        for s in (0, 1):
+            names = {p.name for p in (out / a / f"seed{s}").iterdir()}
+            assert "checkpoints" not in names and "final" not in names and "summary.json" in names, (a, s)
+    runs = {(r["algorithm"], r["seed"]): r for r in result["runs"]}
+    assert all(0 < r["disk_mib"] < 5 and r["run_seconds"] > 0 for r in runs.values())
     again = compare(algos="grpo,dr_grpo", seeds=2, output_dir=str(out), overrides=[*common, "train.steps=2"],
                     console=wide)
     assert "(4 done)" in capsys.readouterr().out and again["algorithms"][1]["n"] == 2

@@ -18,6 +18,8 @@ from policyzoo.compare.api import compare
 from policyzoo.config import load_config
 from policyzoo.errors import ConfigError, Interrupted, UserError
 
+#: what every compare run gets (policyzoo.compare.lean): one checkpoint, deleted at the end; no final/ export
+LEAN = ["engine.keep_checkpoints=1", "engine.delete_checkpoints_at_end=true", "train.export_final=false"]
 
 class FakeTrain:
     """Stands in for a `policyzoo train` process: records its job, then 'finishes' (writes a finished run
@@ -103,11 +105,11 @@ def test_plan_pairs_the_seeds_and_pins_the_data_on_request(tmp_path):
     assert [(s.entry, s.seed, s.path.relative_to(tmp_path).as_posix()) for s in specs] == [
         ("grpo", 0, "grpo/seed0"), ("grpo", 3, "grpo/seed3"), ("dr_grpo", 0, "dr_grpo/seed0"),
         ("dr_grpo", 3, "dr_grpo/seed3")]
-    assert specs[3].overrides == ["train.steps=2", "train.seed=3", "data.seed=3"]
+    assert specs[3].overrides == ["train.steps=2", *LEAN, "train.seed=3", "data.seed=3"]
     assert specs[3].command() == f"policyzoo train --algo dr_grpo --output-dir {tmp_path}/dr_grpo/seed3 " \
-                                 "train.steps=2 train.seed=3 data.seed=3"
+                                 f"train.steps=2 {' '.join(LEAN)} train.seed=3 data.seed=3"
     pinned = runs.plan(["grpo"], [1], tmp_path, ["data.seed=7"])
-    assert pinned[0].overrides == ["data.seed=7", "train.seed=1"]
+    assert pinned[0].overrides == ["data.seed=7", *LEAN, "train.seed=1"]
 
 
 def test_folder_status_done_resume_restart_blocked(tmp_path):
@@ -142,11 +144,11 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resumed(tmp_path, capsys
     argv = [f.job.argv for f in FakeTrain.started]
     head = [sys.executable, "-m", "policyzoo.cli", "train"]
     assert argv == [
-        [*head, "--resume", str(cut), "train.steps=2", "train.seed=1", "data.seed=1"],
-        [*head, "--algo", "dr_grpo", "--output-dir", str(out / "dr_grpo" / "seed0"), "train.steps=2", "train.seed=0",
-         "data.seed=0"],
-        [*head, "--algo", "dr_grpo", "--output-dir", str(out / "dr_grpo" / "seed1"), "train.steps=2", "train.seed=1",
-         "data.seed=1"]]
+        [*head, "--resume", str(cut), "train.steps=2", *LEAN, "train.seed=1", "data.seed=1"],
+        [*head, "--algo", "dr_grpo", "--output-dir", str(out / "dr_grpo" / "seed0"), "train.steps=2", *LEAN,
+         "train.seed=0", "data.seed=0"],
+        [*head, "--algo", "dr_grpo", "--output-dir", str(out / "dr_grpo" / "seed1"), "train.steps=2", *LEAN,
+         "train.seed=1", "data.seed=1"]]
     assert [a["n"] for a in result["algorithms"]] == [2, 2] and result["baseline"] == "grpo"
     assert (out / "compare.md").is_file() and (out / "compare.png").is_file()
     plan = capsys.readouterr().out
@@ -199,7 +201,7 @@ def test_print_commands_prints_one_train_line_per_run_to_do(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out.splitlines() == got["commands"] and len(got["commands"]) == 3
     assert got["commands"][2] == (f"policyzoo train --algo grpo --output-dir {tmp_path}/grpo+clip=cispo/seed1 "
-                                  "train.steps=2 algorithm.clip.use=cispo train.seed=1 data.seed=1")
+                                  f"train.steps=2 algorithm.clip.use=cispo {' '.join(LEAN)} train.seed=1 data.seed=1")
     assert f"# {tmp_path / 'grpo' / 'seed0'}: done" in captured.err and FakeTrain.started == []
 
 
@@ -217,7 +219,7 @@ def test_print_commands_restart_line_clears_the_started_run_so_train_accepts_the
     got = compare(algos="grpo", seeds=1, output_dir=str(tmp_path), print_commands=True, overrides=["train.steps=2"])
     captured = capsys.readouterr()
     assert got["commands"] == [f"rm -rf -- {run}/config.yaml {run}/startup.log && policyzoo train --algo grpo "
-                               f"--output-dir {run} train.steps=2 train.seed=0 data.seed=0"]
+                               f"--output-dir {run} train.steps=2 {' '.join(LEAN)} train.seed=0 data.seed=0"]
     assert f"# {run}: started before without a checkpoint (nothing to resume): its line removes" in captured.err
     removal = got["commands"][0].split(" && ")[0]
     subprocess.run(["bash", "-c", removal], check=True)  # as the scheduler runs it: bash -c "$line"
@@ -239,8 +241,8 @@ def test_the_command_line_form_reports_mistakes_without_a_trace(tmp_path, capsys
                  "--parallel", "2", "train.steps=2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # --parallel splits threads only for runs compare starts itself: the printed lines are the scheduler's
-    assert lines == [f"policyzoo train --algo grpo --output-dir {tmp_path}/grpo/seed{s} train.steps=2 train.seed={s} "
-                     f"data.seed={s}" for s in (0, 2)] and not (tmp_path / "grpo").exists()
+    assert lines == [f"policyzoo train --algo grpo --output-dir {tmp_path}/grpo/seed{s} train.steps=2 {' '.join(LEAN)} "
+                     f"train.seed={s} data.seed={s}" for s in (0, 2)] and not (tmp_path / "grpo").exists()
 
 
 def test_policyzoo_compare_is_the_function_after_its_submodules_load():

@@ -2,7 +2,8 @@
 
 * **Comparable**: the runs' ``config.yaml`` may differ only in ``algorithm`` (which names the
   algorithm), ``train.seed`` and ``data.seed`` (the seed) and ``output_dir``, ``engine.threads``
-  (where it ran and how many cores it used: speed and float rounding, not the update). Anything else
+  (where it ran and how many cores it used: speed and float rounding, not the update) and what it
+  keeps on disk (:data:`policyzoo.compare.lean.OUTPUT_KEYS`). Anything else
   (model, data, steps, evaluation, learning rate ...) raises :class:`UserError` naming the keys,
   unless ``allow_mixed`` (then the keys are listed in the result's ``mixed_keys``).
 * **Algorithm** of a run: :func:`policyzoo.compare.entries.labels` (``grpo``, ``grpo+clip=cispo``).
@@ -10,30 +11,46 @@
 * **Per run**: held-out ``eval_accuracy_before`` / ``_after`` (summary.json); over the last
   ``ceil(steps / 5)`` training steps (at least 1) the means of ``reward_mean``, ``kl_ref``, ``entropy``,
   ``clip_frac_low + clip_frac_high`` (shares of the step's response tokens; a token is clipped on one
-  side at most) and ``response_length_mean``; ``step_seconds``, the median ``time_step`` without the
-  first step (warm-up) when there are more; ``tokens_per_s``, prompt + response tokens over the
-  seconds of all steps; ``peak_rss_gib`` and ``gpu_peak_gib``, the highest over the run (GiB).
+  side at most), each side alone, ``response_length_mean``, the mechanism metrics ``zero_std_frac``
+  (groups whose rewards are all equal), ``kept_frac`` (kept / sampled rows) and the mean response
+  length of right (reward > 0) and wrong answers (``response_length_correct_mean`` /
+  ``_wrong_mean``); over the whole run ``tokens_per_kept_row``, response tokens sampled (every
+  dynamic-sampling round) per row trained on, sum over sum; ``step_seconds``, the median
+  ``time_step`` without the first step (warm-up) when there are more; ``tokens_per_s``, prompt +
+  response tokens over the seconds of all steps; ``peak_rss_gib`` and ``gpu_peak_gib``, the highest
+  over the run (GiB); ``run_seconds``, start-up (``process_to_ready_seconds``) + steps + evaluations
+  (checkpoints and export not counted); ``disk_mib``, the run folder's bytes now / 2^20.
 * **Per algorithm**: each of those over its seeds with :func:`policyzoo.compare.intervals.summary`,
   and ``paired_diff``: held-out after minus the baseline's, seed by seed (``intervals.paired``).
+* **Stopped runs** (summary.json's ``stopped_early``): listed per algorithm under ``stopped`` with
+  the step and ``stop_reason``, left out of the statistics (their window is another).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+from pathlib import Path
 
 from policyzoo.errors import UserError, did_you_mean
 
 from . import intervals
 from .entries import canonical, flatten, labels
+from .lean import OUTPUT_KEYS
 from .rundirs import Run
 
-IGNORED = ("algorithm", "train.seed", "data.seed", "output_dir", "engine.threads")
+#: keys that may differ between runs compared: the algorithm, the seed, where and on how many cores it ran, and
+#: what it keeps on disk (policyzoo.compare.lean.OUTPUT_KEYS: never the update)
+IGNORED = ("algorithm", "train.seed", "data.seed", "output_dir", "engine.threads", *OUTPUT_KEYS)
 WINDOW_KEYS = {"reward": "reward_mean", "kl": "kl_ref", "entropy": "entropy", "clip_frac": "clip_frac",
-               "response_length": "response_length_mean"}
+               "clip_low": "clip_frac_low", "clip_high": "clip_frac_high", "zero_std": "zero_std_frac",
+               "kept": "kept_frac", "response_length": "response_length_mean",
+               "length_correct": "response_length_correct_mean", "length_wrong": "response_length_wrong_mean"}
 METRICS = ("eval_before", "eval_after", "reward", "step_seconds", "tokens_per_s", "peak_rss_gib", "gpu_peak_gib",
-           *[k for k in WINDOW_KEYS if k != "reward"])
-CURVES = ("reward_mean", "kl_ref", "entropy", "response_length_mean", "clip_frac")
+           "tokens_per_kept_row", "run_seconds", "disk_mib", *[k for k in WINDOW_KEYS if k != "reward"])
+CURVES = ("reward_mean", "kl_ref", "entropy", "response_length_mean", "clip_frac", "zero_std_frac", "kept_frac",
+          "response_length_correct_mean", "response_length_wrong_mean", "tokens_per_kept_row")
 
 
 def _ignored(key: str) -> bool:
@@ -90,10 +107,38 @@ def _mean(records: list[dict], key: str) -> float | None:
 
 
 def with_clip_frac(record: dict) -> dict:
+    """``record`` with the derived ``clip_frac`` (low + high) and ``tokens_per_kept_row`` (rollout
+    tokens / rows) where their parts are there."""
     parts = [record.get("clip_frac_low"), record.get("clip_frac_high")]
-    if all(p is None for p in parts):
-        return record
-    return {**record, "clip_frac": sum(p or 0.0 for p in parts)}
+    out = dict(record)
+    if any(p is not None for p in parts):
+        out["clip_frac"] = sum(p or 0.0 for p in parts)
+    if isinstance(record.get("rollout_tokens"), (int, float)) and isinstance(record.get("rows"), int) and \
+            record["rows"] > 0:
+        out["tokens_per_kept_row"] = record["rollout_tokens"] / record["rows"]
+    return out
+
+
+def disk_mib(path: Path) -> float:
+    """The bytes of the files under ``path`` (links not followed) / 2^20."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total / 2**20
+
+
+def run_seconds(run: Run) -> float | None:
+    """Start-up (``process_to_ready_seconds``) + every step's ``time_step`` + every evaluation's
+    ``time_eval`` (checkpoints and export not counted); None without the start-up time."""
+    start = run.summary.get("process_to_ready_seconds")
+    if start is None:
+        return None
+    return float(start) + sum(float(r.get("time_step") or 0.0) for r in run.train) + sum(
+        float(r.get("time_eval") or 0.0) for r in run.evals)
 
 
 def run_values(run: Run) -> dict:
@@ -105,11 +150,18 @@ def run_values(run: Run) -> dict:
     tokens = sum((r.get("rollout_tokens") or 0) + (r.get("prompt_tokens") or 0) for r in train)
     rss = [v for v in [run.summary.get("peak_rss_gib"), *(r.get("peak_rss_gib") for r in train)] if v is not None]
     gpu = [r["gpu_peak_allocated_gib"] for r in train if r.get("gpu_peak_allocated_gib") is not None]
+    cost = [(r["rollout_tokens"], r["rows"]) for r in train if r.get("rollout_tokens") is not None and
+            isinstance(r.get("rows"), int)]  # response tokens sampled, rows kept: per step
+    sampled, kept_rows = sum(t for t, _ in cost), sum(n for _, n in cost)
+    eval_rows = [r["eval_rows"] for r in run.evals if isinstance(r.get("eval_rows"), int)]
     out = {"eval_before": run.summary.get("eval_accuracy_before"), "eval_after": run.summary.get("eval_accuracy_after"),
            "step_seconds": statistics.median(steady) if steady else None,
            "tokens_per_s": tokens / sum(times) if times and sum(times) > 0 else None,
            "peak_rss_gib": max(rss) if rss else None, "gpu_peak_gib": max(gpu) if gpu else None,
            "reward_last_step": train[-1].get("reward_mean") if train else None,
+           "tokens_per_kept_row": sampled / kept_rows if kept_rows else None,
+           "run_seconds": run_seconds(run), "disk_mib": disk_mib(run.path),
+           "eval_rows": eval_rows[-1] if eval_rows else None,
            "steps": len(train), "window_steps": [r["step"] for r in window]}
     out.update({name: _mean(window, key) for name, key in WINDOW_KEYS.items()})
     return out
@@ -176,11 +228,16 @@ def aggregate(runs: list[Run], baseline: str | None = None, allow_mixed: bool = 
     mixed = check_comparable(runs, allow_mixed)
     names = labels([r.config.get("algorithm") for r in runs])
     groups: dict[str, list[tuple[Run, dict]]] = {}
+    stopped: dict[str, list[Run]] = {}
     for name, run in zip(names, runs):
-        groups.setdefault(name, []).append((run, run_values(run)))
+        groups.setdefault(name, [])
+        if run.stopped:
+            stopped.setdefault(name, []).append(run)
+        else:
+            groups[name].append((run, run_values(run)))
     for name, members in groups.items():
         seen: dict = {}
-        for run, _ in members:
+        for run in [*(r for r, _ in members), *stopped.get(name, [])]:
             key = (run.seed, run.data_seed)
             if key in seen:
                 raise UserError(f"policyzoo compare: {name}", f"two runs of {name} have train.seed {key[0]} and "
@@ -192,7 +249,11 @@ def aggregate(runs: list[Run], baseline: str | None = None, allow_mixed: bool = 
     table = []
     for name, members in groups.items():
         entry = {"algorithm": name, "n": len(members), "seeds": [r.seed for r, _ in members],
-                 "runs": [str(r.path) for r, _ in members]}
+                 "runs": [str(r.path) for r, _ in members],
+                 "stopped": [{"seed": r.seed, "run_dir": str(r.path), "step": r.summary.get("steps"),
+                              "steps": (r.config.get("train") or {}).get("steps"),
+                              "reason": str(r.summary.get("stop_reason") or "no reason given")}
+                             for r in stopped.get(name, [])]}
         entry.update({m: intervals.summary([v[m] for _, v in members]) for m in METRICS})
         after = {(r.seed, r.data_seed): v["eval_after"] for r, v in members}
         entry["paired_diff"] = None if name == base else intervals.paired(after, base_after)
@@ -205,4 +266,5 @@ def aggregate(runs: list[Run], baseline: str | None = None, allow_mixed: bool = 
             "interval": intervals.INTERVAL, "window": "the last ceil(steps / 5) training steps (20%, at least 1)",
             "algorithms": table, "mixed_keys": mixed,
             "runs": [{"run_dir": str(r.path), "algorithm": n, "seed": r.seed, "data_seed": r.data_seed,
-                      **run_values(r)} for n, r in zip(names, runs)]}
+                      **run_values(r), **({"stopped": r.summary.get("stop_reason") or "no reason given"}
+                                          if r.stopped else {})} for n, r in zip(names, runs)]}

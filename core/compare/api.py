@@ -13,7 +13,8 @@ resumes interrupted ones, runs the rest one at a time (``parallel=N``: N at once
 aggregates them into ``output_dir``. Aggregate mode (``runs``: folders or globs) reads finished runs
 wherever they were made. Both write ``compare.md``, ``compare.json`` and ``compare.png``, print the
 table and return it: :func:`policyzoo.compare.aggregate.aggregate`'s dict plus ``skipped`` and
-``files``. ``print_commands=True`` returns ``{"commands": [...]}`` (one ``policyzoo train`` line per
+``files``. Runs are lean (:mod:`.lean`): no checkpoint kept once finished, no ``final/`` export
+unless ``export=True``. ``print_commands=True`` returns ``{"commands": [...]}`` (one ``policyzoo train`` line per
 run still to do) and runs nothing. Extra keywords are config keys, as for :func:`policyzoo.train`
 (``**{"train.steps": 2}`` or ``train={"steps": 2}``); ``overrides`` takes ``key=value`` strings.
 Mistakes raise :class:`~policyzoo.errors.UserError` before anything runs.
@@ -21,6 +22,7 @@ Mistakes raise :class:`~policyzoo.errors.UserError` before anything runs.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -48,7 +50,7 @@ def _seeds_text(seeds: list[int]) -> str:
 
 def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | None = None,
             seeds: int | str | list[int] | None = None, output_dir: str | None = None, baseline: str | None = None,
-            allow_mixed: bool = False, parallel: int = 1, print_commands: bool = False,
+            allow_mixed: bool = False, parallel: int = 1, print_commands: bool = False, export: bool = False,
             overrides: list[str] = (), console: Console | None = None,
             start: Callable | None = None, **settings: Any) -> dict:
     """See the module docstring. ``console`` receives the plan, progress and table (default: stdout);
@@ -62,7 +64,7 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
                         f"the string {overrides!r}", f"write overrides=[{overrides!r}]")
     _check_output_dir(output_dir)
     if algos is None:
-        patterns = _aggregate_args(dirs, seeds, parallel, print_commands, [*overrides, *settings])
+        patterns = _aggregate_args(dirs, seeds, parallel, print_commands, [*overrides, *settings], export)
         return _aggregate(patterns, output_dir, baseline, allow_mixed, console,
                           "policyzoo compare " + shlex.join(patterns))
     if dirs is not None:
@@ -78,13 +80,13 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
     user_threads = [item.split("=", 1)[1] for item in given if item.split("=", 1)[0].strip() == "engine.threads"]
     threads = (int(user_threads[-1]) if user_threads and user_threads[-1].strip().isdigit() else
                max(1, runs.cores() // parallel) if parallel > 1 and not print_commands else None)
-    specs = runs.plan(entries, seed_list, output_dir, given, threads)
+    specs = runs.plan(entries, seed_list, output_dir, given, threads, export)
     label = _baseline_label(baseline, entries, specs)
     if print_commands:
         return {"commands": _print_commands(specs)}
     again = shlex.join(["policyzoo", "compare", "--algos", ",".join(entries), "--seeds", _seeds_text(seed_list),
                         "--output-dir", str(output_dir), *(["--parallel", str(parallel)] if parallel > 1 else []),
-                        *(["--baseline", baseline] if baseline else []), *given])
+                        *(["--baseline", baseline] if baseline else []), *(["--export"] if export else []), *given])
     runs.print_plan(console, specs, output_dir, parallel, threads)
     jobs = launch.jobs_for(specs, output_dir, parallel, threads)
     launch.launch(jobs, parallel, console, again, **({"start": start} if start else {}))
@@ -103,16 +105,17 @@ def _check_output_dir(output_dir) -> None:
                             ".json, .png cannot go there", "choose a folder (it is created if missing)")
 
 
-def _aggregate_args(dirs, seeds, parallel, print_commands, settings: list) -> list[str]:
+def _aggregate_args(dirs, seeds, parallel, print_commands, settings: list, export: bool = False) -> list[str]:
     """The folders to aggregate; what only goes with --algos (overrides, --seeds, --parallel,
-    --print-commands) is a usage error here, not ignored."""
+    --print-commands, --export) is a usage error here, not ignored."""
     if dirs is None:
         raise UserError("policyzoo compare", "nothing to compare", "give run directories (policyzoo compare "
                         "runs/cmp) or algorithms to run (policyzoo compare --algos grpo,dr_grpo --output-dir D)")
     patterns = [str(p) for p in ([dirs] if isinstance(dirs, (str, Path)) else list(dirs))]
     keys = [p for p in patterns if KEY_VALUE.match(p) and not Path(p).exists()]
     given = [name for name, on in (("key=value overrides", settings or keys), ("--seeds", seeds is not None),
-                                   ("--parallel", parallel != 1), ("--print-commands", print_commands)) if on]
+                                   ("--parallel", parallel != 1), ("--print-commands", print_commands),
+                                   ("--export", export)) if on]
     if given:
         what = f" ({', '.join(map(str, keys))})" if keys else ""
         raise UserError("policyzoo compare", f"{' and '.join(given)}{what} only go with --algos (they plan the runs to "
@@ -160,6 +163,16 @@ def _default_out(patterns: list[str], found: list, skipped: tuple = ()) -> Path:
     return common.parent if (common / "config.yaml").exists() or len(paths) == 1 else common
 
 
+def _recorded_baseline(patterns: list[str]) -> str | None:
+    """The baseline of the ``compare.json`` in the one folder given (a table made before, e.g. a recorded
+    one), so the table again has the same baseline; None otherwise (the first algorithm found)."""
+    try:
+        data = json.loads((Path(patterns[0]) / "compare.json").read_text()) if len(patterns) == 1 else None
+    except (OSError, ValueError):
+        return None
+    return data.get("baseline") if isinstance(data, dict) and isinstance(data.get("baseline"), str) else None
+
+
 def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: Console, command: str,
                left_out: list[Skipped] = ()) -> dict:
     found, skipped = find_runs(patterns)
@@ -167,8 +180,11 @@ def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: 
     for s in skipped:
         console.print(f"warning: {s.path} left out: {s.why}", markup=False, highlight=False, style="yellow",
                       soft_wrap=True)
-    result = aggregate(found, baseline, allow_mixed)
     out = Path(output_dir) if output_dir else _default_out(patterns, found, skipped)
+    recorded = None if baseline else _recorded_baseline(patterns)
+    if recorded not in labels([r.config.get("algorithm") for r in found]):
+        recorded = None
+    result = aggregate(found, baseline or recorded, allow_mixed)
     files = report.write(result, skipped, out, command)
     files.append(plot.draw(result, out / "compare.png"))
     report.print_table(console, result, skipped)

@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "threads")
     p.add_argument("--print-commands", action="store_true", help="with --algos: print one `policyzoo train` line per "
                    "run still to do (for your own scheduler) and exit")
+    p.add_argument("--export", action="store_true", help="with --algos: keep each run's final/ save_pretrained "
+                   "export (default: none; and no checkpoint is kept once a run is finished)")
     p.add_argument("--baseline", help="the algorithm the paired differences are taken against (default: the first)")
     p.add_argument("--allow-mixed", action="store_true", help="compare runs whose settings differ in more than "
                    "the algorithm and the seed (the keys are listed with the table)")
@@ -40,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, out: Console) -> None:
     common = dict(output_dir=args.output_dir, baseline=args.baseline, allow_mixed=args.allow_mixed, console=out,
                   seeds=args.seeds, parallel=1 if args.parallel is None else args.parallel,
-                  print_commands=args.print_commands)  # without --algos the last three are refused, not ignored
+                  print_commands=args.print_commands,
+                  export=args.export)  # without --algos these four are refused, not ignored
     if args.algos is None:
         compare(args.overrides or None, **common)
     else:

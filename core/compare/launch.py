@@ -7,7 +7,9 @@ command that continues (the same ``policyzoo compare`` again: finished runs are 
 ones resume). A second Ctrl-C sends a second SIGINT (the trainings stop at once) and kills what is
 left after 30 s. SIGTERM counts as a Ctrl-C.
 A training that fails (any other non-zero status) stops the launching too: the runs
-after it would most likely fail the same way.
+after it would most likely fail the same way. A training that stopped early and said so (its
+summary.json has ``"stopped_early": true`` and a ``stop_reason``, whatever its exit status) is not a
+failure: its reason is printed, the table shows it, and the other runs go on.
 
 With one run at a time its output is the console's; with several, each writes to
 ``OUTPUT_DIR/logs/<entry>-seed<s>.log`` and the console gets one line per start and end.
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 from policyzoo.errors import Interrupted, UserError
 
+from .rundirs import read_summary
 from .runs import TRAIN, RunSpec, clear
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
@@ -139,7 +142,11 @@ def _launch(jobs: list[Job], parallel: int, console: Console, again: str,
                 job, t0 = running.pop(proc)
                 ended.append((job, proc.returncode, time.monotonic() - t0))
                 interrupted = interrupted or proc.returncode == 130
-                if proc.returncode not in (0, 130) and failed is None:
+                stopped = stop_reason(job.spec.path) if proc.returncode != 130 else None
+                if stopped is not None:
+                    console.print(f"{job.spec.entry} seed {job.spec.seed} stopped early: {stopped}; the other runs "
+                                  "go on", markup=False, highlight=False, soft_wrap=True, style="yellow")
+                elif proc.returncode not in (0, 130) and failed is None:
                     failed = (job, proc.returncode)
                 _report(console, ended, len(pending), parallel, total)
             if failed is not None or interrupted:
@@ -164,6 +171,14 @@ def _launch(jobs: list[Job], parallel: int, console: Console, again: str,
                         + "; no further run was started",
                         f"fix the cause, then run the same command again (finished runs are kept): {again}")
     return ended
+
+
+def stop_reason(path: Path) -> str | None:
+    """``stop_reason`` of the run in ``path`` when its summary.json says it stopped early, else None."""
+    summary = read_summary(path)
+    if summary is None or summary.get("stopped_early") is not True:
+        return None
+    return str(summary.get("stop_reason") or "no reason given")
 
 
 def _report(console: Console, ended: list, pending: int, parallel: int, total: int) -> None:

@@ -1,8 +1,12 @@
 """Reading the run directories ``policyzoo train`` writes (layout: :mod:`policyzoo.engine.rundir`).
 
 A run directory counts when it holds ``config.yaml`` and a complete ``summary.json`` (valid JSON with
-``steps`` and ``eval_accuracy_after``: written last, once the run has finished) and a ``metrics.jsonl``
-with every training step up to the summary's ``steps``, each line whole. Anything else under a folder
+``steps`` and ``eval_accuracy_after``, or ``"stopped_early": true``: written last, once the run has
+finished or stopped) and a ``metrics.jsonl`` with every training step up to the summary's ``steps``,
+each line whole. A recorded run (``bench/compare_record.py`` copies ``resolved.yaml``, not
+``config.yaml``) is read from ``resolved.yaml``: its sections are the config's, and its algorithm is
+the resolved name (``grpo``, ``grpo+clip=cispo``); a parameter changed without a component swap is
+not in that name, so two such runs of one seed are refused as the same algorithm twice. Anything else under a folder
 searched is named and left out (:class:`Skipped`): an empty folder, a run without its summary (not
 finished or half written), a metrics file cut short (fewer steps than the summary, a line cut off),
 files that do not parse, a value that is not a number where the table needs one.
@@ -27,7 +31,8 @@ RUN_FILES = {"config.yaml", "resolved.yaml", "metrics.jsonl", "summary.json", "c
 SUMMARY_NUMBERS = ("eval_accuracy_before", "eval_accuracy_after", "peak_rss_gib", "process_to_ready_seconds")
 RECORD_NUMBERS = ("reward_mean", "kl_ref", "entropy", "clip_frac_low", "clip_frac_high", "response_length_mean",
                   "time_step", "time_eval", "rollout_tokens", "prompt_tokens", "peak_rss_gib",
-                  "gpu_peak_allocated_gib", "eval_accuracy")
+                  "gpu_peak_allocated_gib", "eval_accuracy", "zero_std_frac", "kept_frac", "rows", "eval_rows",
+                  "response_length_correct_mean", "response_length_wrong_mean")
 
 MARKS = {"config.yaml", "summary.json", "metrics.jsonl", "run.pid"}  # a folder holding one is read as a run
 
@@ -50,6 +55,11 @@ class Run:
     @property
     def data_seed(self) -> int:
         return int((self.config.get("data") or {}).get("seed", 0))
+
+    @property
+    def stopped(self) -> bool:
+        """The run stopped before its planned steps (summary.json's ``stopped_early``; why: ``stop_reason``)."""
+        return self.summary.get("stopped_early") is True
 
 
 @dataclass
@@ -105,12 +115,15 @@ def summary_steps(summary: dict) -> int | None:
 
 
 def read_summary(path: Path) -> dict | None:
-    """``summary.json`` if it is complete (a mapping with ``steps`` and ``eval_accuracy_after``), else None."""
+    """``summary.json`` if it is complete (a mapping with ``steps`` and ``eval_accuracy_after``, or with
+    ``steps`` and ``"stopped_early": true``), else None."""
     try:
         data = json.loads((path / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and "steps" in data and "eval_accuracy_after" in data else None
+    if not isinstance(data, dict) or "steps" not in data:
+        return None
+    return data if "eval_accuracy_after" in data or data.get("stopped_early") is True else None
 
 
 def by_step(records: list[dict]) -> list[dict]:
@@ -131,6 +144,8 @@ def read_run(path: Path) -> Run | Skipped:
     try:
         config = yaml.safe_load((path / "config.yaml").read_text())
     except FileNotFoundError:
+        if (path / "resolved.yaml").is_file() and (path / "summary.json").is_file():
+            return _recorded(path)
         if (path / "run.pid").exists():
             return Skipped(path, "no config.yaml: a run that stopped while starting (nothing to resume)")
         return Skipped(path, "no config.yaml: not a run directory of `policyzoo train`")
@@ -143,6 +158,21 @@ def read_run(path: Path) -> Run | Skipped:
         return Skipped(path, "no complete summary.json: the run has not finished or was cut off; "
                        + _resume_hint(path, config))
     return _with_metrics(path, config, summary)
+
+
+def _recorded(path: Path) -> Run | Skipped:
+    """A recorded run (``resolved.yaml``, summary.json, metrics.jsonl; see the module docstring)."""
+    try:
+        config = yaml.safe_load((path / "resolved.yaml").read_text())
+    except (OSError, yaml.YAMLError) as e:
+        return Skipped(path, f"resolved.yaml does not parse ({type(e).__name__})")
+    algo = config.get("algorithm") if isinstance(config, dict) else None
+    if not isinstance(algo, dict) or not isinstance(algo.get("name"), str):
+        return Skipped(path, "no config.yaml, and resolved.yaml names no algorithm (algorithm.name)")
+    summary = read_summary(path)
+    if summary is None:
+        return Skipped(path, "no complete summary.json beside resolved.yaml: a recorded run that had not finished")
+    return _with_metrics(path, {**config, "algorithm": algo["name"]}, summary)
 
 
 def _resume_hint(path: Path, config: dict) -> str:

@@ -10,9 +10,13 @@ only); ``train.seed`` and ``output_dir`` are set here and refused as overrides.
 The status of each run's folder (:func:`status`): ``new``; ``done`` (a complete summary.json at the
 planned ``train.steps``, its config.yaml the planned run's: skipped); ``resume`` (a checkpoint:
 ``policyzoo train --resume DIR``); ``restart`` (a started run without a checkpoint, so nothing to
-resume: its run files are removed before it starts again); ``blocked`` (another live run writes
-there, files that are not a run's, a config.yaml that does not parse or differs from the planned
-run's in more than ``train.steps``, ``output_dir`` and ``engine.threads``, a run of more steps).
+resume: its run files are removed before it starts again); ``stopped`` (summary.json says the run
+stopped early, with its reason: not run again, shown in the table); ``blocked`` (another live run
+writes there, files that are not a run's, a config.yaml that does not parse or differs from the
+planned run's in more than ``train.steps``, ``output_dir``, ``engine.threads`` and what is kept on
+disk (:data:`policyzoo.compare.lean.OUTPUT_KEYS`), a run of more steps).
+
+Each run is lean (:mod:`.lean`): no checkpoint kept once finished, no ``final/`` export unless ``export``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from policyzoo.config import load_config
 from policyzoo.contract.ground import SLOTS
 from policyzoo.errors import ConfigError, UserError
 
+from . import lean
 from .aggregate import config_differences
 from .entries import check_clashes, parse_entry
 from .rundirs import RUN_FILES, read_jsonl, read_summary, summary_steps
@@ -90,14 +95,16 @@ def _check_overrides(overrides: list[str]) -> None:
 
 
 def plan(algos: list[str], seeds: list[int], output_dir: str | Path, overrides: list[str] = (),
-         threads: int | None = None) -> list[RunSpec]:
+         threads: int | None = None, export: bool = False) -> list[RunSpec]:
     """Every run, checked before any starts: each entry's config validates and its names resolve
     (an unknown name raises the ConfigError ``--algo`` gives, with the close matches), and no two
-    entries resolve to the same algorithm (the same components with the same parameters)."""
+    entries resolve to the same algorithm (the same components with the same parameters). Each run
+    gets :func:`policyzoo.compare.lean.overrides` (``export``: keep ``final/``)."""
     overrides = list(overrides)
     _check_overrides(overrides)
     keys = {item.split("=", 1)[0].strip() for item in overrides}
     extra = [f"engine.threads={threads}"] if threads and "engine.threads" not in keys else []
+    extra += lean.overrides(overrides, export)
     catalog = get_catalog()
     out, same = [], {}
     for entry in algos:
@@ -172,6 +179,9 @@ def status(path: Path, steps: int, planned: dict | None = None) -> tuple[str, st
     why = _config_mismatch(path, planned)
     if why:
         return "blocked", f"{why}: delete the folder (or choose another --output-dir) to run the planned one"
+    if summary is not None and summary.get("stopped_early") is True:
+        return "stopped", (f"stopped early at step {summary['steps']}: {summary.get('stop_reason') or 'no reason'}"
+                           " (delete the folder to run it again)")
     done_at = None if summary is None else summary_steps(summary)
     if summary is not None and done_at is None:
         return "blocked", f"summary.json's steps is {summary['steps']!r}, not a step count: delete the folder"
@@ -209,7 +219,7 @@ def _config_mismatch(path: Path, planned: dict | None) -> str:
     if not isinstance(config, dict):
         return "config.yaml is not a mapping: not a run compare can use"
     diff = {} if planned is None else config_differences(config, planned, ("output_dir", "engine.threads",
-                                                                            "train.steps"))
+                                                                            "train.steps", *lean.OUTPUT_KEYS))
     if not diff:
         return ""
     keys = "; ".join(f"{k} {a!r} here, {b!r} planned" for k, (a, b) in list(diff.items())[:5])
@@ -256,7 +266,8 @@ def eta_line(specs: list[RunSpec], parallel: int) -> str:
 def print_plan(console: Console, specs: list[RunSpec], output_dir, parallel: int, threads: int | None) -> None:
     algos = list(dict.fromkeys(s.entry for s in specs))
     seeds = list(dict.fromkeys(s.seed for s in specs))
-    counts = {k: sum(s.status == k for s in specs) for k in ("done", "resume", "restart", "new", "blocked")}
+    counts = {k: sum(s.status == k for s in specs) for k in ("done", "stopped", "resume", "restart", "new",
+                                                             "blocked")}
     told = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
     console.print(f"policyzoo compare: {len(algos)} algorithms x {len(seeds)} seeds = {len(specs)} runs in "
                   f"{output_dir} ({told})", highlight=False, soft_wrap=True)
@@ -276,3 +287,6 @@ def print_plan(console: Console, specs: list[RunSpec], output_dir, parallel: int
         table.add_row(s.entry, str(s.seed), s.status + (f": {s.detail}" if s.detail else ""), str(s.path))
     console.print(table)
     console.print(eta_line(specs, parallel), highlight=False, soft_wrap=True)
+    disk = lean.plan_line([s.config for s in specs if s.status in ("new", "resume", "restart")], parallel)
+    if disk:
+        console.print(disk, highlight=False, soft_wrap=True)

@@ -214,10 +214,18 @@ def _accumulate(run, policy, mb: StepBatch, totals, n_micro: int, sums: Counter,
 
 
 def _batch_metrics(rollout: Rollout, rewards: torch.Tensor) -> dict:
-    """The batch's reward and length statistics (NaN rewards left out and counted)."""
+    """The batch's reward and length statistics (NaN rewards left out and counted).
+
+    ``response_length_correct_mean`` / ``_wrong_mean``: mean response tokens of the rows with reward
+    > 0 / <= 0 (a 0/1 verifier's right and wrong answers, and the +-1 convention's; NaN where the
+    batch has none, written null), the lengths Dr. GRPO (Liu et al. 2025, sec. 3.1) says per-sequence
+    normalisation pulls apart."""
     lengths = rollout.response_mask.sum(-1).float()
     valid = ~torch.isnan(rewards)
+    right, wrong = valid & (rewards > 0), valid & (rewards <= 0)
     return dict(
+        response_length_correct_mean=float(lengths[right].mean()) if right.any() else math.nan,
+        response_length_wrong_mean=float(lengths[wrong].mean()) if wrong.any() else math.nan,
         reward_mean=float(rewards[valid].mean()) if valid.any() else math.nan,
         reward_std=float(rewards[valid].std(unbiased=False)) if valid.any() else math.nan,
         response_length_mean=float(lengths.mean()) if len(lengths) else 0.0,

@@ -5,6 +5,7 @@ methods one by one (through the session)."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import threading
 import time
@@ -231,18 +232,23 @@ class RunLoop:
             self.evaluate()
 
     def finish(self) -> dict:
-        """Save the last checkpoint (unless saved at this step), evaluate (unless done at this step),
-        export ``final/``, write ``summary.json`` and close the trackers; returns the summary."""
+        """Save the last checkpoint (unless saved at this step or deleted at the end), evaluate (unless done at
+        this step), export ``final/`` (``train.export_final``), write ``summary.json``, delete ``checkpoints/``
+        (``engine.delete_checkpoints_at_end``) and close the trackers; returns the summary."""
         s, step = self.session, self.state["step"]
         self.close()
-        if self.last_saved != step:
-            self.save()
+        if self.last_saved != step and not self.config.engine.delete_checkpoints_at_end:
+            self.save()  # (deleted at the end anyway: a kill during the last evaluation resumes from an earlier one)
         after = self.last_eval if self.last_eval.get("step") == step else self.evaluate()
-        s.trainer.export(str(s.rundir.path / "final"))
+        final = s.rundir.path / "final" if self.config.train.export_final else None
+        if final is not None:
+            s.trainer.export(str(final))
         summary = run_summary(s, self, after)
         s.rundir.write_summary(summary)
+        if self.config.engine.delete_checkpoints_at_end and dist.rank() == 0:  # resume needs them no more
+            shutil.rmtree(s.rundir.ckpt, ignore_errors=True)
         s.tracker.close()
-        print_done(s.console, summary, self.eval_name(), s.rundir.path / "final")
+        print_done(s.console, summary, self.eval_name(), final)
         return summary
 
     def first_eval(self) -> float | None:

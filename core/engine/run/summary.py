@@ -37,8 +37,10 @@ def run_summary(session, loop, after: dict) -> dict:
                if k.startswith("eval_accuracy/")}}
 
 
-def print_done(console, summary: dict, eval_name: str, final: Path) -> None:
-    """``done: held-out accuracy 0.25 -> 0.50; export in RUN_DIR/final`` (``n/a`` for a missing value)."""
+def print_done(console, summary: dict, eval_name: str, final: Path | None) -> None:
+    """``done: held-out accuracy 0.25 -> 0.50; export in RUN_DIR/final`` (``n/a`` for a missing value;
+    ``final`` None: no export, train.export_final is false)."""
     acc = [summary["eval_accuracy_before"], summary["eval_accuracy_after"]]
     acc = [f"{a:.2f}" if isinstance(a, float) and math.isfinite(a) else "n/a" for a in acc]
-    console.print(f"done: held-out {eval_name.removeprefix('held-out ')} {acc[0]} -> {acc[1]}; export in {final}")
+    where = f"export in {final}" if final is not None else "no export (train.export_final: false)"
+    console.print(f"done: held-out {eval_name.removeprefix('held-out ')} {acc[0]} -> {acc[1]}; {where}")
