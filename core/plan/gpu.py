@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from policyzoo.plan import GiB, Options, PlanError, Shape, Sizes, memory
+from policyzoo.plan import GiB, Options, PlanError, Shape, Sizes, engine_path, memory
 from policyzoo.plan.placement import MODES, Placement, per_parameter
 
 MiB = 2**20
@@ -70,6 +70,7 @@ def per_gpu(m: Shape, s: Sizes, o: Options, p: Placement, budget: int, v: Vllm =
     """Bytes per GPU by part (module docstring): ``{"trainer GPU": {...}}``, plus ``{"rollout server GPU":
     {...}}`` in server mode; ``budget`` is one GPU's bytes (the vLLM reserve is a share of it)."""
     pp, n = per_parameter(p), m.params
+    o = engine_path(o, zero3_ranks=p.zero_stage >= 3 and p.gpus > 1)
     t, trainable = pp["trainer GPU"], m.params if o.lora_params is None else o.lora_params
     parts = {"policy weights": t["policy weights"] * n, "gradients": t["gradients"] * trainable,
              "optimizer": t["optimizer"] * trainable,

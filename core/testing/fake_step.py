@@ -1,0 +1,148 @@
+"""One training step of a real transformers model executed under ``FakeTensorMode``: its peak memory
+by category and its FLOPs, measured with torch's own tools, to hold ``policyzoo plan``'s formulas to.
+
+No weights, no GPU: the model is built on the ``meta`` device from a ``config.json`` dict (e.g. a shape of
+:data:`policyzoo.plan.shapes.SHAPES`), moved to fake CPU tensors (``to_empty``) and run as the engine runs
+a training micro-batch without shared-prompt scoring (the engine's path at ZeRO 3 on several ranks and
+with gradient checkpointing): the forward of ``rows`` rows of ``prompt + response`` tokens with an
+attention mask and position ids, logits at the ``response + 1`` last positions
+(``logits_to_keep``), the engine's fused fp32 log-probs of them
+(:func:`policyzoo.engine.trainer.logprob.fused_token_logprobs`), a loss, backward; then one AdamW
+step of fp32 master weights (when the model is in bf16) with fp32 gradients, as DeepSpeed's bf16
+optimizer holds them. Measured with ``torch.distributed._tools.mem_tracker.MemTracker`` (bytes by
+category: parameters, activations, temporaries, optimizer state) and
+``torch.utils.flop_counter.FlopCounterMode`` (matmul and attention FLOPs, torch's formulas: attention
+counts the full ``s_q x s_k`` square, as a masked kernel computes it, where the planner counts only the
+causal half).
+
+Conventions of the measurement (stated so the comparison is fair):
+
+* **ZeRO 3 gradients**: each parameter's full gradient is dropped as soon as it is accumulated (a
+  post-accumulate hook), as ZeRO 3 reduce-scatters it into the rank's fp32 partition and frees it; the
+  fp32 gradients are counted with the optimizer state (``grads``), whole, for the caller to divide by the
+  ranks.
+* **activations**: the peak, over the step, of everything but the parameters and buffers (activations
+  saved for backward, temporaries, the transient gradient of the module running backward).
+* A fake tensor's values are unknown, so transformers cannot see that a mask is all ones: the 4-D mask is
+  built and K/V are repeated to every query head as for a padded batch (the engine's batches are padded:
+  prompts left, responses right).
+* sdpa attention (transformers' ``sdpa``, the default); the CPU flash kernel's FLOPs are counted with
+  torch's formula for the GPU's sdpa kernels (the counter registers none for the CPU op).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One fake step of a model of ``layers`` layers. Bytes: ``params`` (weights, model dtype), ``grads``
+    (fp32, whole model), ``optimizer`` (AdamW's moments plus fp32 master weights when the model is not
+    fp32), ``activations`` (peak of all else during forward + backward); ``flops`` of forward + backward
+    (+ the recompute with checkpointing)."""
+
+    layers: int
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    flops: int
+
+    def at(self, other: "Measured", layers: int) -> "Measured":
+        """Linear extrapolation to ``layers`` layers through this measurement and ``other``'s (another layer
+        count): each quantity is ``base + layers x per_layer``, the per-layer part the difference over the
+        two counts, the base (embedding, LM head, logits, final norm) what remains. Raises ValueError for
+        equal layer counts."""
+        if other.layers == self.layers:
+            raise ValueError(f"two different layer counts are needed to extrapolate, got {self.layers} twice")
+
+        def line(a: int, b: int) -> int:
+            per = (b - a) / (other.layers - self.layers)
+            return round(a + (layers - self.layers) * per)
+
+        return Measured(layers, *(line(getattr(self, k), getattr(other, k))
+                                  for k in ("params", "grads", "optimizer", "activations", "flops")))
+
+
+def _cpu_sdpa_flops():
+    """FlopCounterMode ``custom_mapping`` for the CPU flash-attention ops (torch's sdpa formulas)."""
+    import torch
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    def fwd(q, k, v, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(q, k, v)
+
+    def bwd(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out, q, k, v)
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: fwd,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: bwd}
+
+
+def fake_step(config: dict, layers: int, rows: int, prompt: int, response: int, dtype: str = "bfloat16",
+              gradient_checkpointing: bool = False) -> Measured:
+    """Run one training micro-batch of the transformers model of ``config`` (a ``config.json`` dict with
+    ``model_type``; ``num_hidden_layers`` replaced by ``layers``) under ``FakeTensorMode``: ``rows`` rows of
+    ``prompt + response`` tokens, weights in ``dtype`` (``bfloat16`` or ``float32``), with transformers'
+    non-reentrant gradient checkpointing when asked (as :func:`policyzoo.engine.trainer.compute.
+    enable_gradient_checkpointing` turns it on). Returns the :class:`Measured` bytes and FLOPs (module
+    docstring). Raises ValueError for an unknown ``model_type`` (transformers')."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from policyzoo.engine.trainer.compute import enable_gradient_checkpointing
+    from policyzoo.engine.trainer.logprob import fused_token_logprobs
+
+    cfg = {k: v for k, v in config.items() if k != "model_type"} | {"num_hidden_layers": layers}
+    hf = AutoConfig.for_model(config["model_type"], **cfg)
+    hf._attn_implementation = "sdpa"
+    tdtype = getattr(torch, dtype)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf, dtype=tdtype)
+    model.eval()
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    tokens = prompt + response
+    with FakeTensorMode(allow_non_fake_inputs=True):  # the meta parameters are the only real inputs
+        model.to_empty(device="cpu")
+        for p in model.parameters():  # ZeRO 3: the full gradient goes once reduce-scattered
+            p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+        ids = torch.zeros(rows, tokens, dtype=torch.long)
+        attn = torch.ones(rows, tokens, dtype=torch.long)
+        pos = attn.cumsum(-1) - 1
+        targets = torch.zeros(rows, response + 1, dtype=torch.long)
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker, FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_flops()) as counter:
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=response + 1).logits
+            lp, _ = fused_token_logprobs(logits, targets, 1.0, False)
+            del logits  # the autograd graph keeps what it needs
+            (-lp[:, :-1].sum()).backward()
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        activations = peak["Total"] - peak[_ref("PARAM")] - peak[_ref("BUFFER")]
+        # DeepSpeed's optimizer: fp32 master weights (bf16 models) with fp32 gradients, AdamW's two moments
+        master = [torch.nn.Parameter(torch.empty(p.shape, dtype=torch.float32)) for p in model.parameters()]
+        for w in master:
+            w.grad = torch.empty_like(w)
+        opt = torch.optim.AdamW(master, foreach=False)
+        tracker = MemTracker()
+        tracker.track_external(*master)  # known before the step: its in-place updates are not new state
+        with tracker:
+            opt.step()
+        state = next(iter(tracker.get_tracker_snapshot("current").values()))[_ref("OPT")]
+    grads = sum(w.grad.numel() * w.grad.element_size() for w in master)
+    masters = sum(w.numel() * w.element_size() for w in master) if tdtype != torch.float32 else 0
+    return Measured(layers, params, grads, state + masters, activations, counter.get_total_flops())
+
+
+def _ref(name: str):
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    return getattr(_MemRefType, name)
