@@ -32,7 +32,16 @@ Conventions of the measurement (stated so the comparison is fair):
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from policyzoo.engine.trainer.compute import enable_gradient_checkpointing
+from policyzoo.engine.trainer.logprob import fused_token_logprobs
 
 
 @dataclass(frozen=True)
@@ -67,9 +76,6 @@ class Measured:
 
 def _cpu_sdpa_flops():
     """FlopCounterMode ``custom_mapping`` for the CPU flash-attention ops (torch's sdpa formulas)."""
-    import torch
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
-
     aten = torch.ops.aten
 
     def fwd(q, k, v, *args, out_shape=None, **kwargs) -> int:
@@ -90,59 +96,67 @@ def fake_step(config: dict, layers: int, rows: int, prompt: int, response: int, 
     non-reentrant gradient checkpointing when asked (as :func:`policyzoo.engine.trainer.compute.
     enable_gradient_checkpointing` turns it on). Returns the :class:`Measured` bytes and FLOPs (module
     docstring). Raises ValueError for an unknown ``model_type`` (transformers')."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.utils.flop_counter import FlopCounterMode
-    from transformers import AutoConfig, AutoModelForCausalLM
+    model = _build(config, layers, dtype, gradient_checkpointing)
+    with FakeTensorMode(allow_non_fake_inputs=True):  # the meta parameters are the only real inputs
+        model.to_empty(device="cpu")
+        activations, flops = _forward_backward(model, rows, prompt, response)
+        grads, optimizer = _optimizer_state(model)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return Measured(layers, params, grads, optimizer, activations, flops)
 
-    from policyzoo.engine.trainer.compute import enable_gradient_checkpointing
-    from policyzoo.engine.trainer.logprob import fused_token_logprobs
+
+def _build(config: dict, layers: int, dtype: str, gradient_checkpointing: bool):
+    """The causal LM of ``config`` with ``layers`` layers on the meta device, in eval mode (no dropout)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = {k: v for k, v in config.items() if k != "model_type"} | {"num_hidden_layers": layers}
     hf = AutoConfig.for_model(config["model_type"], **cfg)
     hf._attn_implementation = "sdpa"
-    tdtype = getattr(torch, dtype)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf, dtype=tdtype)
+        model = AutoModelForCausalLM.from_config(hf, dtype=getattr(torch, dtype))
     model.eval()
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
+    return model
+
+
+def _forward_backward(model, rows: int, prompt: int, response: int) -> tuple[int, int]:
+    """``(peak bytes beyond parameters and buffers, FLOPs)`` of the engine's per-row training forward and
+    backward of ``rows`` rows (module docstring); full gradients dropped as accumulated (ZeRO 3)."""
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     tokens = prompt + response
-    with FakeTensorMode(allow_non_fake_inputs=True):  # the meta parameters are the only real inputs
-        model.to_empty(device="cpu")
-        for p in model.parameters():  # ZeRO 3: the full gradient goes once reduce-scattered
-            p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-        ids = torch.zeros(rows, tokens, dtype=torch.long)
-        attn = torch.ones(rows, tokens, dtype=torch.long)
-        pos = attn.cumsum(-1) - 1
-        targets = torch.zeros(rows, response + 1, dtype=torch.long)
-        tracker = MemTracker()
+    ids = torch.zeros(rows, tokens, dtype=torch.long)
+    attn = torch.ones(rows, tokens, dtype=torch.long)
+    targets = torch.zeros(rows, response + 1, dtype=torch.long)
+    tracker = MemTracker()
+    with warnings.catch_warnings():  # it warns of every parameter's gradient that does not exist yet
+        warnings.simplefilter("ignore", UserWarning)
         tracker.track_external(model)
-        with tracker, FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_flops()) as counter:
-            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=response + 1).logits
-            lp, _ = fused_token_logprobs(logits, targets, 1.0, False)
-            del logits  # the autograd graph keeps what it needs
-            (-lp[:, :-1].sum()).backward()
-        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-        params = sum(p.numel() * p.element_size() for p in model.parameters())
-        activations = peak["Total"] - peak[_ref("PARAM")] - peak[_ref("BUFFER")]
-        # DeepSpeed's optimizer: fp32 master weights (bf16 models) with fp32 gradients, AdamW's two moments
-        master = [torch.nn.Parameter(torch.empty(p.shape, dtype=torch.float32)) for p in model.parameters()]
-        for w in master:
-            w.grad = torch.empty_like(w)
-        opt = torch.optim.AdamW(master, foreach=False)
-        tracker = MemTracker()
-        tracker.track_external(*master)  # known before the step: its in-place updates are not new state
-        with tracker:
-            opt.step()
-        state = next(iter(tracker.get_tracker_snapshot("current").values()))[_ref("OPT")]
+    with tracker, FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_flops()) as counter:
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=attn.cumsum(-1) - 1,
+                       logits_to_keep=response + 1).logits
+        lp, _ = fused_token_logprobs(logits, targets, 1.0, False)
+        del logits  # the autograd graph keeps what it needs
+        (-lp[:, :-1].sum()).backward()
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    return peak["Total"] - peak[_MemRefType.PARAM] - peak[_MemRefType.BUFFER], counter.get_total_flops()
+
+
+def _optimizer_state(model) -> tuple[int, int]:
+    """``(fp32 gradient bytes, optimizer bytes)`` of one AdamW step as DeepSpeed's optimizer holds it: fp32
+    gradients, the two moments, and fp32 master weights when the model is not fp32."""
+    master = [torch.nn.Parameter(torch.empty(p.shape, dtype=torch.float32)) for p in model.parameters()]
+    for w in master:
+        w.grad = torch.empty_like(w)
+    opt = torch.optim.AdamW(master, foreach=False)
+    tracker = MemTracker()
+    tracker.track_external(*master)  # known before the step: its in-place updates are not new state
+    with tracker:
+        opt.step()
+    state = next(iter(tracker.get_tracker_snapshot("current").values()))[_MemRefType.OPT]
     grads = sum(w.grad.numel() * w.grad.element_size() for w in master)
-    masters = sum(w.numel() * w.element_size() for w in master) if tdtype != torch.float32 else 0
-    return Measured(layers, params, grads, state + masters, activations, counter.get_total_flops())
+    fp32 = next(model.parameters()).dtype == torch.float32
+    return grads, state + (0 if fp32 else sum(w.numel() * w.element_size() for w in master))
 
 
-def _ref(name: str):
-    from torch.distributed._tools.mem_tracker import _MemRefType
-
-    return getattr(_MemRefType, name)
