@@ -24,6 +24,7 @@ from policyzoo.plan import (
 )
 from policyzoo.plan.gpu import DEFAULT_GPU, Vllm, gpu_bytes, print_gpu_plan
 from policyzoo.plan.placement import placement_for, print_placement
+from policyzoo.plan.roofline import print_roofline, roofline
 from policyzoo.plan.shapes import shape_config
 
 
@@ -67,6 +68,10 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
                        Vllm(config.engine.gpu_memory_utilization, config.engine.vllm_sleep))
     else:
         print_rank(out, shape, s, opts, budget, where)
+    if gpu:
+        phases = roofline(shape, s, engine_path(opts, zero3_ranks), f, gpu, gpus or 1, config.engine.zero_stage,
+                          config.engine.rollout_dtype)
+        print_roofline(out, phases, gpu, gpus or 1)
     if split:
         _print_split(out, config, split, f, from_run)
 
