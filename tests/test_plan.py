@@ -78,17 +78,19 @@ def test_memory_by_hand():
     # 4*4*dq + 4*heads + 4*6 (mask row) = 64 + 8 + 24 = 96, MLP 4*4*i = 128 -> 104 + 96 + 128 = 328
     assert m.act_bytes(4, 6) == 328 and m.norm_bytes(4) == 52
     # shared prompt: 7 tokens with grad (3 prompt + 2 rows x 2), 5 scored (1 + 2 x 2); 2 micro-batches of 1 row:
-    # ceil(7 / 2) = 4 tokens, ceil(5 / 2) = 3 scored. 2 layers * 328 * 4 = 2624 + final norm 52 * 4 = 208, + logits
-    # 4 B * 10 * 3 = 120 and the larger of them (120) and the LM head's weight gradient 4 * 10 * 4 = 160 -> 3112
+    # ceil(7 / 2) = 4 tokens, ceil(5 / 2) = 3 scored. 2 layers * 328 * 4 = 2624, + the larger of the head's backward:
+    # final norm 52 * 4 = 208, logits 4 B * 10 * 3 = 120 and the larger of them (120) and the LM head's weight gradient
+    # 4 * 10 * 4 = 160: 488; and a layer's backward gradients 2 * 4 B * (i 8 + h 4) * 4 = 384 -> 3112
     assert pol["activations"] == 3112
     # KV: 2 (k, v) * 2 layers * dkv 2 * 4 B * (3 prompt + 2 * 3 response tokens) = 288
     assert mem["rollout (vLLM copy)"]["kv cache"] == 288
     # a 9-token budget holds one 6-token row (rows are not split): 2 micro-batches, as above
     assert memory(m, SIZES, Options(max_tokens_per_micro_batch=9))["policy (trained)"]["activations"] == 3112
     assert set(mem) == {"policy (trained)", "rollout (vLLM copy)", "reference"}
-    # checkpointing (prompt sharing off: 2 rows x 6 = 12 tokens, 2 x 4 = 8 scored): (2 layers * 4 B * 4 inputs + 328)
-    # * 12 = 4320, + final norm 52 * 12 = 624, + logits 4 * 10 * 8 = 320 twice (more than the head's 160) -> 5584
-    assert memory(m, SIZES, Options(gradient_checkpointing=True))["policy (trained)"]["activations"] == 5584
+    # checkpointing (prompt sharing off: 2 rows x 6 = 12 tokens, 2 x 4 = 8 scored): inputs 2 layers * 4 B * 4 * 12 =
+    # 384, + the larger of the head's backward (final norm 52 * 12 = 624 + logits 4 * 10 * 8 = 320 twice: 1264) and one
+    # layer rebuilt with its backward's gradients ((328 + 2 * 4 * (8 + 4)) * 12 = 5088) -> 5472
+    assert memory(m, SIZES, Options(gradient_checkpointing=True))["policy (trained)"]["activations"] == 5472
     # bf16: weights 2 B, fp32 master copy added: 348 * 16
     b = memory(m, SIZES, Options(dtype="bfloat16"))["policy (trained)"]
     assert (b["weights"], b["grads+optimizer"]) == (696, 5568)
@@ -178,12 +180,14 @@ def test_the_settings_that_fit_a_memory_budget_by_hand(tmp_path, capsys):
 
     m = Shape.from_config(TINY)
     # state, bytes: policy 1392 + 4176, rollout 1392 + 288 kv, reference 1392 = 8640. Activations (test above, all in
-    # one micro-batch): 2 * 328 * 7 + 52 * 7 + 4 * 10 * 5 * 2 = 5356 -> 13996. Checkpointing alone turns prompt sharing
-    # off: 5584 -> 14224, no help here; an 8-token budget holds one row: 3112 -> 11752 (16 tokens: both rows, no).
+    # one micro-batch): 2 * 328 * 7 + 52 * 7 + 4 * 10 * 5 * 2 = 5356 (the head's backward outweighs a layer's
+    # gradients, 96 * 7) -> 13996. Checkpointing alone turns prompt sharing
+    # off: 5472 -> 14112, no help here; an 8-token budget holds one row: 3112 -> 11752 (16 tokens: both rows, no).
     assert fitting_settings(m, SIZES, Options(), 12000) == [("train.max_tokens_per_micro_batch=8", 11752)]
-    # 11500 fits only with both: one row of 6 tokens, 4 scored: (32 + 328) * 6 + 52 * 6 + 2 * 160 = 2792 -> 11432
+    # 11500 fits only with both: one row of 6 tokens, 4 scored: inputs 2 * 4 * 4 * 6 = 192 + the larger of 52 * 6 +
+    # 2 * 160 = 632 and (328 + 96) * 6 = 2544 -> 2736, total 11376
     assert fitting_settings(m, SIZES, Options(), 11500) == [
-        ("train.gradient_checkpointing=true train.max_tokens_per_micro_batch=8", 11432)]
+        ("train.gradient_checkpointing=true train.max_tokens_per_micro_batch=8", 11376)]
     # below the 8640 bytes of weights and optimizer state nothing activation-side fits
     assert fitting_settings(m, SIZES, Options(), 8000) == []
     (tmp_path / "config.json").write_text(json.dumps(TINY))

@@ -40,14 +40,15 @@ to this engine; all stated so a reader can check them by hand, ``tests/test_plan
   padded batch has --, the output) + ``4 x heads`` (fp32 logsumexp) + ``b c`` (the row of the additive mask
   each layer's sdpa keeps); MLP ``4 b i`` (gate, its SiLU, up, their product; ``2 b i`` ungated). Plus the
   final norm per token, and per scored position the logits (``b V``; the fused fp32 log-softmax keeps
-  no vocabulary-wide fp32 tensor) with, at the peak, their gradient or the LM head's weight gradient
-  (``b V h``) as autograd forms it, whichever is larger. With gradient checkpointing the ``b h`` layer
-  inputs per token plus one layer's set. Micro-batches hold whole rows (``train.max_tokens_per_micro_batch``
-  B: ``max(1, B // (prompt + L))`` rows each; ``train.micro_batches`` k: ``ceil(P G / k)``); the largest
-  one's share of the step is counted. Checked against the real transformers code run under
-  ``FakeTensorMode`` with torch's ``MemTracker`` and ``FlopCounterMode`` (``tests/test_plan_fake.py``,
-  :mod:`policyzoo.testing.fake_step`): within 0.2% for one micro-batch without checkpointing; with
-  checkpointing the measured peak is higher (docs/engine.md, "Plan").
+  no vocabulary-wide fp32 tensor) with their gradient or the LM head's weight gradient (``b V h``) as autograd
+  forms it, whichever is larger: the head's backward. The peak is every layer's set plus the larger of the head's
+  backward and a layer's backward gradients (``2 b (i + h)`` per token: MLP and residual). With gradient
+  checkpointing the ``b h`` layer inputs per token plus the larger of the head's backward and one layer rebuilt
+  with its gradients. Micro-batches hold whole rows (``train.max_tokens_per_micro_batch`` B: ``max(1, B //
+  (prompt + L))`` rows each; ``train.micro_batches`` k: ``ceil(P G / k)``); the largest one's share of the step
+  is counted. Checked against the real transformers code run under ``FakeTensorMode`` with torch's
+  ``MemTracker`` and ``FlopCounterMode`` (``tests/test_plan_fake.py``, :mod:`policyzoo.testing.fake_step`):
+  within 1% for one micro-batch of Qwen2.5-7B and Llama-3.1-8B, with and without checkpointing.
 * **KV cache**: ``2 x layers x dkv x dtype`` bytes per cached token (prompts once, each sample's
   response), next to the engine's reserved ``engine.kv_cache_gb``. One rank, ZeRO not applied.
 """
@@ -142,14 +143,13 @@ def memory(m: Shape, s: Sizes, o: Options) -> dict[str, dict[str, int]]:
     def trained(params: int, trainable: int, tokens: int, scored: int, head: bool) -> dict[str, int]:
         state = trainable * (4 + 8 + (4 if b != 4 else 0))  # fp32 grads, AdamW m and v, fp32 master in bf16
         layer = m.act_bytes(b, lp + n)
-        if o.gradient_checkpointing:  # layer inputs kept, one layer's activations rebuilt at a time
-            acts = (m.layers * b * m.hidden + layer) * share(tokens)
-        else:
-            acts = m.layers * layer * share(tokens)
-        acts += m.norm_bytes(b) * share(tokens)  # the final norm
-        if head:  # logits and their gradient, or the gradient and the LM head's weight gradient
-            logits = b * m.vocab * share(scored)
-            acts += logits + max(logits, b * m.vocab * m.hidden)
+        logits = b * m.vocab * share(scored)  # logits and their gradient, or it and the LM head's weight gradient
+        top = m.norm_bytes(b) * share(tokens) + (logits + max(logits, b * m.vocab * m.hidden) if head else 0)
+        grads = 2 * b * (m.intermediate + m.hidden) * share(tokens)  # a layer's backward: MLP and residual gradients
+        if o.gradient_checkpointing:  # layer inputs kept; then the head's backward, or one layer rebuilt at a time
+            acts = m.layers * b * m.hidden * share(tokens) + max(top, layer * share(tokens) + grads)
+        else:  # every layer's activations are kept until its own backward
+            acts = m.layers * layer * share(tokens) + max(top, grads)
         return {"weights": params * b, "grads+optimizer": state, "activations": acts, "kv cache": 0}
 
     if o.share_prompt:

@@ -122,25 +122,33 @@ def _build(config: dict, layers: int, dtype: str, gradient_checkpointing: bool):
 
 def _forward_backward(model, rows: int, prompt: int, response: int) -> tuple[int, int]:
     """``(peak bytes beyond parameters and buffers, FLOPs)`` of the engine's per-row training forward and
-    backward of ``rows`` rows (module docstring); full gradients dropped as accumulated (ZeRO 3)."""
+    backward of ``rows`` rows (module docstring); full gradients dropped as accumulated (ZeRO 3). The FLOPs
+    come from a second pass: ``FlopCounterMode``'s module hooks keep tensors that gradient checkpointing frees,
+    so the two are never measured together."""
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-    tokens = prompt + response
-    ids = torch.zeros(rows, tokens, dtype=torch.long)
-    attn = torch.ones(rows, tokens, dtype=torch.long)
-    targets = torch.zeros(rows, response + 1, dtype=torch.long)
     tracker = MemTracker()
     with warnings.catch_warnings():  # it warns of every parameter's gradient that does not exist yet
         warnings.simplefilter("ignore", UserWarning)
         tracker.track_external(model)
-    with tracker, FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_flops()) as counter:
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=attn.cumsum(-1) - 1,
-                       logits_to_keep=response + 1).logits
-        lp, _ = fused_token_logprobs(logits, targets, 1.0, False)
-        del logits  # the autograd graph keeps what it needs
-        (-lp[:, :-1].sum()).backward()
+    with tracker:
+        _step(model, rows, prompt, response)
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    with FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_flops()) as counter:
+        _step(model, rows, prompt, response)
     return peak["Total"] - peak[_MemRefType.PARAM] - peak[_MemRefType.BUFFER], counter.get_total_flops()
+
+
+def _step(model, rows: int, prompt: int, response: int) -> None:
+    """Forward, fused log-probs of the ``response + 1`` last positions, a loss and backward, as the engine scores
+    ``rows`` rows of ``prompt + response`` tokens (``policyzoo.engine.trainer.scoring``, per-row path)."""
+    tokens = prompt + response
+    attn = torch.ones(rows, tokens, dtype=torch.long)
+    logits = model(input_ids=torch.zeros(rows, tokens, dtype=torch.long), attention_mask=attn,
+                   position_ids=attn.cumsum(-1) - 1, logits_to_keep=response + 1).logits
+    lp, _ = fused_token_logprobs(logits, torch.zeros(rows, response + 1, dtype=torch.long), 1.0, False)
+    del logits  # the autograd graph keeps what it needs
+    (-lp[:, :-1].sum()).backward()
 
 
 def _optimizer_state(model) -> tuple[int, int]:
