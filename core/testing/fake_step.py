@@ -128,11 +128,11 @@ def _forward_backward(model, rows: int, prompt: int, response: int) -> tuple[int
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
     tracker = MemTracker()
-    with warnings.catch_warnings():  # it warns of every parameter's gradient that does not exist yet
-        warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings():  # it warns of each gradient that does not exist (yet, or any more: ZeRO 3)
+        warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
         tracker.track_external(model)
-    with tracker:
-        _step(model, rows, prompt, response)
+        with tracker:
+            _step(model, rows, prompt, response)
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     with FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_flops()) as counter:
         _step(model, rows, prompt, response)
