@@ -12,8 +12,9 @@ step of fp32 master weights (when the model is in bf16) with fp32 gradients, as 
 optimizer holds them. Measured with ``torch.distributed._tools.mem_tracker.MemTracker`` (bytes by
 category: parameters, activations, temporaries, optimizer state) and
 ``torch.utils.flop_counter.FlopCounterMode`` (matmul and attention FLOPs, torch's formulas: attention
-counts the full ``s_q x s_k`` square, as a masked kernel computes it, where the planner counts only the
-causal half).
+counts the full ``s_q x s_k`` square, as a masked kernel computes it, and flash backward's recomputed scores,
+where the planner counts only the causal half), the latter in a second pass of the same step: its module hooks
+keep tensors that gradient checkpointing frees, which would inflate the peak.
 
 Conventions of the measurement (stated so the comparison is fair):
 
