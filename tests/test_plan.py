@@ -40,10 +40,13 @@ def test_flops_by_hand():
     # decode per sample: 2 tokens after 3: body 2*2*144*2 = 1152, attention 32*(4+5) = 288, head 80*2 = 160
     assert f == {"rollout prefill": 2000, "rollout decode": 2 * 1600, "policy forward": 5200,
                  "policy backward": 10400, "reference forward": 5200}
-    # no reference, gradient checkpointing (one more forward), two updates, old log-probs
+    # no reference, gradient checkpointing, two updates, old log-probs. Checkpointing turns prompt sharing off (as the
+    # engine does): per row 4448 (below); the recompute of a row skips each layer's down projection (early stop) and
+    # the head: 2 * 2 * (144 - 4*8) * 6 = 2688 + attention 672 = 3360. Backward per update 2 * 2 * 4448 + 2 * 3360
     f = flops(m, SIZES, Options(need_ref=False, gradient_checkpointing=True, updates=2, old_logprobs=True))
-    assert f["policy forward"] == 2 * 5200 and f["policy backward"] == 2 * 3 * 5200
-    assert f["policy old log-probs"] == 5200 and "reference forward" not in f
+    assert m.recompute(6) == 3360
+    assert f["policy forward"] == 2 * 8896 and f["policy backward"] == 2 * (2 * 8896 + 2 * 3360) == 49024
+    assert f["policy old log-probs"] == 8896 and "reference forward" not in f
     # per row without prompt sharing: 2 rows x (6 tokens: body 2*2*144*6 = 3456, attention 32*21 = 672,
     # logits at 4: 320) = 2 * 4448
     assert flops(m, SIZES, Options(share_prompt=False))["policy forward"] == 8896
@@ -71,16 +74,23 @@ def test_memory_by_hand():
     pol = mem["policy (trained)"]
     # weights 348 * 4 B; fp32 grads + AdamW m, v: 348 * 12
     assert (pol["weights"], pol["grads+optimizer"]) == (1392, 4176)
-    # 7 tokens with grad (3 prompt + 2 rows x 2), 52 values per token per layer (16 + 8 + 4 + 24):
-    # 4 B * 2 * 52 * 7 = 2912, + logits 2 * 10 * 4 B * 6 scored = 480 -> 3392, over 2 micro-batches
-    assert pol["activations"] == 1696
+    # Bytes kept per token per layer (4 B weights, rows of 6 tokens): two norms of 4h + 2*4h + 4 = 52 each, attention
+    # 4*4*dq + 4*heads + 4*6 (mask row) = 64 + 8 + 24 = 96, MLP 4*4*i = 128 -> 104 + 96 + 128 = 328
+    assert m.act_bytes(4, 6) == 328 and m.norm_bytes(4) == 52
+    # shared prompt: 7 tokens with grad (3 prompt + 2 rows x 2), 5 scored (1 + 2 x 2); 2 micro-batches of 1 row:
+    # ceil(7 / 2) = 4 tokens, ceil(5 / 2) = 3 scored. 2 layers * 328 * 4 = 2624, + the larger of the head's backward:
+    # final norm 52 * 4 = 208, logits 4 B * 10 * 3 = 120 and the larger of them (120) and the LM head's weight gradient
+    # 4 * 10 * 4 = 160: 488; and a layer's backward gradients 2 * 4 B * (i 8 + h 4) * 4 = 384 -> 3112
+    assert pol["activations"] == 3112
     # KV: 2 (k, v) * 2 layers * dkv 2 * 4 B * (3 prompt + 2 * 3 response tokens) = 288
     assert mem["rollout (vLLM copy)"]["kv cache"] == 288
-    # a 9-token budget: 2 rows x (3 + 3) = 12 tokens -> ceil(12 / 9) = 2 micro-batches, as above
-    assert memory(m, SIZES, Options(max_tokens_per_micro_batch=9))["policy (trained)"]["activations"] == 1696
+    # a 9-token budget holds one 6-token row (rows are not split): 2 micro-batches, as above
+    assert memory(m, SIZES, Options(max_tokens_per_micro_batch=9))["policy (trained)"]["activations"] == 3112
     assert set(mem) == {"policy (trained)", "rollout (vLLM copy)", "reference"}
-    # checkpointing: 4 B * (2 layers * 4 inputs + one layer's 52) * 7 = 1680, + 480
-    assert memory(m, SIZES, Options(gradient_checkpointing=True))["policy (trained)"]["activations"] == 2160
+    # checkpointing (prompt sharing off: 2 rows x 6 = 12 tokens, 2 x 4 = 8 scored): inputs 2 layers * 4 B * 4 * 12 =
+    # 384, + the larger of the head's backward (final norm 52 * 12 = 624 + logits 4 * 10 * 8 = 320 twice: 1264) and one
+    # layer rebuilt with its backward's gradients ((328 + 2 * 4 * (8 + 4)) * 12 = 5088) -> 5472
+    assert memory(m, SIZES, Options(gradient_checkpointing=True))["policy (trained)"]["activations"] == 5472
     # bf16: weights 2 B, fp32 master copy added: 348 * 16
     b = memory(m, SIZES, Options(dtype="bfloat16"))["policy (trained)"]
     assert (b["weights"], b["grads+optimizer"]) == (696, 5568)
@@ -169,18 +179,19 @@ def test_the_settings_that_fit_a_memory_budget_by_hand(tmp_path, capsys):
     from policyzoo.plan import fitting_settings
 
     m = Shape.from_config(TINY)
-    # totals, bytes: policy 1392 + 4176 + 3392 activations, rollout 1392 + 288 kv, reference 1392 = 12032
-    # the budget 11000 needs activations <= 2360: checkpointing gives 2160 (total 10800); a budget of
-    # 8 tokens gives ceil(12 / 8) = 2 micro-batches, 1696 (total 10336; 16 tokens: 1 micro-batch, no);
-    assert fitting_settings(m, SIZES, Options(), 11000) == [
-        ("train.gradient_checkpointing=true", 10800), ("train.max_tokens_per_micro_batch=8", 10336)]
-    # 9800 fits only with both: 2160 / 2 = 1080 (total 9720); a 4-token budget is below one 6-token row
-    assert fitting_settings(m, SIZES, Options(), 9800) == [
-        ("train.gradient_checkpointing=true train.max_tokens_per_micro_batch=8", 9720)]
+    # state, bytes: policy 1392 + 4176, rollout 1392 + 288 kv, reference 1392 = 8640. Activations (test above, all in
+    # one micro-batch): 2 * 328 * 7 + 52 * 7 + 4 * 10 * 5 * 2 = 5356 (the head's backward outweighs a layer's
+    # gradients, 96 * 7) -> 13996. Checkpointing alone turns prompt sharing
+    # off: 5472 -> 14112, no help here; an 8-token budget holds one row: 3112 -> 11752 (16 tokens: both rows, no).
+    assert fitting_settings(m, SIZES, Options(), 12000) == [("train.max_tokens_per_micro_batch=8", 11752)]
+    # 11500 fits only with both: one row of 6 tokens, 4 scored: inputs 2 * 4 * 4 * 6 = 192 + the larger of 52 * 6 +
+    # 2 * 160 = 632 and (328 + 96) * 6 = 2544 -> 2736, total 11376
+    assert fitting_settings(m, SIZES, Options(), 11500) == [
+        ("train.gradient_checkpointing=true train.max_tokens_per_micro_batch=8", 11376)]
     # below the 8640 bytes of weights and optimizer state nothing activation-side fits
     assert fitting_settings(m, SIZES, Options(), 8000) == []
     (tmp_path / "config.json").write_text(json.dumps(TINY))
-    gib = 11000 / 2 ** 30
+    gib = 12000 / 2 ** 30
     assert main(["plan", "--algo", "grpo", "1", "2", "3", f"model={tmp_path}", "prompt=3", f"memory={gib!r}"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "does not fit in memory=" in out and "train.max_tokens_per_micro_batch=8" in out

@@ -52,17 +52,20 @@ def test_qwen7b_on_8_gpus_by_hand():
     # ZeRO 3 over 8: weights 2/8 n, fp32 grads 4/8 n, m + v + fp32 master 12/8 n, reference 2/8 n
     assert got["policy weights"] == got["reference"] == n // 4 == 1_903_871_872
     assert got["gradients"] == n // 2 and got["optimizer"] == 3 * n // 2 == 11_423_231_232
-    # one rank's share: ceil(4 / 8) = 1 prompt x 8 samples. Activations (shared prompt): 103 + 8 x 255 = 2143 tokens x
-    # 28 layers x (4 x 3584 + 2 x 3584 + 2 x 512 + 3 x 18944 = 79_360) x 2 bytes = 9_523_834_880, plus fp32 logits and
-    # their log-softmax at 8 x 256 positions: 2 x 152_064 x 4 x 2048 = 2_491_416_576
-    assert got["activations"] == 9_523_834_880 + 2_491_416_576
+    # one rank's share: ceil(4 / 8) = 1 prompt x 8 samples, scored per row (ZeRO 3 on 8 ranks turns prompt sharing
+    # off): 8 x 359 = 2872 tokens, 8 x 257 = 2056 logits. Bytes per token per layer (bf16, rows of 359): two norms of
+    # 4 x 3584 + 2 x 2 x 3584 + 4 = 28_676, attention 4 x 2 x 3584 + 4 x 28 + 2 x 359 = 29_502, MLP 4 x 2 x 18_944 =
+    # 151_552: 238_406 x 28 layers x 2872 = 19_171_656_896; final norm 28_676 x 2872 = 82_357_472; logits 2 x 152_064
+    # x 2056 = 625_287_168 and the larger of them and the LM head's weight gradient 2 x 152_064 x 3584 = 1_089_994_752
+    assert m.act_bytes(2, 359) == 238_406
+    assert got["activations"] == 19_171_656_896 + 82_357_472 + 625_287_168 + 1_089_994_752 == 20_969_296_288
     # vLLM bf16 copy 2 n; KV 2 x 28 layers x 512 x 2 bytes = 57_344 per token x (103 + 8 x 256) = 123_346_944;
     # the reserve fills vLLM's 0.3 x 80 GiB = 25_769_803_776 share: 25_769_803_776 - 15_230_974_976 - 123_346_944
     assert got["vLLM copy"] == 2 * n and got["KV cache"] == 123_346_944
     assert got["vLLM reserve"] == 10_415_481_856
     assert got["sync buffer"] == 152_064 * 3584 * 2  # the embedding, gathered alone by the streamed push
-    # total 19_038_718_720 + 12_015_251_456 + 25_769_803_776 + 1_089_994_752 = 57_913_768_704 bytes = 53.94 GiB
-    assert sum(got.values()) == 57_913_768_704
+    # total 19_038_718_720 + 20_969_296_288 + 25_769_803_776 + 1_089_994_752 = 66_867_813_536 bytes = 62.28 GiB
+    assert sum(got.values()) == 66_867_813_536
 
 
 def test_the_cli_verdict_agrees_with_the_table(tmp_path, capsys):
@@ -71,9 +74,9 @@ def test_the_cli_verdict_agrees_with_the_table(tmp_path, capsys):
             "memory=80", "--gpus", "8"]
     assert main(args) == 0
     out = " ".join(capsys.readouterr().out.split())
-    # 57_913_768_704 bytes / 2^30 = 53.94 GiB (test above), in the table and in the verdict
-    assert "│ total │ 53.94 │" in out
-    assert "8 trainer GPUs colocated with TP 1 (ZeRO 3): 53.94 GiB on the fullest GPU, fits in memory=80 GiB" in out
+    # 66_867_813_536 bytes / 2^30 = 62.28 GiB (test above), in the table and in the verdict
+    assert "│ total │ 62.28 │" in out
+    assert "8 trainer GPUs colocated with TP 1 (ZeRO 3): 62.28 GiB on the fullest GPU, fits in memory=80 GiB" in out
     assert "memory, GiB (one rank)" not in out and "does not fit" not in out
     # without memory= the default GPU, said: H100 81_559 MiB / 1024 = 79.6 GiB
     assert main(["plan", "--shape", "qwen2.5-7b", "model.dtype=bfloat16", "engine.zero_stage=3", "--gpus", "8"]) == 0
@@ -102,8 +105,11 @@ def test_none_fits_names_the_gpus_that_would(capsys):
     out = " ".join(capsys.readouterr().out.split())
     # ZeRO 3 state 20/8 x 70.55e9 = 176.4e9 bytes = 164 GiB per GPU before activations: over 79.6 GiB
     assert "does not fit in h100-80gb (79.6 GiB)" in out
-    assert "no placement of 8 GPUs fits: needs >= " in out and "colocated with TP" in out
-    assert "with train.gradient_checkpointing=true train.max_tokens_per_micro_batch=359" in out  # 103 + 256
+    # a whole step's share per rank (ceil(64 / N) prompts x 8 rows of 359 tokens, no micro-batches) keeps > 80 GB of
+    # activations even at N = 1024 (8 rows x 359 x 80 layers x ~420 KB); one row per micro-batch fits at 32 GPUs
+    assert "no placement of 8 GPUs fits: none of up to 1024 GPUs fits with these settings" in out
+    assert ("with train.gradient_checkpointing=true train.max_tokens_per_micro_batch=359: >= 32 trainer GPUs colocated "
+            "with TP 4 (ZeRO 3)") in out  # 103 + 256
 
 
 def test_unknown_names_are_user_errors(capsys):
@@ -145,22 +151,26 @@ def test_a_gpu_count_below_1_is_refused(argv, capsys):
 
 def test_a_placement_that_fits_only_at_a_higher_zero_stage_says_so(capsys):
     # qwen2.5-7b in fp32 (the default dtype), n = 7_615_487_488, 8 H100s (81_559 MiB = 85_520_809_984 bytes), TP 2.
-    # Activations of one rank (1 prompt x 8 samples): 2143 tokens x 28 x 79_360 x 4 bytes + logits 2_491_416_576
-    # = 21_539_086_336 bytes (20.06 GiB). Per parameter, before activations:
-    #   ZeRO 0 colocated TP 2: 4 + 4 + 8 + 4 + copy 2 = 22 n = 167.5e9: no;
-    #   ZeRO 2 at best (a server: no copy on the trainer): 4 + 4/8 + 8/8 + 4 = 9.5 n = 72.3e9, + 21.5e9 = 93.9e9: no;
-    #   ZeRO 3 colocated TP 2: weights, grads, reference 4/8 each + optimizer 8/8 = 2.5 n = 19_038_718_720, vLLM's
-    #   share 0.3 x 85_520_809_984 = 25_656_242_995 (copy 2 n and KV inside it), streamed sync buffer 152_064 x
-    #   3584 x 4 = 2_179_989_504, activations 21_539_086_336: 68.41e9 = 63.7 GiB <= 79.6 GiB: fits
+    # Activations of one rank (1 prompt x 8 rows of 359 tokens, scored per row at ZeRO 3 on 8 ranks): bytes per token
+    # per layer 2 x 43_012 (norms: 4 x 3584 + 2 x 4 x 3584 + 4) + 58_892 (attention: 4 x 4 x 3584 + 112 + 4 x 359)
+    # + 303_104 (MLP 4 x 4 x 18_944) = 448_020, x 28 x 2872 = 36_027_976_320, + final norm 43_012 x 2872 = 123_530_464,
+    # + logits 4 x 152_064 x 2056 = 1_250_574_336 + the LM head's gradient 4 x 152_064 x 3584 = 2_179_989_504:
+    # 39_582_070_624 bytes. ZeRO 0 (prompts shared) does not fit: 4 + 4 + 8 + 4 + copy 2 = 22 n = 167.5e9 before
+    # activations. ZeRO 3 colocated TP 2: weights, grads, reference 4/8 each + optimizer 8/8 = 2.5 n =
+    # 19_038_718_720, vLLM's share 0.3 x 85_520_809_984 = 25_656_242_995, streamed sync buffer 152_064 x 3584 x 4 =
+    # 2_179_989_504, activations: 86_457_021_843 = 80.52 GiB > 79.6 GiB; a server (no vLLM share on the trainer):
+    # 60.8e9, fits. ZeRO 1 and 2 keep 4 n of fp32 weights and more: a server at ZeRO 2, 9.5 n = 72.3e9 + activations
+    # with shared prompts (1 x 103 + 8 x 255 tokens) > 79.6 GiB
     args = ["plan", "--gpus", "8", "--rollout-tp", "2", "--gpu", "h100-80gb", "--shape", "qwen2.5-7b"]
     assert main(args) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "8 trainer GPUs colocated with TP 2 (ZeRO 0): 185.80 GiB on the fullest GPU, does not fit" in out
+    assert "8 trainer GPUs colocated with TP 2 (ZeRO 0):" in out and "does not fit" in out
     assert ("no placement of 8 GPUs fits at ZeRO 0; with engine.zero_stage=3 (ZeRO shards the training state over "
-            "the 8 GPUs) these fit: 8 trainer GPUs colocated with TP 2 (ZeRO 3); 8 trainer GPUs + a rollout server "
-            "of TP 2 on its own GPUs (ZeRO 3)") in out
+            "the 8 GPUs) these fit: 8 trainer GPUs + a rollout server of TP 2 on its own GPUs (ZeRO 3)") in out
     assert "needs >= 8 trainer GPUs" not in out  # the old verdict: 8 GPUs "do not fit" but "need >= 8"
-    # and the setting it names does fit
+    # and at the stage it names, the server placement is said to fit
     assert main([*args, "engine.zero_stage=3"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "8 trainer GPUs colocated with TP 2 (ZeRO 3): 63.72 GiB on the fullest GPU, fits in h100-80gb" in out
+    assert "8 trainer GPUs colocated with TP 2 (ZeRO 3): 80.52 GiB on the fullest GPU, does not fit in h100-80gb" in out
+    assert ("placements of the same GPUs that fit: 8 trainer GPUs + a rollout server of TP 2 on its own GPUs "
+            "(ZeRO 3)") in out

@@ -11,14 +11,19 @@ to this engine; all stated so a reader can check them by hand, ``tests/test_plan
   Biases are left out (< 0.1% on the models this targets).
 * **Forward FLOPs** of one token = ``2 x`` the layer matmul parameters (multiply + add), plus
   ``2*h*V`` where logits are computed, plus ``4 * layers * dq * c`` for attention over ``c``
-  earlier positions (QK^T and AV; ``c`` capped at a sliding window). Backward = 2 x forward;
-  gradient checkpointing adds one forward. Norms, softmax, the optimizer: not counted.
+  earlier positions (QK^T and AV; ``c`` capped at a sliding window: the causal half, where torch's FLOP
+  counter counts the full square and flash backward's recomputed scores). Backward = 2 x forward;
+  gradient checkpointing re-runs each row's layers except the last matmul of each (the MLP's down projection:
+  torch's non-reentrant checkpoint stops once the last saved tensor is rebuilt) and not the LM head
+  (:meth:`Shape.recompute`). Norms, softmax, the optimizer: not counted.
 * **Rollout** (vLLM): each prompt is prefilled once for its G samples (``n`` in one request,
   prefix cache), logits at its last position give token 1; tokens 2..L cost one decode forward
   each per sample, with logits.
 * **Training forward** with ``engine.share_prompt`` (default): each distinct prompt once, logits at
   its last position only; then the first L - 1 response tokens per row, with logits (exactly the
-  rollout's work). Without it each row runs ``prompt + L`` tokens with ``L + 1`` logits.
+  rollout's work). Without it each row runs ``prompt + L`` tokens with ``L + 1`` logits. The engine turns
+  sharing off with gradient checkpointing and at ZeRO 3 on several ranks, and so does the plan
+  (:func:`engine_path`; :func:`policyzoo.plan.gpu.per_gpu` passes the placement).
   The reference model (``kl`` components) runs the same forward without gradient; the policy runs
   an extra no-grad forward for old log-probs when ``updates_per_batch > 1`` or the KL goes into
   the reward. The critic (``needs_values`` baselines) runs each row in full without an LM head:
@@ -26,12 +31,25 @@ to this engine; all stated so a reader can check them by hand, ``tests/test_plan
 * **Memory**, bytes: weights ``n x dtype``; trained models add gradients (fp32: 4 n) and AdamW's two
   moments (8 n), plus fp32 master weights (4 n) when training in bf16; LoRA trains only the
   adapter's parameters (``r x (in + out)`` per adapted layer) and its reference is the base model
-  inside the policy (no weights of its own). Activations kept for backward per token per layer:
-  ``4h + 2dq + 2dkv + 3i`` values (``2i`` ungated; SDPA keeps no attention matrix), plus fp32 logits and their
-  log-softmax (``2 x V x 4`` bytes) per scored position; with gradient checkpointing only the
-  ``h`` layer inputs per token plus one layer's set. Micro-batches divide the activation memory (a token budget B
-  makes ``ceil(P*G*(prompt+L) / B)`` of them).
-  KV cache: ``2 x layers x dkv x dtype`` bytes per cached token (prompts once, each sample's
+  inside the policy (no weights of its own).
+* **Activations**: the peak of one training micro-batch, what autograd keeps for backward in transformers'
+  Llama/Qwen2 code with ``sdpa`` attention, weights of ``b`` bytes, rows of ``c = prompt + L`` tokens
+  (:meth:`Shape.act_bytes`), per token and layer: each of the two RMSNorms its fp32 input ``4h``, the
+  normalised value cast back ``b h``, the scaled output ``b h`` and ``rsqrt`` 4 bytes; attention ``4 b dq``
+  (q, and k, v repeated to every query head -- transformers repeats them when a mask is given, which a
+  padded batch has --, the output) + ``4 x heads`` (fp32 logsumexp) + ``b c`` (the row of the additive mask
+  each layer's sdpa keeps); MLP ``4 b i`` (gate, its SiLU, up, their product; ``2 b i`` ungated). Plus the
+  final norm per token, and per scored position the logits (``b V``; the fused fp32 log-softmax keeps
+  no vocabulary-wide fp32 tensor) with their gradient or the LM head's weight gradient (``b V h``) as autograd
+  forms it, whichever is larger: the head's backward. The peak is every layer's set plus the larger of the head's
+  backward and a layer's backward gradients (``2 b (i + h)`` per token: MLP and residual). With gradient
+  checkpointing the ``b h`` layer inputs per token plus the larger of the head's backward and one layer rebuilt
+  with its gradients. Micro-batches hold whole rows (``train.max_tokens_per_micro_batch`` B: ``max(1, B //
+  (prompt + L))`` rows each; ``train.micro_batches`` k: ``ceil(P G / k)``); the largest one's share of the step
+  is counted. Checked against the real transformers code run under ``FakeTensorMode`` with torch's
+  ``MemTracker`` and ``FlopCounterMode`` (``tests/test_plan_fake.py``, :mod:`policyzoo.testing.fake_step`):
+  within 1% for one micro-batch of Qwen2.5-7B and Llama-3.1-8B, with and without checkpointing.
+* **KV cache**: ``2 x layers x dkv x dtype`` bytes per cached token (prompts once, each sample's
   response), next to the engine's reserved ``engine.kv_cache_gb``. One rank, ZeRO not applied.
 """
 
@@ -45,7 +63,7 @@ from policyzoo.step import needs_reference
 from .model_shape import DEFAULT_CONFIG, UNGATED, PlanError, Shape, load_shape
 
 __all__ = ["DEFAULT_CONFIG", "DTYPE_BYTES", "GiB", "UNGATED", "Options", "PlanError", "Shape", "Sizes",
-           "fitting_settings", "flops", "load_shape", "measured_split", "memory", "options_for"]
+           "engine_path", "fitting_settings", "flops", "load_shape", "measured_split", "memory", "options_for"]
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GiB = 2**30
@@ -74,8 +92,17 @@ class Options:
     lora_params: int | None = None  # trainable parameters when training a LoRA adapter
 
 
+def engine_path(o: Options, zero3_ranks: bool = False) -> Options:
+    """``o`` as the engine runs it: shared-prompt scoring is off with gradient checkpointing and, when
+    ``zero3_ranks``, at ZeRO 3 on several ranks (``policyzoo.engine.trainer.Trainer`` turns it off there)."""
+    if o.share_prompt and (o.gradient_checkpointing or zero3_ranks):
+        return dataclasses.replace(o, share_prompt=False)
+    return o
+
+
 def flops(m: Shape, s: Sizes, o: Options) -> dict[str, int]:
     """FLOPs of one step by part (keys in table order; absent parts are left out)."""
+    o = engine_path(o)
     p, g, lp, n = s.prompts, s.samples, s.prompt, s.response
     prefill = p * m.forward(lp, 0, logits=1)
     decode = p * g * m.forward(n - 1, lp, logits=n - 1)
@@ -83,9 +110,10 @@ def flops(m: Shape, s: Sizes, o: Options) -> dict[str, int]:
         fwd = prefill + decode
     else:
         fwd = p * g * m.forward(lp + n, 0, logits=n + 1)
+    again = p * g * m.recompute(lp + n) if o.gradient_checkpointing else 0  # checkpointing: per row
     out = {"rollout prefill": prefill, "rollout decode": decode,
            "policy forward": o.updates * fwd,
-           "policy backward": o.updates * (2 + o.gradient_checkpointing) * fwd}
+           "policy backward": o.updates * (2 * fwd + again)}
     if o.old_logprobs:
         out["policy old log-probs"] = fwd
     if o.need_ref:
@@ -93,30 +121,43 @@ def flops(m: Shape, s: Sizes, o: Options) -> dict[str, int]:
     if o.need_critic:
         cfwd = p * g * m.forward(lp + n, 0, head=False)
         out["critic forward"] = (1 + o.updates) * cfwd
-        out["critic backward"] = o.updates * (2 + o.gradient_checkpointing) * cfwd
+        out["critic backward"] = o.updates * (2 * cfwd + again)
     return out
 
 
 def memory(m: Shape, s: Sizes, o: Options) -> dict[str, dict[str, int]]:
-    """Bytes per model: ``{model: {weights, grads+optimizer, activations, kv cache}}``."""
+    """Bytes per model: ``{model: {weights, grads+optimizer, activations, kv cache}}``; activations are
+    those of the largest micro-batch (module docstring)."""
+    o = engine_path(o)
     b = DTYPE_BYTES[o.dtype]
     p, g, lp, n = s.prompts, s.samples, s.prompt, s.response
+    rows = p * g
+    if o.max_tokens_per_micro_batch:  # whole rows of prompt + response tokens, as many as the budget holds
+        per_micro = max(1, min(rows, o.max_tokens_per_micro_batch // (lp + n)))
+    else:
+        per_micro = -(-rows // o.micro_batches)
+
+    def share(x: int) -> int:  # the largest micro-batch's part of a step's x
+        return -(-x * per_micro // rows)
 
     def trained(params: int, trainable: int, tokens: int, scored: int, head: bool) -> dict[str, int]:
         state = trainable * (4 + 8 + (4 if b != 4 else 0))  # fp32 grads, AdamW m and v, fp32 master in bf16
-        if o.gradient_checkpointing:  # layer inputs kept, one layer's activations rebuilt at a time
-            acts = b * (m.layers * m.hidden + m.act_per_token()) * tokens
-        else:
-            acts = b * m.layers * m.act_per_token() * tokens
-        acts += 2 * m.vocab * 4 * scored if head else 0
-        return {"weights": params * b, "grads+optimizer": state, "activations": -(-acts // o.micro_batches),
-                "kv cache": 0}
+        layer = m.act_bytes(b, lp + n)
+        logits = b * m.vocab * share(scored)  # logits and their gradient, or it and the LM head's weight gradient
+        top = m.norm_bytes(b) * share(tokens) + (logits + max(logits, b * m.vocab * m.hidden) if head else 0)
+        grads = 2 * b * (m.intermediate + m.hidden) * share(tokens)  # a layer's backward: MLP and residual gradients
+        if o.gradient_checkpointing:  # layer inputs kept; then the head's backward, or one layer rebuilt at a time
+            acts = m.layers * b * m.hidden * share(tokens) + max(top, layer * share(tokens) + grads)
+        else:  # every layer's activations are kept until its own backward
+            acts = m.layers * layer * share(tokens) + max(top, grads)
+        return {"weights": params * b, "grads+optimizer": state, "activations": acts, "kv cache": 0}
 
-    if o.max_tokens_per_micro_batch:  # micro-batches of at most this many prompt + response tokens
-        o = dataclasses.replace(o, micro_batches=max(1, -(-p * g * (lp + n) // o.max_tokens_per_micro_batch)))
-    tokens = p * lp + p * g * (n - 1) if o.share_prompt else p * g * (lp + n)
+    if o.share_prompt:
+        tokens, scored = p * lp + rows * (n - 1), p + rows * (n - 1)
+    else:
+        tokens, scored = rows * (lp + n), rows * (n + 1)
     out = {"policy (trained)": trained(m.params, m.params if o.lora_params is None else o.lora_params,
-                                           tokens, p * g * n, True),
+                                       tokens, scored, True),
            "rollout (vLLM copy)": {"weights": m.params * b, "grads+optimizer": 0, "activations": 0,
                                    "kv cache": 2 * m.layers * m.dkv * b * (p * lp + p * g * n)}}
     if o.need_ref and o.lora_params is not None:  # the base model inside the policy, adapter off
@@ -125,7 +166,7 @@ def memory(m: Shape, s: Sizes, o: Options) -> dict[str, dict[str, int]]:
         out["reference"] = {"weights": m.params * b, "grads+optimizer": 0, "activations": 0, "kv cache": 0}
     if o.need_critic:
         cparams = m.params - m.vocab * m.hidden * (0 if m.tied else 1) + m.hidden + 1
-        out["critic (trained)"] = trained(cparams, cparams, p * g * (lp + n), 0, False)
+        out["critic (trained)"] = trained(cparams, cparams, rows * (lp + n), 0, False)
     return out
 
 

@@ -9,7 +9,8 @@ vLLM colocated with TP k or on a server) and a model of ``n`` parameters:
   base model inside the policy: 0); a critic (``needs_values`` baselines) adds its weights, gradients and
   optimizer at the policy's bytes per parameter;
 * **activations**: :func:`policyzoo.plan.memory`'s, for one rank's share of the step: ``ceil(P / N)``
-  prompts (``train.prompts_per_step`` is split over the ranks) x G samples;
+  prompts (``train.prompts_per_step`` is split over the ranks) x G samples, scored per row at ZeRO 3 on
+  several ranks (the engine turns prompt sharing off there: :func:`policyzoo.plan.engine_path`);
 * **KV cache** (colocated): ``2 x layers x kv_heads x head_dim x r`` bytes per cached token for the
   rank's share (prompts once, each sample's response); a group of k ranks shares one engine sharded k
   ways, so each GPU holds its share's worth while ``k <= kv_heads`` (vLLM replicates KV heads beyond:
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from policyzoo.plan import GiB, Options, PlanError, Shape, Sizes, memory
+from policyzoo.plan import GiB, Options, PlanError, Shape, Sizes, engine_path, memory
 from policyzoo.plan.placement import MODES, Placement, per_parameter
 
 MiB = 2**20
@@ -70,6 +71,7 @@ def per_gpu(m: Shape, s: Sizes, o: Options, p: Placement, budget: int, v: Vllm =
     """Bytes per GPU by part (module docstring): ``{"trainer GPU": {...}}``, plus ``{"rollout server GPU":
     {...}}`` in server mode; ``budget`` is one GPU's bytes (the vLLM reserve is a share of it)."""
     pp, n = per_parameter(p), m.params
+    o = engine_path(o, zero3_ranks=p.zero_stage >= 3 and p.gpus > 1)
     t, trainable = pp["trainer GPU"], m.params if o.lora_params is None else o.lora_params
     parts = {"policy weights": t["policy weights"] * n, "gradients": t["gradients"] * trainable,
              "optimizer": t["optimizer"] * trainable,

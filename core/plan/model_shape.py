@@ -103,9 +103,23 @@ class Shape:
         names = list(shapes) if targets == "all-linear" else [t for t in targets if t in shapes]
         return self.layers * sum(r * sum(shapes[n]) for n in names)
 
-    def act_per_token(self) -> int:
-        """Activation values kept for backward per token and layer (see :mod:`policyzoo.plan`)."""
-        return 4 * self.hidden + 2 * self.dq + 2 * self.dkv + (3 if self.gated else 2) * self.intermediate
+    def recompute(self, tokens: int) -> int:
+        """FLOPs of re-running ``tokens`` positions' layers under gradient checkpointing: torch's non-reentrant
+        checkpoint stops once the last tensor saved for backward is rebuilt (``early_stop``), so each layer's
+        last matmul (the MLP's down projection, ``h x i``) and the LM head are not run again."""
+        return (2 * self.layers * (self.layer_matmul - self.hidden * self.intermediate) * tokens
+                + 4 * self.layers * self.dq * self.context_sum(0, tokens))
+
+    def norm_bytes(self, b: int) -> int:
+        """Bytes one RMSNorm keeps for backward per token (see :mod:`policyzoo.plan`): its fp32 input
+        (``4h``), the normalised value cast back (``b h``), the scaled output (``b h``), ``rsqrt`` (4)."""
+        return 4 * self.hidden + 2 * b * self.hidden + 4
+
+    def act_bytes(self, b: int, context: int) -> int:
+        """Bytes one layer keeps for backward per token, weights of ``b`` bytes, rows of ``context``
+        tokens (see :mod:`policyzoo.plan`)."""
+        attention = 4 * b * self.dq + 4 * self.heads + b * context
+        return 2 * self.norm_bytes(b) + attention + (4 if self.gated else 2) * b * self.intermediate
 
 
 def load_shape(model: str | None) -> Shape:

@@ -10,9 +10,21 @@ from rich.console import Console
 from rich.table import Table
 
 from policyzoo.assembly import Run, resolve_algorithm
-from policyzoo.plan import GiB, PlanError, Shape, Sizes, fitting_settings, flops, load_shape, memory, options_for
+from policyzoo.plan import (
+    GiB,
+    PlanError,
+    Shape,
+    Sizes,
+    engine_path,
+    fitting_settings,
+    flops,
+    load_shape,
+    memory,
+    options_for,
+)
 from policyzoo.plan.gpu import DEFAULT_GPU, Vllm, gpu_bytes, print_gpu_plan
 from policyzoo.plan.placement import placement_for, print_placement
+from policyzoo.plan.roofline import print_roofline, roofline
 from policyzoo.plan.shapes import shape_config
 
 
@@ -37,11 +49,12 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
     shape, model = _model_shape(model, shape_name)
     opts = options_for(config, run, shape)
     s = Sizes(p, g, n, prompt)
-    f = flops(shape, s, opts)
+    placed = bool(gpus or rollout_tp or rollout)
+    zero3_ranks = placed and config.engine.zero_stage >= 3 and (gpus or rollout_tp or 1) > 1
+    f = flops(shape, s, engine_path(opts, zero3_ranks))
     out.print(f"{model or 'embedded default'}: {shape.params / 1e6:.1f} M parameters, {shape.layers} layers; "
               f"P={p} prompts x G={g} samples, {prompt} prompt + {n} response tokens; {opts.dtype}")
     _print_flops(out, f)
-    placed = bool(gpus or rollout_tp or rollout)
     where = f"memory={budget / GiB:g} GiB" if budget else None
     if gpu or (placed and not budget):
         budget, source = gpu_bytes(gpu or DEFAULT_GPU)
@@ -55,6 +68,10 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
                        Vllm(config.engine.gpu_memory_utilization, config.engine.vllm_sleep))
     else:
         print_rank(out, shape, s, opts, budget, where)
+    if gpu:
+        phases = roofline(shape, s, engine_path(opts, zero3_ranks), f, gpu, gpus or 1, config.engine.zero_stage,
+                          config.engine.rollout_dtype)
+        print_roofline(out, phases, gpu, gpus or 1)
     if split:
         _print_split(out, config, split, f, from_run)
 
