@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from policyzoo.equivalence import equal_entries
 from policyzoo.errors import UserError
 
 from . import launch, plot, report, runs
@@ -49,10 +50,11 @@ def _seeds_text(seeds: list[int]) -> str:
 def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | None = None,
             seeds: int | str | list[int] | None = None, output_dir: str | None = None, baseline: str | None = None,
             allow_mixed: bool = False, parallel: int = 1, print_commands: bool = False,
-            overrides: list[str] = (), console: Console | None = None,
+            overrides: list[str] = (), console: Console | None = None, allow_equal: bool = False,
             start: Callable | None = None, **settings: Any) -> dict:
-    """See the module docstring. ``console`` receives the plan, progress and table (default: stdout);
-    ``start`` replaces :func:`policyzoo.compare.launch.popen` (tests)."""
+    """See the module docstring. ``allow_equal``: run entries the gradient probe finds equal at these
+    settings (:func:`policyzoo.equivalence.equal_entries`; refused otherwise). ``console`` receives the
+    plan, progress and table (default: stdout); ``start`` replaces :func:`policyzoo.compare.launch.popen` (tests)."""
     if console is None:
         from rich.console import Console
 
@@ -80,6 +82,8 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
                max(1, runs.cores() // parallel) if parallel > 1 and not print_commands else None)
     specs = runs.plan(entries, seed_list, output_dir, given, threads)
     label = _baseline_label(baseline, entries, specs)
+    for line in equal_entries({s.entry: s.config for s in specs}, allow_equal):  # equal at these settings: refused
+        print(line, file=sys.stderr)
     if print_commands:
         return {"commands": _print_commands(specs)}
     again = shlex.join(["policyzoo", "compare", "--algos", ",".join(entries), "--seeds", _seeds_text(seed_list),
