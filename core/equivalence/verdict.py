@@ -1,0 +1,172 @@
+"""The probe's verdicts in words: equal algorithms for ``policyzoo compare`` (:func:`equal_entries`), and for one
+run its equality to its zoo base and its inert slots (:func:`run_warnings`, :func:`inert_slots`)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from policyzoo.assembly import Run
+from policyzoo.catalog import get_catalog
+from policyzoo.config import Config
+from policyzoo.contract import SLOTS, Bundle, use
+from policyzoo.errors import ConfigError, UserError
+from policyzoo.resolve import DEFAULT_ALGORITHM, resolve_algorithm
+
+from .batches import Regime, probe_batches, regime, task_reward_classes
+from .gradient import RTOL, Probe, build_run, components, filters, probe, same
+
+#: what a slot is when it does nothing but pass the policy gradient: r = exp(logprobs - old_logprobs)
+#: and the unclipped surrogate -A r (plain REINFORCE); a ratio or clip that gives their gradient is inert
+NEUTRAL = {"ratio": "token", "clip": "none"}
+#: slots the probe cannot evaluate on synthetic batches: two algorithms must hold the same components there
+UNPROBED = ("sample", "env", "reward")
+
+
+def _describe(comps: list[tuple[str, dict]], other: list[tuple[str, dict]]) -> str:
+    """``ppo_clip`` or, beside the same component, the parameters that differ: ``ppo_clip(eps_high=0.2)``."""
+    if not comps:
+        return "none"
+    parts = []
+    for i, (name, params) in enumerate(comps):
+        twin = other[i][1] if i < len(other) and other[i][0] == name else None
+        diff = {k: v for k, v in params.items() if twin is not None and twin.get(k) != v}
+        parts.append(name + (f"({', '.join(f'{k}={v}' for k, v in diff.items())})" if diff else ""))
+    return ", ".join(parts)
+
+
+def differing_slots(a: Run, b: Run) -> list[tuple[str, str, str]]:
+    """``[(slot, a's components, b's components)]`` for every slot where they differ."""
+    ca, cb = components(a), components(b)
+    return [(s, _describe(ca[s], cb[s]), _describe(cb[s], ca[s])) for s in SLOTS if ca[s] != cb[s]]
+
+
+def _comparable(a: Run, b: Run) -> bool:
+    """The slots the probe cannot evaluate are the same, and no differing component keeps state."""
+    ca, cb = components(a), components(b)
+    if any(ca[s] != cb[s] for s in UNPROBED):
+        return False
+    stateful = lambda run, s: any(c.stateful for c in (getattr(run, s) if isinstance(getattr(run, s), list)  # noqa: E731
+                                                      else [getattr(run, s)] if getattr(run, s) else []))
+    return not any(ca[s] != cb[s] and (stateful(a, s) or stateful(b, s)) for s in SLOTS)
+
+
+def why_inert(slot: str, r: Regime) -> tuple[str, str]:
+    """Why a slot's difference does nothing in regime ``r``, and how to make it act."""
+    if slot in NEUTRAL and r.first_update_only:
+        return ("every ratio is 1 on the first update",
+                f"set train.updates_per_batch >= 2 (or engine.max_staleness >= 1) for the {slot} to act")
+    if slot == "kl":
+        return ("a KL with beta 0 adds nothing to the loss or the rewards", "set algorithm.kl.beta > 0 for it to act")
+    if slot == "term":
+        return ("a term with coefficient 0 adds nothing", "set the term's coef for it to act")
+    if slot == "filter":
+        return (f"no filter drops a row at these settings ({' and '.join(r.rewards)} rewards, G={r.n})",
+                "a filter acts only where it can drop rows")
+    return (f"both give the same gradient at {r.keys}", "change a setting that separates them")
+
+
+def equal_message(a: str, b: str, ra: Run, rb: Run, r: Regime) -> tuple[str, str]:
+    """``(why, fix)`` for two equal algorithms named ``a`` and ``b`` (``a`` the later one)."""
+    slots = differing_slots(rb, ra)
+    named = [s for s, _, _ in slots]
+    first = why_inert(named[0], r) if named else ("they give the same gradient", "")
+    if len(named) > 1 and all(s in NEUTRAL for s in named):  # a ratio and a clip, inert for the same reason
+        first = (first[0], first[1].replace(f"the {named[0]} to act", f"the {' and '.join(named)} to act"))
+    detail = "; ".join(f"{s}: {x} vs {y}" for s, x, y in slots)
+    why = (f"{a} equals {b} at {r.keys} ({first[0]}): {detail} give the same gradient d(loss)/d(logprobs) "
+           f"(to {RTOL:g}, relative) on {len(probe_batches(r))} synthetic batches of these settings")
+    return why, first[1]
+
+
+def equal_entries(entries: dict[str, Any], allow_equal: bool = False) -> list[str]:
+    """``policyzoo compare``'s check before anything runs: ``entries`` maps each entry of ``--algos`` to
+    its planned config (a :class:`~policyzoo.config.Config` or its dump). Raises :class:`ConfigError`
+    (exit 2) naming the equal pairs, the slot that differs, why it is inert and the fix, unless
+    ``allow_equal``; then returns the same lines as notes. A probe that fails returns its note."""
+    probes: list[tuple[str, Run, Regime, list[Probe]]] = []
+    lines, fixes = [], []
+    try:
+        for entry, config in entries.items():
+            config = config if isinstance(config, Config) else Config.model_validate(config)
+            bundle = resolve_algorithm(config.algorithm)
+            run = build_run(bundle)
+            r = regime(config, run, task_reward_classes(config, bundle))
+            mine = probe(run, r)
+            for other, orun, oreg, oprobes in probes:
+                if oreg == r and _comparable(run, orun) and same(mine, oprobes):
+                    why, fix = equal_message(entry, other, run, orun, r)
+                    lines.append(why)
+                    fixes.append(fix)
+                    break
+            probes.append((entry, run, r, mine))
+    except Exception as e:  # noqa: BLE001 - a component that refuses synthetic batches: no claim, never a stop
+        return [f"note: the equality probe claims nothing: {_failure(e)}"]
+    if lines and not allow_equal:
+        raise ConfigError("--algos " + ",".join(entries), "; ".join(lines) + ": their runs would measure noise",
+                          "; ".join(dict.fromkeys(f for f in fixes if f)) + "; or drop one of them, or pass "
+                          "--allow-equal to run them anyway")
+    return [f"note: {line}" for line in lines]
+
+
+def _failure(e: Exception) -> str:
+    return f"{e.where}: {e.why}" if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+
+
+def run_warnings(config, bundle: Bundle, reward_classes: list) -> list[str]:
+    """The lines for ``train --dry-run``, the run's start-up warnings and ``explain``: the run equals
+    its zoo base (``algorithm.base``) at these settings, and each slot whose component is an identity
+    here (:func:`inert_slots`). A probe that fails gives one line saying so instead."""
+    try:
+        run = build_run(bundle)
+        r = regime(config, run, reward_classes)
+        mine = probe(run, r)
+        out = []
+        algo = config.algorithm
+        base_name = algo if isinstance(algo, str) else (algo or {}).get("base", DEFAULT_ALGORITHM)
+        base = build_run(get_catalog().bundle(base_name))
+        if components(base) != components(run) and _comparable(run, base) and same(mine, probe(base, r)):
+            why, fix = equal_message(bundle.name, base_name, run, base, r)
+            out.append(f"{why}: {fix}" if fix else why)
+        return out + inert_slots(bundle, r, run, mine)
+    except Exception as e:  # noqa: BLE001 - a component that refuses synthetic batches: no claim, never a stop
+        return [f"the equality probe claims nothing: {_failure(e)}"]
+
+
+def inert_slots(bundle: Bundle, r: Regime, run: Run | None = None, mine: list[Probe] | None = None) -> list[str]:
+    """One line per slot whose component does nothing at regime ``r``: a ``ratio`` or ``clip`` that gives
+    the gradient of :data:`NEUTRAL`'s component (every ratio is 1 on the first update), a ``kl`` or a
+    ``term`` whose removal leaves the gradient unchanged (beta 0, coefficient 0), a ``filter`` that keeps
+    every row of every batch. Components that keep state across steps are left out (they may act later)."""
+    run = run or build_run(bundle)
+    batches = probe_batches(r)
+    mine = mine or probe(run, r, batches)
+    out = []
+    for slot, name in NEUTRAL.items():
+        comp = getattr(run, slot)
+        if comp.name != name and not comp.stateful and same(mine, probe(build_run(bundle.replace(**{slot: use(name)})),
+                                                                          r, batches)):
+            out.append(f"{slot}: {comp.name} acts only from the second update: {why_inert(slot, r)[0]} and it "
+                       f"gives the gradient of `{slot}: {name}`; {why_inert(slot, r)[1]}"
+                       if r.first_update_only else
+                       f"{slot}: {comp.name} gives the gradient of `{slot}: {name}` at {r.keys}")
+    if run.kl is not None and not run.kl.stateful and same(mine, probe(build_run(bundle.replace(kl=None)), r, batches)):
+        out.append(f"kl: {run.kl.name} (beta={run.kl.beta:g}) adds nothing to the gradient at these settings: the "
+                   "reference model is scored for nothing; set algorithm.kl.beta > 0 for it to act, or "
+                   "algorithm.kl=null to skip it")
+    for i, comp in enumerate(run.term):
+        rest = bundle.term[:i] + bundle.term[i + 1:]
+        if not comp.stateful and same(mine, probe(build_run(bundle.replace(term=rest)), r, batches)):
+            out.append(f"term: {comp.name} (coef={comp.coef:g}) adds nothing to the gradient at these settings; "
+                       "set its coef for it to act, or remove it")
+    with torch.random.fork_rng(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        masks = [[k for _, k in filters(run, b)] for b in batches]  # [batch][filter]
+        kept = [all(bool(m[i].all()) for m in masks) for i in range(len(run.filter))]
+    for comp, all_kept in zip(run.filter, kept):
+        if all_kept and not comp.stateful:
+            out.append(f"filter: {comp.name} cannot drop a row at these settings ({' and '.join(r.rewards)} "
+                       f"rewards, G={r.n}): it only costs its calls")
+    return out
