@@ -95,9 +95,12 @@ def probe(run: Run, r: Regime, batches: list[ProbeBatch] | None = None) -> list[
 
 
 def build_run(bundle: Bundle) -> Run:
+    """The run the probe computes with: ``bundle`` without its ``env`` and its ``reward`` extras (they act
+    on sampling, which the probe does not do, and may be costly to build: a reward model's weights); the
+    verdicts compare those slots on the bundles themselves (:data:`policyzoo.equivalence.verdict.UNPROBED`)."""
     with warnings.catch_warnings():  # a component's check warns once, in the real run; not for each variant
         warnings.simplefilter("ignore")
-        return Run(bundle)
+        return Run(bundle.replace(env=None, reward=()) if bundle.env is not None or bundle.reward else bundle)
 
 
 def components(run: Run) -> dict[str, list[tuple[str, dict]]]:

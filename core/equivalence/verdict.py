@@ -4,6 +4,7 @@ run its equality to its zoo base and its inert slots (:func:`run_warnings`, :fun
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,14 +44,47 @@ def differing_slots(a: Run, b: Run) -> list[tuple[str, str, str]]:
     return [(s, _describe(ca[s], cb[s]), _describe(cb[s], ca[s])) for s in SLOTS if ca[s] != cb[s]]
 
 
-def _comparable(a: Run, b: Run) -> bool:
-    """The slots the probe cannot evaluate are the same, and no differing component keeps state."""
-    ca, cb = components(a), components(b)
-    if any(ca[s] != cb[s] for s in UNPROBED):
+@dataclass
+class Probed:
+    """One algorithm probed: its ``bundle``, the ``run`` built from it, the ``regime`` and its ``probes``."""
+
+    bundle: Bundle
+    run: Run
+    regime: Regime
+    probes: list[Probe]
+
+
+def _each(run: Run, slot: str) -> list:
+    v = getattr(run, slot)
+    return v if isinstance(v, list) else [] if v is None else [v]
+
+
+def equal(a: Probed, b: Probed) -> bool:
+    """``a`` and ``b`` make the same training at their (equal) regime: the slots the probe cannot evaluate
+    (:data:`UNPROBED`) hold the same components; no differing slot holds a component that keeps state
+    across steps or a critic (``needs_values``: its own loss is not probed); where the filters differ, none
+    drops a row (a filter that drops may resample, which the probe does not follow); and every batch keeps
+    the same rows with gradients within RTOL (:func:`~policyzoo.equivalence.gradient.same`)."""
+    if a.regime != b.regime or any(getattr(a.bundle, s) != getattr(b.bundle, s) for s in UNPROBED):
         return False
-    stateful = lambda run, s: any(c.stateful for c in (getattr(run, s) if isinstance(getattr(run, s), list)  # noqa: E731
-                                                      else [getattr(run, s)] if getattr(run, s) else []))
-    return not any(ca[s] != cb[s] and (stateful(a, s) or stateful(b, s)) for s in SLOTS)
+    ca, cb = components(a.run), components(b.run)
+    differ = [s for s in SLOTS if ca[s] != cb[s]]
+    if not differ:
+        return True
+    for s in differ:
+        comps = _each(a.run, s) + _each(b.run, s)
+        if any(c.stateful or getattr(c, "needs_values", False) for c in comps):
+            return False
+    if "filter" in differ and not all(bool(p.keep.all()) for p in a.probes + b.probes):
+        return False
+    return same(a.probes, b.probes)
+
+
+def probed(bundle: Bundle, config, reward_classes: list) -> Probed:
+    """``bundle`` built and probed at the regime of ``config`` with the run's reward components."""
+    run = build_run(bundle)
+    r = regime(config, run, reward_classes)
+    return Probed(bundle, run, r, probe(run, r))
 
 
 def why_inert(slot: str, r: Regime) -> tuple[str, str]:
@@ -86,22 +120,20 @@ def equal_entries(entries: dict[str, Any], allow_equal: bool = False) -> list[st
     its planned config (a :class:`~policyzoo.config.Config` or its dump). Raises :class:`ConfigError`
     (exit 2) naming the equal pairs, the slot that differs, why it is inert and the fix, unless
     ``allow_equal``; then returns the same lines as notes. A probe that fails returns its note."""
-    probes: list[tuple[str, Run, Regime, list[Probe]]] = []
+    probes: list[tuple[str, Probed]] = []
     lines, fixes = [], []
     try:
         for entry, config in entries.items():
             config = config if isinstance(config, Config) else Config.model_validate(config)
             bundle = resolve_algorithm(config.algorithm)
-            run = build_run(bundle)
-            r = regime(config, run, task_reward_classes(config, bundle))
-            mine = probe(run, r)
-            for other, orun, oreg, oprobes in probes:
-                if oreg == r and _comparable(run, orun) and same(mine, oprobes):
-                    why, fix = equal_message(entry, other, run, orun, r)
+            mine = probed(bundle, config, task_reward_classes(config, bundle))
+            for other, theirs in probes:
+                if equal(mine, theirs):
+                    why, fix = equal_message(entry, other, mine.run, theirs.run, mine.regime)
                     lines.append(why)
                     fixes.append(fix)
                     break
-            probes.append((entry, run, r, mine))
+            probes.append((entry, mine))
     except Exception as e:  # noqa: BLE001 - a component that refuses synthetic batches: no claim, never a stop
         return [f"note: the equality probe claims nothing: {_failure(e)}"]
     if lines and not allow_equal:
@@ -120,17 +152,18 @@ def run_warnings(config, bundle: Bundle, reward_classes: list) -> list[str]:
     its zoo base (``algorithm.base``) at these settings, and each slot whose component is an identity
     here (:func:`inert_slots`). A probe that fails gives one line saying so instead."""
     try:
-        run = build_run(bundle)
-        r = regime(config, run, reward_classes)
-        mine = probe(run, r)
+        mine = probed(bundle, config, reward_classes)
         out = []
         algo = config.algorithm
         base_name = algo if isinstance(algo, str) else (algo or {}).get("base", DEFAULT_ALGORITHM)
-        base = build_run(get_catalog().bundle(base_name))
-        if components(base) != components(run) and _comparable(run, base) and same(mine, probe(base, r)):
-            why, fix = equal_message(bundle.name, base_name, run, base, r)
-            out.append(f"{why}: {fix}" if fix else why)
-        return out + inert_slots(bundle, r, run, mine)
+        base_bundle = get_catalog().bundle(base_name)
+        if base_bundle != bundle:
+            base = build_run(base_bundle)
+            theirs = Probed(base_bundle, base, mine.regime, probe(base, mine.regime))
+            if components(base) != components(mine.run) and equal(mine, theirs):
+                why, fix = equal_message(bundle.name, base_name, mine.run, base, mine.regime)
+                out.append(f"{why}: {fix}" if fix else why)
+        return out + inert_slots(bundle, mine.regime, mine.run, mine.probes)
     except Exception as e:  # noqa: BLE001 - a component that refuses synthetic batches: no claim, never a stop
         return [f"the equality probe claims nothing: {_failure(e)}"]
 
