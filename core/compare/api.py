@@ -5,7 +5,7 @@
     import policyzoo
 
     table = policyzoo.compare(algos=["grpo", "dr_grpo", "grpo+clip=cispo"], seeds=3, output_dir="runs/cmp",
-                              train={"steps": 20})          # runs what is missing, then aggregates
+                              train={"steps": 20, "updates_per_batch": 4})  # runs what is missing, then aggregates
     table = policyzoo.compare("runs/cmp", baseline="grpo")    # aggregates runs that exist
 
 Run mode (``algos`` given) plans one run per (algorithm, seed) (:mod:`.runs`), skips finished ones,
