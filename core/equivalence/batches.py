@@ -118,10 +118,17 @@ def _batch(r: Regime, reward: str, kind: str, g: torch.Generator) -> ProbeBatch:
                       0.05 + 0.5 * torch.rand(B, T, generator=g, dtype=torch.float64), kind)
 
 
-def task_reward_classes(config, bundle: Bundle) -> list:
+def task_reward_classes(config, bundle: Bundle, tasks: dict | None = None) -> list:
     """The reward component classes of a run of ``config``: ``rewards:`` or the data task's default
-    (the task is loaded: its rows are read or generated), then the bundle's extras."""
-    default = [] if config.rewards is not None else load_task(config.data).default_rewards
+    (the task is loaded: its rows are read or generated, once per data setting in ``tasks``, a cache
+    the caller keeps across entries), then the bundle's extras."""
+    default = []
+    if config.rewards is None:
+        tasks = {} if tasks is None else tasks
+        key = config.data.model_dump_json()
+        if key not in tasks:
+            tasks[key] = load_task(config.data).default_rewards
+        default = tasks[key]
     uses = [*reward_uses(config, default, bundle.env is not None), *bundle.reward]
     return [get_catalog().component("reward", u.name) for u in uses]
 

@@ -121,12 +121,13 @@ def equal_entries(entries: dict[str, Any], allow_equal: bool = False) -> list[st
     (exit 2) naming the equal pairs, the slot that differs, why it is inert and the fix, unless
     ``allow_equal``; then returns the same lines as notes. A probe that fails returns its note."""
     probes: list[tuple[str, Probed]] = []
+    tasks: dict = {}  # the data task's default rewards, loaded once per data setting
     lines, fixes = [], []
     try:
         for entry, config in entries.items():
             config = config if isinstance(config, Config) else Config.model_validate(config)
             bundle = resolve_algorithm(config.algorithm)
-            mine = probed(bundle, config, task_reward_classes(config, bundle))
+            mine = probed(bundle, config, task_reward_classes(config, bundle, tasks))
             for other, theirs in probes:
                 if equal(mine, theirs):
                     why, fix = equal_message(entry, other, mine.run, theirs.run, mine.regime)
