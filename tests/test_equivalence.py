@@ -102,8 +102,10 @@ def test_the_batches_follow_the_regime():
 
 
 # ------------------------------------------------------------------------------------------- pairs: equal
-@pytest.mark.parametrize("other", ["grpo+clip=cispo", "grpo+clip.eps_high=0.28"])
-def test_compare_refuses_entries_equal_at_one_update_per_batch(other):
+@pytest.mark.parametrize("other, slot", [
+    ("grpo+clip=cispo", "clip: cispo vs ppo_clip"),
+    ("grpo+clip.eps_high=0.28", "clip: ppo_clip(eps_high=0.28) vs ppo_clip(eps_high=0.2)")])
+def test_compare_refuses_entries_equal_at_one_update_per_batch(other, slot):
     # At r = 1 (the first update, the only one at train.updates_per_batch=1): PPO's loss max(-A r, -A clip(r))
     # has gradient -A r g = -A g (1 lies inside [1 - eps_low, 1 + eps_high] for any eps, 0.2 or 0.28), and
     # CISPO's -sg(min(r, eps_max)) A log pi has gradient -min(1, 5) A g = -A g: the same update.
@@ -111,14 +113,14 @@ def test_compare_refuses_entries_equal_at_one_update_per_batch(other):
         equal_entries(entries("grpo", other))
     text = str(e.value)
     assert f"{other} equals grpo at train.updates_per_batch=1 (every ratio is 1 on the first update)" in text
-    assert "clip: ppo_clip" in text and "set train.updates_per_batch >= 2" in text and "--allow-equal" in text
+    assert slot in text and "set train.updates_per_batch >= 2" in text and "--allow-equal" in text
 
 
 def test_gspo_equals_grpo_without_its_kl_at_one_update():
     # GSPO's sequence ratio s_i = exp(mean_t log r_it) is 1 with gradient s_i / |y_i| x sum_t g_t; through
     # seq_mean_token_mean's 1/|y_i| sum_t it gives token t -A_i / |y_i| g_t, the token ratio's gradient; its
     # clip (3e-4 / 4e-4) holds 1 inside. grpo without the KL is then the same update; the ratio and the clip differ.
-    with pytest.raises(ConfigError, match=r"(?s)gspo equals grpo\+kl=null .*ratio: token vs sequence.*ratio and clip"):
+    with pytest.raises(ConfigError, match=r"(?s)gspo equals grpo\+kl=null .*ratio: sequence vs token.*ratio and clip"):
         equal_entries(entries("grpo+kl=null", "gspo"))
 
 

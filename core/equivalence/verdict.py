@@ -87,26 +87,28 @@ def probed(bundle: Bundle, config, reward_classes: list) -> Probed:
     return Probed(bundle, run, r, probe(run, r))
 
 
-def why_inert(slot: str, r: Regime) -> tuple[str, str]:
-    """Why a slot's difference does nothing in regime ``r``, and how to make it act."""
+def why_inert(slot: str, r: Regime, runs: tuple[Run, ...] = ()) -> tuple[str, str]:
+    """Why a slot's difference does nothing in regime ``r`` (between ``runs``, when given), and how to make
+    it act: a ratio or clip when every ratio is 1, a KL at beta 0, terms at coefficient 0, filters that
+    drop nothing; otherwise only that both give the same gradient here."""
     if slot in NEUTRAL and r.first_update_only:
         return ("every ratio is 1 on the first update",
                 f"set train.updates_per_batch >= 2 (or engine.max_staleness >= 1) for the {slot} to act")
-    if slot == "kl":
+    if slot == "kl" and all(run.kl is None or run.kl.beta == 0 for run in runs):
         return ("a KL with beta 0 adds nothing to the loss or the rewards", "set algorithm.kl.beta > 0 for it to act")
-    if slot == "term":
+    if slot == "term" and all(t.coef == 0 for run in runs for t in run.term):
         return ("a term with coefficient 0 adds nothing", "set the term's coef for it to act")
     if slot == "filter":
         return (f"no filter drops a row at these settings ({' and '.join(r.rewards)} rewards, G={r.n})",
                 "a filter acts only where it can drop rows")
-    return (f"both give the same gradient at {r.keys}", "change a setting that separates them")
+    return ("both give the same gradient here", "change a setting that separates them")
 
 
 def equal_message(a: str, b: str, ra: Run, rb: Run, r: Regime) -> tuple[str, str]:
     """``(why, fix)`` for two equal algorithms named ``a`` and ``b`` (``a`` the later one)."""
-    slots = differing_slots(rb, ra)
+    slots = differing_slots(ra, rb)
     named = [s for s, _, _ in slots]
-    first = why_inert(named[0], r) if named else ("they give the same gradient", "")
+    first = why_inert(named[0], r, (ra, rb)) if named else ("they give the same gradient", "")
     if len(named) > 1 and all(s in NEUTRAL for s in named):  # a ratio and a clip, inert for the same reason
         first = (first[0], first[1].replace(f"the {named[0]} to act", f"the {' and '.join(named)} to act"))
     detail = "; ".join(f"{s}: {x} vs {y}" for s, x, y in slots)
