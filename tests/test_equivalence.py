@@ -236,3 +236,14 @@ def test_explain_with_overrides_says_what_the_probe_finds(capsys):
     assert "grpo+clip=cispo equals grpo at train.updates_per_batch=1" in " ".join(out.split())
     assert main(["explain", "grpo", "train.updates_per_batch=4"]) == 0
     assert "acts only from the second update" not in capsys.readouterr().out
+
+
+def test_the_dry_run_warns_of_the_equal_base_and_the_inert_clip(tmp_path, capsys):
+    from _engine_helpers import tiny_model
+
+    assert main(["train", "--algo", "grpo", "--dry-run", "--output-dir", str(tmp_path / "run"),
+                 f"model.path={tiny_model()}", "algorithm.clip.use=cispo"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("warning: grpo+clip=cispo equals grpo at train.updates_per_batch=1 (every ratio is 1 on the first "
+            "update)") in err
+    assert "warning: clip: cispo acts only from the second update" in err
