@@ -20,9 +20,17 @@ the larger gradient's largest entry). Slots that cannot be probed on synthetic b
   beta 0, a filter that cannot drop, a term with coefficient 0).
 
 A probe that fails on a component (a third-party component that refuses synthetic data) claims
-nothing and says so in one line; it never stops a run. Imports: contract, step and the building of
-a run only (no engine): it takes seconds on a CPU (B = P x G rows, T <= 8 tokens).
+nothing and says so in one line; it never stops a run. The only error raised is ``equal_entries``'s
+:class:`~policyzoo.errors.ConfigError` for equal entries. Imports: contract, step and the building of
+a run only (no engine): about 0.1 s for two entries on a CPU (B = P x G rows, T <= 8 tokens, float64).
+
+Peers: verl splits a batch into several optimizer steps (``ppo_mini_batch_size``), so its ratios move
+from the second mini-batch on; here each optimizer step takes the whole batch, and only
+``train.updates_per_batch`` > 1 or stale batches move them. Sources: PPO's
+clipped surrogate at r = 1 (Schulman et al. 2017, arXiv:1707.06347, eq. 7), CISPO (MiniMax-M1,
+arXiv:2506.13585, eq. 4), GSPO's sequence ratio (arXiv:2507.18071, eq. 7).
 """
+
 from .batches import ProbeBatch, Regime, probe_batches, regime, task_reward_classes
 from .gradient import ATOL, RTOL, Probe, gradient, probe, same
 from .verdict import NEUTRAL, equal_entries, inert_slots, run_warnings
