@@ -247,3 +247,13 @@ def test_the_dry_run_warns_of_the_equal_base_and_the_inert_clip(tmp_path, capsys
     assert ("warning: grpo+clip=cispo equals grpo at train.updates_per_batch=1 (every ratio is 1 on the first "
             "update)") in err
     assert "warning: clip: cispo acts only from the second update" in err
+
+
+def test_the_probe_leaves_the_random_state_of_the_run_as_it_was():
+    # the probe seeds the CPU generator inside torch.random.fork_rng(devices=[]): the run's draws after it are
+    # the draws it would have made without it, and no CUDA context or CUDA seed is touched
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    warnings_of("grpo")
+    assert torch.equal(torch.get_rng_state(), before)
+    assert not torch.cuda.is_initialized()

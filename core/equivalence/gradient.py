@@ -88,9 +88,10 @@ def same(a: list[Probe], b: list[Probe]) -> bool:
 
 def probe(run: Run, r: Regime, batches: list[ProbeBatch] | None = None) -> list[Probe]:
     """:func:`gradient` of ``run`` on every batch of ``r`` (under a fixed torch seed, the global one kept)."""
-    with torch.random.fork_rng(), warnings.catch_warnings():
+    # the CPU generator only: no CUDA context is made and no CUDA seed is queued for the run (devices=[])
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.manual_seed(0)
+        torch.default_generator.manual_seed(0)
         return [gradient(run, b, r.updates_per_batch) for b in (batches or probe_batches(r))]
 
 

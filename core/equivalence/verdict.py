@@ -197,7 +197,7 @@ def inert_slots(bundle: Bundle, r: Regime, run: Run | None = None, mine: list[Pr
         if not comp.stateful and same(mine, probe(build_run(bundle.replace(term=rest)), r, batches)):
             out.append(f"term: {comp.name} (coef={comp.coef:g}) adds nothing to the gradient at these settings; "
                        "set its coef for it to act, or remove it")
-    with torch.random.fork_rng(), warnings.catch_warnings():
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         masks = [[k for _, k in filters(run, b)] for b in batches]  # [batch][filter]
         kept = [all(bool(m[i].all()) for m in masks) for i in range(len(run.filter))]
