@@ -257,3 +257,8 @@ def test_the_probe_leaves_the_random_state_of_the_run_as_it_was():
     warnings_of("grpo")
     assert torch.equal(torch.get_rng_state(), before)
     assert not torch.cuda.is_initialized()
+
+
+def test_allow_equal_without_algos_is_refused_not_ignored(tmp_path, capsys):
+    assert main(["compare", str(tmp_path), "--allow-equal"]) == 2
+    assert "--allow-equal only go with --algos" in capsys.readouterr().err

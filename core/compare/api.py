@@ -64,7 +64,7 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
                         f"the string {overrides!r}", f"write overrides=[{overrides!r}]")
     _check_output_dir(output_dir)
     if algos is None:
-        patterns = _aggregate_args(dirs, seeds, parallel, print_commands, [*overrides, *settings])
+        patterns = _aggregate_args(dirs, seeds, parallel, print_commands, [*overrides, *settings], allow_equal)
         return _aggregate(patterns, output_dir, baseline, allow_mixed, console,
                           "policyzoo compare " + shlex.join(patterns))
     if dirs is not None:
@@ -107,16 +107,17 @@ def _check_output_dir(output_dir) -> None:
                             ".json, .png cannot go there", "choose a folder (it is created if missing)")
 
 
-def _aggregate_args(dirs, seeds, parallel, print_commands, settings: list) -> list[str]:
+def _aggregate_args(dirs, seeds, parallel, print_commands, settings: list, allow_equal: bool = False) -> list[str]:
     """The folders to aggregate; what only goes with --algos (overrides, --seeds, --parallel,
-    --print-commands) is a usage error here, not ignored."""
+    --print-commands, --allow-equal) is a usage error here, not ignored."""
     if dirs is None:
         raise UserError("policyzoo compare", "nothing to compare", "give run directories (policyzoo compare "
                         "runs/cmp) or algorithms to run (policyzoo compare --algos grpo,dr_grpo --output-dir D)")
     patterns = [str(p) for p in ([dirs] if isinstance(dirs, (str, Path)) else list(dirs))]
     keys = [p for p in patterns if KEY_VALUE.match(p) and not Path(p).exists()]
     given = [name for name, on in (("key=value overrides", settings or keys), ("--seeds", seeds is not None),
-                                   ("--parallel", parallel != 1), ("--print-commands", print_commands)) if on]
+                                   ("--parallel", parallel != 1), ("--print-commands", print_commands),
+                                   ("--allow-equal", allow_equal)) if on]
     if given:
         what = f" ({', '.join(map(str, keys))})" if keys else ""
         raise UserError("policyzoo compare", f"{' and '.join(given)}{what} only go with --algos (they plan the runs to "
