@@ -178,7 +178,8 @@ def _commands() -> list[tuple]:
         ("components", "every component in the catalog, with its source",
          lambda c: c.add_argument("--slot", choices=list(SLOTS), help="only this slot's components"), cmd_components),
         ("plugins", "plugin distributions, their hooks and components", None, cmd_plugins),
-        ("explain", "a bundle's slots and every default", lambda e: e.add_argument("name"), cmd_explain),
+        ("explain", "a bundle's slots and every default, and the slots inert at the run's settings", _explain_arguments,
+         cmd_explain),
         ("config", "every config key with its default and description", None,
          lambda args, out: print(config_help())),
         ("train", "post-train a model (vLLM rollout, DeepSpeed training)", train_arguments, cmd_train),
@@ -192,6 +193,12 @@ def _commands() -> list[tuple]:
         ("doctor", "the GPU checks on this node, one markdown report for an issue (--gpu; --dry-run: the plan)",
          doctor_arguments, cmd_doctor),
     ]
+
+
+def _explain_arguments(e: argparse.ArgumentParser) -> None:
+    e.add_argument("name")
+    e.add_argument("overrides", nargs="*", metavar="key=value", help="the run's settings (train.updates_per_batch=4, "
+                   "algorithm.clip.use=cispo): the gradient probe's regime")
 
 
 def _plot_arguments(pl: argparse.ArgumentParser) -> None:

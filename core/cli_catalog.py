@@ -9,6 +9,9 @@ from rich.table import Table
 from policyzoo.contract.ground import SLOTS
 
 from .catalog import get_catalog, load_catalog
+from .config import load_config
+from .equivalence import run_warnings, task_reward_classes
+from .resolve import resolve_algorithm
 
 
 def _first_line(obj) -> str:
@@ -76,8 +79,13 @@ def cmd_plugins(args, out: Console) -> None:
 
 
 def cmd_explain(args, out: Console) -> None:
+    """A bundle's slots and parameters (``key=value`` overrides make it the run's algorithm), then what the
+    gradient probe finds at the run's settings: equal to its base, slots that do nothing there
+    (:func:`policyzoo.equivalence.run_warnings`)."""
     cat = get_catalog()
-    bundle = cat.bundle(args.name, "explain")
+    cat.bundle(args.name, "explain")
+    config = load_config(None, args.name, list(getattr(args, "overrides", None) or []))
+    bundle = resolve_algorithm(config.algorithm)
     out.print(f"[bold]{bundle.name}[/bold]: {bundle.summary}")
     out.print(f"paper: {bundle.paper}")
     if bundle.parent:
@@ -98,3 +106,8 @@ def cmd_explain(args, out: Console) -> None:
             for k, v in params.items():
                 mark = "" if k in u.params else "   (component default)"
                 out.print(f"              {k} = {v!r}{mark}", markup=False)
+    lines = run_warnings(config, bundle, task_reward_classes(config, bundle))
+    if lines:
+        out.print("at these settings (policyzoo explain NAME key=value ... to change them):", markup=False)
+    for line in lines:
+        out.print(f"  {line}", markup=False)

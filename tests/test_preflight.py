@@ -36,10 +36,11 @@ CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", 
                  "lr_plan", "resume_schedule", "pre.rundir.claim", "encode_text",
                  "check_sampling_options", "dict", "filter_bias_warning", "pre.state.get", "local_world_size", "any",
                  "LengthCache", "cache_dir", "cache.wrap", "cache.save", "time.perf_counter", "run.components",
-                 "comp.notes"}
+                 "comp.notes", "run_warnings"}
 # LengthCache and its wrap/save: an unreadable or unwritable cache is skipped, never refused;
 # run.components and comp.notes: the components' lines for the dry run (text; the sandbox's refusals
 # happen when it is built, in Run);
+# run_warnings: the gradient probe (policyzoo.equivalence) turns any failure into a line, never a refusal;
 # get_catalog: see check_same_catalog; check_sampling_options: both engines honour every option today
 # (tests/test_sampling_paths.py refuses one an engine does not name)
 

@@ -5,7 +5,7 @@
     import policyzoo
 
     table = policyzoo.compare(algos=["grpo", "dr_grpo", "grpo+clip=cispo"], seeds=3, output_dir="runs/cmp",
-                              train={"steps": 20})          # runs what is missing, then aggregates
+                              train={"steps": 20, "updates_per_batch": 4})  # runs what is missing, then aggregates
     table = policyzoo.compare("runs/cmp", baseline="grpo")    # aggregates runs that exist
 
 Run mode (``algos`` given) plans one run per (algorithm, seed) (:mod:`.runs`), skips finished ones,
@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from policyzoo.equivalence import equal_entries
 from policyzoo.errors import UserError
 
 from . import launch, plot, report, runs
@@ -51,10 +52,11 @@ def _seeds_text(seeds: list[int]) -> str:
 def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | None = None,
             seeds: int | str | list[int] | None = None, output_dir: str | None = None, baseline: str | None = None,
             allow_mixed: bool = False, parallel: int = 1, print_commands: bool = False, export: bool = False,
-            overrides: list[str] = (), console: Console | None = None,
+            overrides: list[str] = (), console: Console | None = None, allow_equal: bool = False,
             start: Callable | None = None, **settings: Any) -> dict:
-    """See the module docstring. ``console`` receives the plan, progress and table (default: stdout);
-    ``start`` replaces :func:`policyzoo.compare.launch.popen` (tests)."""
+    """See the module docstring. ``allow_equal``: run entries the gradient probe finds equal at these
+    settings (:func:`policyzoo.equivalence.equal_entries`; refused otherwise). ``console`` receives the
+    plan, progress and table (default: stdout); ``start`` replaces :func:`policyzoo.compare.launch.popen` (tests)."""
     if console is None:
         from rich.console import Console
 
@@ -64,7 +66,8 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
                         f"the string {overrides!r}", f"write overrides=[{overrides!r}]")
     _check_output_dir(output_dir)
     if algos is None:
-        patterns = _aggregate_args(dirs, seeds, parallel, print_commands, [*overrides, *settings], export)
+        patterns = _aggregate_args(dirs, seeds, parallel, print_commands, [*overrides, *settings], export,
+                                   allow_equal)
         return _aggregate(patterns, output_dir, baseline, allow_mixed, console,
                           "policyzoo compare " + shlex.join(patterns))
     if dirs is not None:
@@ -82,6 +85,8 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
                max(1, runs.cores() // parallel) if parallel > 1 and not print_commands else None)
     specs = runs.plan(entries, seed_list, output_dir, given, threads, export)
     label = _baseline_label(baseline, entries, specs)
+    for line in equal_entries({s.entry: s.config for s in specs}, allow_equal):  # equal at these settings: refused
+        print(line, file=sys.stderr)
     if print_commands:
         return {"commands": _print_commands(specs)}
     again = shlex.join(["policyzoo", "compare", "--algos", ",".join(entries), "--seeds", _seeds_text(seed_list),
@@ -105,9 +110,10 @@ def _check_output_dir(output_dir) -> None:
                             ".json, .png cannot go there", "choose a folder (it is created if missing)")
 
 
-def _aggregate_args(dirs, seeds, parallel, print_commands, settings: list, export: bool = False) -> list[str]:
+def _aggregate_args(dirs, seeds, parallel, print_commands, settings: list, export: bool = False,
+                    allow_equal: bool = False) -> list[str]:
     """The folders to aggregate; what only goes with --algos (overrides, --seeds, --parallel,
-    --print-commands, --export) is a usage error here, not ignored."""
+    --print-commands, --export, --allow-equal) is a usage error here, not ignored."""
     if dirs is None:
         raise UserError("policyzoo compare", "nothing to compare", "give run directories (policyzoo compare "
                         "runs/cmp) or algorithms to run (policyzoo compare --algos grpo,dr_grpo --output-dir D)")
@@ -115,7 +121,7 @@ def _aggregate_args(dirs, seeds, parallel, print_commands, settings: list, expor
     keys = [p for p in patterns if KEY_VALUE.match(p) and not Path(p).exists()]
     given = [name for name, on in (("key=value overrides", settings or keys), ("--seeds", seeds is not None),
                                    ("--parallel", parallel != 1), ("--print-commands", print_commands),
-                                   ("--export", export)) if on]
+                                   ("--export", export), ("--allow-equal", allow_equal)) if on]
     if given:
         what = f" ({', '.join(map(str, keys))})" if keys else ""
         raise UserError("policyzoo compare", f"{' and '.join(given)}{what} only go with --algos (they plan the runs to "

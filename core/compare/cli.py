@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", help="the algorithm the paired differences are taken against (default: the first)")
     p.add_argument("--allow-mixed", action="store_true", help="compare runs whose settings differ in more than "
                    "the algorithm and the seed (the keys are listed with the table)")
+    p.add_argument("--allow-equal", action="store_true", help="with --algos: run entries that give the same gradient "
+                   "at these settings (refused by default; docs/compare.md)")
     p.add_argument("overrides", nargs="*", metavar="RUN_DIR | key=value",
                    help="run folders or globs to aggregate; with --algos: train overrides")
 
@@ -42,8 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, out: Console) -> None:
     common = dict(output_dir=args.output_dir, baseline=args.baseline, allow_mixed=args.allow_mixed, console=out,
                   seeds=args.seeds, parallel=1 if args.parallel is None else args.parallel,
-                  print_commands=args.print_commands,
-                  export=args.export)  # without --algos these four are refused, not ignored
+                  print_commands=args.print_commands,  # without --algos the last five are refused, not ignored
+                  export=args.export, allow_equal=args.allow_equal)
     if args.algos is None:
         compare(args.overrides or None, **common)
     else:

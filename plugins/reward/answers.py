@@ -25,6 +25,7 @@ class AnswerMatch(Reward):
 
     name = "answer_match"
     needs_answer = True  # prompt-only data is refused before training
+    binary = True  # 0/1 correctness: groups of one prompt are often constant (policyzoo.equivalence's regime)
 
     @hookimpl
     def reward(self, rollout):
@@ -62,6 +63,7 @@ class MathVerify(Reward):
 
     name = "math_verify"
     needs_answer = True
+    binary = True  # 0/1 correctness (policyzoo.equivalence's regime)
 
     class Params(Reward.Params):
         timeout: int = Field(5, ge=1, description="seconds allowed per parse and per verify (main thread only)")

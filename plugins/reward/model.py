@@ -28,6 +28,7 @@ class RewardModel(Reward):
     Source: Ouyang et al. 2022, InstructGPT (arXiv:2203.02155) Sec. 3.5 (a scalar learned reward)."""
 
     name = "reward_model"
+    binary = False  # a real-valued score: groups are never constant (policyzoo.equivalence's regime)
 
     class Params(Reward.Params):
         path: str = Field(..., description="local folder of a transformers sequence-classification model")

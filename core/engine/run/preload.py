@@ -28,6 +28,7 @@ from policyzoo.engine.rollout.server import connect as connect_servers
 from policyzoo.engine.rollout.tensor_parallel import check_heads, check_tensor_parallel, local_world_size
 from policyzoo.engine.rundir import ResumeError, RunDir
 from policyzoo.engine.trainer.dsconfig import check_engine
+from policyzoo.equivalence import run_warnings
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm, resolved_view
 from policyzoo.run_config import reward_uses, step_settings
@@ -146,6 +147,7 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
                                 sampling_warning(getattr(sp, "temperature", 1.0), sp.n),
                                 filter_bias_warning(run, config.engine.overlap, config.engine.max_staleness))
                     if w] + pre.warnings
+    pre.warnings += run_warnings(config, bundle, run.reward)  # equal to its base, or a slot inert at these settings
     pre.notes = [line for comp in run.components() for line in comp.notes()]
     _check_run_dir(pre, config, bundle.name, resume, force_resume, dry_run)
     return pre
