@@ -17,7 +17,13 @@ import pytest
 from _engine_helpers import ROOT, engine_env, run_train
 
 from policyzoo.cli import main
-from policyzoo.engine.run.interrupts import SignalReceived, raising_signals, startup_interrupted
+from policyzoo.engine.run.interrupts import (
+    SignalReceived,
+    raising_signals,
+    signal_stop,
+    startup_interrupted,
+    stopped_at_once,
+)
 from policyzoo.engine.run.loop import RunLoop
 from policyzoo.errors import Interrupted
 
@@ -153,14 +159,16 @@ def test_the_start_up_message_of_a_resumed_run_names_its_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("step_taken", [False, True])
-def test_main_says_nothing_was_saved_only_before_the_first_step(monkeypatch, tmp_path, step_taken):
+def test_main_says_what_is_saved_before_and_after_the_first_step(monkeypatch, tmp_path, step_taken):
     from policyzoo.engine import dist
     from policyzoo.engine.run import train
 
     quiet: list = []
     monkeypatch.setattr(train, "quiet_teardown", lambda: quiet.append(True))
     monkeypatch.setattr(dist, "close", lambda: None)
-    session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path), state={"step": 0}, resume_from=None,
+    step_1 = tmp_path / "checkpoints" / "step-000001"
+    session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: (step_1, {"step": 1})),
+                              state={"step": 0}, resume_from=None, loop=None,
                               config=SimpleNamespace(train=SimpleNamespace(steps=2)))
 
     class Started:
@@ -172,12 +180,34 @@ def test_main_says_nothing_was_saved_only_before_the_first_step(monkeypatch, tmp
         prepared(session)  # the checks passed
         return Started()
     monkeypatch.setattr(train, "open_session", opened)
-    if step_taken:  # after a step: passed on as it is (the CLI says "interrupted (SIGTERM)", exit 143)
-        with pytest.raises(SignalReceived):
-            train.main(object())
+    with pytest.raises(Interrupted) as stop:
+        train.main(object())
+    assert stop.value.exit_code == 143  # 128 + 15
+    if step_taken:  # a second signal during step 2 (the first asked to stop after it): nothing more saved
+        assert stop.value.why == (f"interrupted at once (SIGTERM) during step 2: it was not saved; the last "
+                                  f"checkpoint is step 1 ({step_1})")
+        assert stop.value.fix == f"policyzoo train --resume {tmp_path}"
     else:
-        with pytest.raises(Interrupted) as stop:
-            train.main(object())
-        assert stop.value.exit_code == 143  # 128 + 15
         assert stop.value.why == "interrupted during start-up (SIGTERM): nothing to save (no step was taken)"
     assert quiet == [True]
+
+
+def test_a_second_signal_with_no_checkpoint_yet_says_there_is_none(tmp_path):
+    session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: None), state={"step": 3},
+                              config=SimpleNamespace(train=SimpleNamespace(steps=3)))  # all 3 steps done: the end
+    stop = stopped_at_once(signal.SIGINT, session)
+    assert (stop.where, stop.exit_code) == ("the end of the run", 130)
+    assert stop.why == f"interrupted at once (SIGINT) during the end of the run: it was not saved; {tmp_path} holds " \
+                       "no checkpoint"
+    assert stop.fix == f"delete {tmp_path}, then run the same command again"
+
+
+def test_a_second_signal_during_the_first_step_is_no_start_up_interrupt(tmp_path):
+    loop = SimpleNamespace(stop_requested=0)  # the first evaluation: no step asked to stop yet
+    session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: None), state={"step": 0},
+                              loop=loop, config=SimpleNamespace(train=SimpleNamespace(steps=5)))
+    assert signal_stop(signal.SIGINT, session, 0, None).why.startswith("interrupted during start-up (SIGINT)")
+    loop.stop_requested = signal.SIGTERM  # the first signal came during step 1, this second one too
+    stop = signal_stop(signal.SIGTERM, session, 0, None)
+    assert (stop.where, stop.exit_code) == ("step 1", 143)
+    assert stop.why == f"interrupted at once (SIGTERM) during step 1: it was not saved; {tmp_path} holds no checkpoint"

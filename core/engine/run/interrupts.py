@@ -5,7 +5,8 @@
   so, naming the signal: ``interrupted during start-up (SIGTERM): nothing to save`` (with ``--resume``:
   the checkpoint being resumed is unchanged) and how to continue.
 * Steps: the loop's own handler (:meth:`~policyzoo.engine.run.loop.RunLoop._deferred_sigint`) asks to
-  stop after the current step and saves a checkpoint first; a second signal stops at once.
+  stop after the current step and saves a checkpoint first; a second signal stops at once, and the
+  message names the last checkpoint on disk (:func:`stopped_at_once`).
 * The exit status is 128 + the signal's number, the shells' convention: 130 for SIGINT, 143 for
   SIGTERM (:attr:`policyzoo.errors.Interrupted.exit_code`).
 * The process leaves quietly: libraries built with nanobind (triton's ``libtriton``, which vLLM and
@@ -68,6 +69,16 @@ def raising_signals():
             signal.signal(sig, old)
 
 
+def signal_stop(signum: int, session, start: int | None, resume: str | None) -> Interrupted:
+    """The :class:`Interrupted` of a signal that stopped ``policyzoo train`` at once: at start-up (no
+    session yet, or still at the step ``start`` it began from, no step asked to stop, steps to do)
+    :func:`startup_interrupted`, else :func:`stopped_at_once`."""
+    asked = getattr(getattr(session, "loop", None), "stop_requested", 0)  # a first signal during a step
+    if session is None or (session.state["step"] == start < session.config.train.steps and not asked):
+        return startup_interrupted(signum, session, resume)
+    return stopped_at_once(signum, session)
+
+
 def startup_interrupted(signum: int, session, resume: str | None) -> Interrupted:
     """The :class:`Interrupted` of a signal received before the first step: nothing saved, said with
     the signal's name, what is on disk and how to go on. ``session``: the
@@ -86,6 +97,25 @@ def startup_interrupted(signum: int, session, resume: str | None) -> Interrupted
                            f"delete {folder}, then run the same command again", signum)
     return Interrupted("start-up" if folder is None else f"start-up of {folder}", f"{why} (no step was taken)",
                        "run the same command again", signum)
+
+
+def stopped_at_once(signum: int, session) -> Interrupted:
+    """The :class:`Interrupted` of a signal after the first step that stops the run at once (a second
+    one while the loop finishes its step, or one while the run ends): what it was doing was not saved,
+    and the message names the last complete checkpoint on disk (``RUN_DIR/checkpoints/latest.json``),
+    or says there is none, instead of the first signal's promise of one."""
+    name, folder, step = signal_name(signum), session.rundir.path, session.state["step"]
+    at = f"step {step + 1}" if step < session.config.train.steps else "the end of the run"
+    try:
+        found = session.rundir.latest()
+    except Exception:  # noqa: BLE001 - a latest.json naming a missing folder: as if none
+        found = None
+    why = f"interrupted at once ({name}) during {at}: it was not saved"
+    if found is not None:
+        return Interrupted(at, f"{why}; the last checkpoint is step {found[1]['step']} ({found[0]})",
+                           f"policyzoo train --resume {folder}", signum)
+    return Interrupted(at, f"{why}; {folder} holds no checkpoint", f"delete {folder}, then run the same command again",
+                       signum)
 
 
 def quiet_teardown() -> None:

@@ -21,7 +21,7 @@ from policyzoo.engine.rundir import ResumeError
 from policyzoo.errors import Interrupted
 from policyzoo.host import rollout_dtype_notes
 
-from .interrupts import SignalReceived, quiet_teardown, raising_signals, startup_interrupted
+from .interrupts import SignalReceived, quiet_teardown, raising_signals, signal_stop
 from .session import Session
 
 
@@ -70,10 +70,7 @@ def main(config, resume: str | None = None, force_resume: bool = False, verbose:
                                     lambda s: seen.append((s, s.state["step"]))).train()
             except SignalReceived as e:
                 quiet_teardown()
-                session, start = seen[0] if seen else (None, None)
-                if session is not None and not (session.state["step"] == start < session.config.train.steps):
-                    raise  # after a step: the loop's second signal, or one while the run finishes
-                raise startup_interrupted(e.signum, session, resume) from None
+                raise signal_stop(e.signum, *(seen[0] if seen else (None, None)), resume) from None
             except Interrupted:  # the loop's stop after a step, with its checkpoint
                 quiet_teardown()
                 raise
