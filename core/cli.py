@@ -1,12 +1,14 @@
 """``policyzoo`` command line: zoo, components, plugins, explain, config, train, plan, serve, data, compare, plot,
 doctor.
 
-A user's mistake (any :class:`~policyzoo.errors.UserError`) prints one block and exits with 2.
+A user's mistake (any :class:`~policyzoo.errors.UserError`) prints one block and exits with 2; a run
+stopped by a signal exits with 128 + its number (130 for SIGINT, 143 for SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from rich.console import Console
@@ -232,15 +234,16 @@ def main(argv: list[str] | None = None) -> int:
         args.fn(args, out)
     except UserError as e:
         err.print(str(e), markup=False, highlight=False)
-        return 130 if isinstance(e, Interrupted) else 2  # Ctrl-C after a saved checkpoint
+        return e.exit_code if isinstance(e, Interrupted) else 2  # 130 / 143: stopped by SIGINT / SIGTERM
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         # a path the user gave (an --output PNG, a folder) that cannot be used
         err.print(UserError(str(e.filename), e.strerror or str(e), "check the path").render(),
                   markup=False, highlight=False)
         return 2
-    except KeyboardInterrupt:
-        err.print("interrupted", markup=False)
-        return 130
+    except KeyboardInterrupt as e:  # a second Ctrl-C, or one before a command's own handling
+        signum = getattr(e, "signum", signal.SIGINT)  # policyzoo.engine.run.interrupts.SignalReceived's
+        err.print(f"interrupted ({signal.Signals(signum).name})", markup=False)
+        return 128 + signum
     return 0
 
 

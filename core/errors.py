@@ -7,6 +7,7 @@ Every mistake a user can make in a config, a plugin or a data file raises a subc
 from __future__ import annotations
 
 import difflib
+import signal
 
 
 class UserError(Exception):
@@ -44,9 +45,20 @@ class TrainingError(UserError):
 
 
 class Interrupted(UserError):
-    """The run was stopped by Ctrl-C (SIGINT) after saving a checkpoint (the CLI exits with 130,
-    the shell's code for SIGINT, not 2). Printed as ``stopped at WHERE:``, ``WHY`` and
-    ``to continue: FIX`` (the resume command): it is no error."""
+    """The run was stopped by a signal: Ctrl-C (SIGINT) or SIGTERM (``signum``), after saving a
+    checkpoint, or at start-up with nothing to save (``why`` says which). The CLI exits with
+    :attr:`exit_code`, 128 + ``signum`` as the shells report a process a signal ended (130 for SIGINT,
+    143 for SIGTERM), not 2. Printed as ``stopped at WHERE:``, ``WHY`` and ``to continue: FIX`` (the
+    resume command): it is no error."""
+
+    def __init__(self, where: str, why: str, fix: str = "", signum: int = signal.SIGINT):
+        self.signum = int(signum)
+        super().__init__(where, why, fix)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number: 130 for SIGINT, 143 for SIGTERM."""
+        return 128 + self.signum
 
     def render(self) -> str:
         lines = [f"stopped at {self.where}:", f"  {self.why}"]

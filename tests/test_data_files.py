@@ -206,3 +206,41 @@ def test_an_over_long_prompt_is_named_by_the_file_and_its_own_row(tmp_path):
 def test_eval_split_of_a_single_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="has no splits"):
         load(write_jsonl(tmp_path / "d.jsonl", ROWS), eval_split="test")
+
+
+def _wrong_answer_column(tmp_path, *extra):
+    """`policyzoo train --dry-run` on a file whose answers are in 'solution' while data.answer_column
+    stays 'answer': the exit code and stderr."""
+    from policyzoo.cli import main
+
+    rows = [{"question": f"What is {i} + 1?", "solution": str(i + 1)} for i in range(30)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    return main(["train", "--algo", "grpo", "--dry-run", f"data.path={path}", "data.prompt_column=question",
+                 "model.path=/nonexistent", f"output_dir={tmp_path / 'run'}", *extra])
+
+
+@pytest.mark.parametrize("few_shot", [[], ["data.few_shot=2"]])
+def test_a_wrong_answer_column_is_the_same_clear_error_with_or_without_few_shot(tmp_path, capsys, few_shot):
+    # without few-shot the rows are prompt-only, and grpo's default reward (math_verify) needs answers;
+    # with few-shot the two solved examples need them first (was: KeyError 'answer', exit 1)
+    assert _wrong_answer_column(tmp_path, *few_shot) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Traceback" not in err and "KeyError" not in err
+    assert f"error at data.path ({tmp_path / 'd.jsonl'}) (data.answer_column):" in err
+    assert "no column 'answer' in the data; columns are: question, solution" in err
+    assert "fix: set data.answer_column to the column that holds the answer" in err
+    assert ("data.few_shot=2 shows 2 solved examples" in err) == bool(few_shot)
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_few_shot_on_prompt_only_data_raises_before_any_prompt_is_built(tmp_path):
+    rows = [{"question": f"What is {i} + 1?", "solution": str(i + 1)} for i in range(30)]
+    with pytest.raises(DataError) as e:
+        load_task({"path": write_jsonl(tmp_path / "d.jsonl", rows), "prompt_column": "question", "few_shot": 1})
+    assert e.value.where.endswith("(data.answer_column)") and "columns are: question, solution" in e.value.why
+    assert "set data.few_shot=0" in e.value.fix
+    # the same file with its answer column named loads, the first pool row becoming the one example
+    task = load_task({"path": str(tmp_path / "d.jsonl"), "prompt_column": "question", "answer_column": "solution",
+                      "few_shot": 1, "eval_size": 0})
+    assert task.train_rows[0]["prompt"][:2] == [{"role": "user", "content": "What is 0 + 1?"},
+                                                {"role": "assistant", "content": "1"}]  # row 0: 0 + 1 = 1

@@ -221,6 +221,30 @@ def test_the_term_example_passes_the_contract_and_adds_its_term():
     assert run.term[0].coef == 0.01 and run.term[0].needs_entropy
 
 
+def test_the_baseline_example_is_a_plugin_on_the_public_helpers_with_the_pages_numbers():
+    import torch
+
+    from policyzoo import assemble
+    from policyzoo.testing import check_component
+
+    text = (DOCS / "writing-a-plugin.md").read_text()
+    code = re.search(r"```python baseline\n(.*?)```", text, flags=re.S).group(1)
+    assert "from policyzoo.contract import GroupBaseline, group_stats, hookimpl, valid_scores" in code
+    module = types.ModuleType("group_median")
+    exec(compile(code, "group_median.py", "exec"), module.__dict__)
+    catalog = load_catalog(autoload=False, extra=[module])  # registered through its register_components
+    check_component(module.GroupMedian, catalog)
+    run = assemble({"base": "grpo", "baseline": {"use": "group_median"}}, catalog=catalog)
+    assert run.sources["baseline"].startswith("group_median from (in-process)")
+    rewards = torch.tensor([3.0, 2.0, 1.0, float("nan"), 10.0, 4.0])
+    mask = torch.ones(6, 2, dtype=torch.bool)
+    mask[5, 1] = False  # a shorter row: its advantage covers its one token only
+    adv = run.baseline.baseline(rewards, torch.tensor([0, 1, 0, 1, 0, 1]), mask, None).advantages
+    # group 0: rows 0, 2, 4 = 3, 1, 10, median 3 -> 0, -2, 7; group 1: rows 1, 5 = 2, 4 (row 3 NaN:
+    # unscorable, 0), median (2 + 4) / 2 = 3 -> -1, +1
+    assert adv.tolist() == [[0.0, 0.0], [-1.0, -1.0], [-2.0, -2.0], [0.0, 0.0], [7.0, 7.0], [1.0, 0.0]]
+
+
 def test_hooks_page_lists_every_slot_base_and_what_it_declares():
     from policyzoo.contract import BASES
 

@@ -28,7 +28,7 @@ BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyz
          "policyzoo.plan", "policyzoo.settings", "policyzoo.resolve", "policyzoo.run_config", "policyzoo.rules",
          "policyzoo.host", "policyzoo.conformance", "policyzoo.equivalence")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
-                  "loss_slots": 1.5, "slots": 2, "hookspecs": 3, "": 4}
+                  "loss_slots": 1.5, "slots": 2, "baselines": 2, "hookspecs": 3, "": 4}
 ROOMS = ("rollout", "ahead", "trainer", "run", "report")
 
 

@@ -8,12 +8,14 @@ only (plus :mod:`policyzoo.errors`, and :mod:`policyzoo.data` for the answer ext
 Inside, imports run one way (a test walks them): the ground (:mod:`.ground`: markers, the slot
 table, result types, :class:`Collective`; :mod:`.stats`: statistics over ranks) <- the batch
 types (:mod:`.batch`), the :class:`Policy` protocol (:mod:`.policy`) and components and bundles
-(:mod:`.components`) <- the slot bases (:mod:`.slots`) <- the hook specifications
+(:mod:`.components`) <- the slot bases (:mod:`.slots`; :mod:`.baselines`, the helpers a baseline is
+built from: scores, group statistics, :class:`GroupBaseline`) <- the hook specifications
 (:mod:`.hookspecs`, the roof). :mod:`.runstate` is the run's progress handed to reward functions.
 This package imports nothing of policyzoo but :mod:`policyzoo.errors`.
 """
 
 from . import runstate, untrusted
+from .baselines import GroupBaseline, broadcast_rows, group_stats, reward_tokens, token_returns, valid_scores
 from .batch import Rollout, StepBatch, token_budget_bounds
 from .components import INHERIT, Bundle, Component, Params, Use, use, validate_params
 from .ground import (
@@ -38,8 +40,9 @@ from .stats import moments, rank_mean, std_of, whiten
 
 __all__ = [
     "BASES", "INHERIT", "KL", "LOCAL", "PROJECT", "SAMPLING_OPTIONS", "SLOTS", "Advantages", "Baseline", "Bundle",
-    "Clip", "Collective", "Component", "Env", "Episode", "Filter", "Generated", "Importance", "Keep", "Observation",
-    "Params", "Policy", "Ratio", "Reduce", "Reward", "Rollout", "Sample", "Spec", "StepBatch", "StepTotals",
-    "Surrogate", "Term", "TokenPolicy", "Use", "hookimpl", "hookspec", "moments", "rank_mean", "runstate", "std_of",
-    "token_budget_bounds", "untrusted", "use", "validate_params", "whiten",
+    "Clip", "Collective", "Component", "Env", "Episode", "Filter", "Generated", "GroupBaseline", "Importance", "Keep",
+    "Observation", "Params", "Policy", "Ratio", "Reduce", "Reward", "Rollout", "Sample", "Spec", "StepBatch",
+    "StepTotals", "Surrogate", "Term", "TokenPolicy", "Use", "broadcast_rows", "group_stats", "hookimpl", "hookspec",
+    "moments", "rank_mean", "reward_tokens", "runstate", "std_of", "token_budget_bounds", "token_returns", "untrusted",
+    "use", "valid_scores", "validate_params", "whiten",
 ]

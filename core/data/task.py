@@ -14,7 +14,8 @@ Split rules (all deterministic in ``data.seed``):
   count that would hold out half of the rows or more holds out none (a warning in
   ``Task.warnings``): a small file is for training, not for a held-out set that leaves nothing.
 * Prompt-only data (no ``answer_column`` in any row): rows without ``answer``; ``Task.missing_answer``
-  holds the error to raise when a reward needs answers (checked once the rewards are known).
+  holds the error to raise when a reward needs answers (checked once the rewards are known). With
+  ``few_shot`` the same error is raised here: the solved examples need the answers.
 * Few-shot examples are the first ``few_shot`` remaining rows (source order) and leave the
   training rows; then ``limit`` keeps the first rows of what is left.
 
@@ -181,6 +182,11 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     warnings: list[str] = []
     held, pool = _held_out(s, where, read, rows, pc, default_eval_split, has_splits, origin, warnings)
     k = s.few_shot or 0
+    missing = None if any("answer" in r for r in rows) else missing_column(raw, s.answer_column, "answer_column", where)
+    if missing is not None and k:  # a few-shot example is a solved one: its answer is part of every prompt
+        raise DataError(missing.where, f"{missing.why}; data.few_shot={k} shows {k} solved examples (question and "
+                        "answer) before each prompt, so the answers are needed",
+                        f"{missing.fix}, or set data.few_shot=0 for data without answers")
     examples, train = pool[:k], pool[k:]
     train = train[:s.limit] if s.limit else train
     if not train:
@@ -189,7 +195,6 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
                         "lower data.eval_size or data.few_shot, or set data.eval_split")
     system = system if s.system_prompt is None else s.system_prompt
     plain = s.prompt_format == "plain"
-    missing = None if any("answer" in r for r in rows) else missing_column(raw, s.answer_column, "answer_column", where)
     return Task(name_of(s), build_prompts(train, pc, system, examples, solved, plain),
                 build_prompts(held, pc, system, examples, solved, plain), [use("math_verify")], s.seed,
                 [origin[id(r)] for r in train], [origin[id(r)] for r in held], warnings, missing)

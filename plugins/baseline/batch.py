@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.contract import Advantages, Baseline, hookimpl
-from policyzoo.plugins.baseline.common import token_returns
+from policyzoo.contract import Advantages, Baseline, hookimpl, token_returns
 
 
 class BatchWhiten(Baseline):

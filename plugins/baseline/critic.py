@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.contract import Advantages, Baseline, hookimpl
+from policyzoo.contract import Advantages, Baseline, hookimpl, reward_tokens
 from policyzoo.errors import ConfigError
-from policyzoo.plugins.baseline.common import reward_tokens
 
 
 class GAE(Baseline):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from policyzoo.contract import Advantages, Baseline, hookimpl
+from policyzoo.contract import Advantages, Baseline, hookimpl, token_returns
 from policyzoo.errors import ConfigError
-from policyzoo.plugins.baseline.common import token_returns
 
 
 class ReMax(Baseline):

@@ -7,8 +7,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo.contract import hookimpl, moments, std_of
-from policyzoo.plugins.baseline.common import GroupBaseline, group_stats, valid_scores
+from policyzoo.contract import GroupBaseline, group_stats, hookimpl, moments, std_of, valid_scores
 
 
 class GroupNorm(GroupBaseline):

@@ -7,8 +7,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo.contract import hookimpl
-from policyzoo.plugins.baseline.common import GroupBaseline, group_stats
+from policyzoo.contract import GroupBaseline, group_stats, hookimpl
 
 
 class GDPO(GroupBaseline):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from policyzoo.contract import hookimpl
-from policyzoo.plugins.baseline.common import GroupBaseline, group_stats, valid_scores
+from policyzoo.contract import GroupBaseline, group_stats, hookimpl, valid_scores
 
 
 class GRPOPassK(GroupBaseline):

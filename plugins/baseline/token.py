@@ -7,9 +7,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from policyzoo.contract import Advantages, hookimpl
+from policyzoo.contract import Advantages, GroupBaseline, hookimpl, token_returns
 from policyzoo.errors import ConfigError
-from policyzoo.plugins.baseline.common import GroupBaseline, token_returns
 
 
 def _group_baseline(ret, w, m, group_ids, rows, eps, zero_tail):

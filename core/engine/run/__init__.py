@@ -1,3 +1,4 @@
 """The run room: the ``policyzoo train`` entry (:mod:`.train`), the session that builds a run
 (:mod:`.session`), the step loop (:mod:`.loop`), resume rules (:mod:`.resume`), every pre-run
-check (:mod:`.checks`) and start-up helpers (:mod:`.startup`)."""
+check (:mod:`.checks`), start-up helpers (:mod:`.startup`) and SIGINT / SIGTERM at start-up and at exit
+(:mod:`.interrupts`)."""

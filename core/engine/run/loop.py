@@ -23,6 +23,7 @@ from policyzoo.errors import Interrupted, TrainingError, UserError
 from policyzoo.step import step_seed, train_step
 
 from .checks import ZeroSignalWatch
+from .interrupts import SignalReceived, signal_name
 from .resume import write_checkpoint
 from .sources import batch_source
 from .startup import peak_rss_gib, rss_gib, trim_heap
@@ -49,14 +50,15 @@ class RunLoop:
     It owns, made here and nowhere else: ``rows_drawn`` (training rows drawn so far), ``source`` (where
     a step's batch comes from, see :mod:`~policyzoo.engine.run.sources`; ended by :meth:`close`),
     ``skips`` (skipped updates in a row), ``last_saved`` (the step of the last checkpoint),
-    ``stop_requested`` (a Ctrl-C / SIGTERM asked to stop after this step), ``eval_before`` (the step-0
-    evaluation record), ``last_eval`` / ``last_accuracy`` (the latest evaluation) and ``watch``."""
+    ``stop_requested`` (0, or the number of the SIGINT / SIGTERM that asked to stop after this step),
+    ``eval_before`` (the step-0 evaluation record), ``last_eval`` / ``last_accuracy`` (the latest
+    evaluation) and ``watch``."""
 
     def __init__(self, session, rows_drawn: int = 0):
         self.session, self.config, self.state = session, session.config, session.state
         self.rows_drawn = rows_drawn
         self.source = batch_source(session)
-        self.skips, self.last_saved, self.stop_requested = 0, self.state["step"], False
+        self.skips, self.last_saved, self.stop_requested = 0, self.state["step"], 0
         self.eval_before: dict = {}
         self.last_eval: dict = {}
         self.last_accuracy: float | None = None
@@ -173,7 +175,7 @@ class RunLoop:
 
     def _record(self, m: dict, step: int, lr: float) -> None:
         """Advance the counters by the merged record ``m`` and log it (metrics.jsonl, trackers)."""
-        self.stop_requested = bool(m.pop("stop_requested"))
+        self.stop_requested = int(m.pop("stop_requested"))  # the signal's number (the ranks' largest), or 0
         self.state["step"] = step
         self.state["tokens_seen"] += int(m["rollout_tokens"] + m["prompt_tokens"])
         m.update(lr=lr, tokens_seen=self.state["tokens_seen"], epoch=self.epoch())
@@ -203,7 +205,7 @@ class RunLoop:
 
     def train(self) -> dict:
         """Run the remaining steps (with checkpoints, exports and evaluations as configured), then
-        :meth:`finish`. The first Ctrl-C saves a checkpoint and raises :class:`Interrupted`."""
+        :meth:`finish`. The first SIGINT / SIGTERM saves a checkpoint and raises :class:`Interrupted`."""
         steps = self.config.train.steps
         if self.state["step"] == 0 and not self.eval_before:
             self.session.phase("first evaluation (held-out, greedy)")
@@ -222,9 +224,10 @@ class RunLoop:
         t, steps = self.config.train, self.config.train.steps
         if self.stop_requested:
             folder = self.save(export=True)
-            raise Interrupted(f"step {step}", f"stopped by Ctrl-C; checkpoint of step {step} saved in "
-                              f"{folder}, with a save_pretrained export of its weights in {folder / 'hf'}",
-                              f"policyzoo train --resume {self.session.rundir.path}")
+            raise Interrupted(f"step {step}", f"stopped by {signal_name(self.stop_requested)}; checkpoint of step "
+                              f"{step} saved in {folder}, with a save_pretrained export of its weights in "
+                              f"{folder / 'hf'}", f"policyzoo train --resume {self.session.rundir.path}",
+                              self.stop_requested)
         export = bool(t.export_every) and step % t.export_every == 0
         if (export or t.save_every and step % t.save_every == 0) and step < steps:
             self.save(export=export)
@@ -272,18 +275,18 @@ class RunLoop:
     def _deferred_sigint(self):
         """The first Ctrl-C (SIGINT) or SIGTERM (a scheduler's, ``timeout``'s) asks the loop to stop
         after the current step, save a checkpoint and exit (every rank stops at the same step: the
-        request is merged with the step's metrics); a second one interrupts at once."""
+        request, the signal's number, is merged with the step's metrics); a second one interrupts at
+        once (:class:`~policyzoo.engine.run.interrupts.SignalReceived`)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
 
         def handler(signum, frame):
             if self.stop_requested:
-                raise KeyboardInterrupt
-            self.stop_requested = True
-            what = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            self.session.console.print(f"{what}: stopping after this step and saving a checkpoint "
-                                       "(Ctrl-C again to abort)")
+                raise SignalReceived(signum)
+            self.stop_requested = signum
+            self.session.console.print(f"{signal_name(signum)}: stopping after this step and saving a checkpoint "
+                                       "(a second SIGINT or SIGTERM stops at once, without one)")
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield

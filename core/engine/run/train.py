@@ -12,13 +12,16 @@ number of batches drawn, so a resumed run repeats the uninterrupted run exactly 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from policyzoo.config import load_config
 from policyzoo.engine import dist
 from policyzoo.engine.process import check_vllm_threads, quiet_libraries, setup_process
 from policyzoo.engine.rundir import ResumeError
+from policyzoo.errors import Interrupted
 from policyzoo.host import rollout_dtype_notes
 
+from .interrupts import SignalReceived, quiet_teardown, raising_signals, signal_stop
 from .session import Session
 
 
@@ -32,15 +35,19 @@ def config_from_run_dir(run_dir: str, overrides: list[str] = ()):
     return load_config(str(path), None, list(overrides))
 
 
-def open_session(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False):
+def open_session(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False,
+                 prepared: Callable[[Session], None] | None = None):
     """Set up the process, run every check and load the models: a started
-    :class:`~policyzoo.engine.run.session.Session` (what ``policyzoo.Trainer`` drives step by step)."""
+    :class:`~policyzoo.engine.run.session.Session` (what ``policyzoo.Trainer`` drives step by step).
+    ``prepared(session)`` is called once the checks passed, before any model loads."""
     quiet_libraries(verbose)
     if config.engine.rollout == "vllm":
         check_vllm_threads(config.engine.threads)
     threads = setup_process(config.engine.threads, config.engine.kv_cache_gb)
     session = Session.prepare(config, resume, force_resume)  # every check; no model loaded yet
     session.verbose = verbose
+    if prepared is not None:
+        prepared(session)
     session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
                           f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
     for line in rollout_dtype_notes(config):  # engine.rollout_dtype: auto's choice
@@ -50,8 +57,22 @@ def open_session(config, resume: str | None = None, force_resume: bool = False, 
 
 
 def main(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False) -> dict:
-    """The whole run, then the process group left (:func:`policyzoo.engine.dist.close`), also after an error."""
+    """The whole run, then the process group left (:func:`policyzoo.engine.dist.close`), also after an error.
+
+    A SIGINT or SIGTERM before the first step (the checks, the models loading, the first evaluation)
+    raises :class:`~policyzoo.errors.Interrupted` saying that nothing was saved; during the steps the
+    loop saves a checkpoint first (:mod:`.interrupts`). Either way the exit is quiet."""
+    seen: list = []  # (the session, its step) once the checks passed
     try:
-        return open_session(config, resume, force_resume, verbose).train()
+        with raising_signals():
+            try:
+                return open_session(config, resume, force_resume, verbose,
+                                    lambda s: seen.append((s, s.state["step"]))).train()
+            except SignalReceived as e:
+                quiet_teardown()
+                raise signal_stop(e.signum, *(seen[0] if seen else (None, None)), resume) from None
+            except Interrupted:  # the loop's stop after a step, with its checkpoint
+                quiet_teardown()
+                raise
     finally:
         dist.close()

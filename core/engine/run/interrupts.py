@@ -1,0 +1,135 @@
+"""SIGINT (Ctrl-C) and SIGTERM (a scheduler's, ``timeout``'s, ``kill``'s) during ``policyzoo train``.
+
+* Start-up (the checks, loading the models, restoring a checkpoint, the first held-out evaluation):
+  the first signal stops the run at once. Nothing has been saved by this run, and the message says
+  so, naming the signal: ``interrupted during start-up (SIGTERM): nothing to save`` (with ``--resume``:
+  the checkpoint being resumed is unchanged) and how to continue.
+* Steps: the loop's own handler (:meth:`~policyzoo.engine.run.loop.RunLoop._deferred_sigint`) asks to
+  stop after the current step and saves a checkpoint first; a second signal stops at once, and the
+  message names the last checkpoint on disk (:func:`stopped_at_once`).
+* The exit status is 128 + the signal's number, the shells' convention: 130 for SIGINT, 143 for
+  SIGTERM (:attr:`policyzoo.errors.Interrupted.exit_code`).
+* The process leaves quietly: libraries built with nanobind (triton's ``libtriton``, which vLLM and
+  torch import) print a ``nanobind: leaked ...`` report of ~30 lines at interpreter exit when their
+  objects are still alive, as they are after an interrupt. nanobind prints it from its ``Py_AtExit``
+  callback, after the ``atexit`` handlers, and triton exposes no switch for it
+  (``nanobind::set_leak_warnings`` is C++ only), so :func:`quiet_teardown` points the process's
+  stderr at ``/dev/null`` from an ``atexit`` handler, once everything the run says was flushed (the
+  same as triton's ``_compile_warmup_pool`` does for its workers).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+
+from policyzoo.errors import Interrupted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def signal_name(signum: int) -> str:
+    """``SIGINT``, ``SIGTERM``, ...: the name the message gives a signal number."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class SignalReceived(KeyboardInterrupt):
+    """A SIGINT or SIGTERM turned into an exception (a ``KeyboardInterrupt``, so that code that lets
+    Ctrl-C through lets it through too), carrying ``signum``; the CLI exits with 128 + ``signum``."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(signal_name(signum))
+
+
+@contextlib.contextmanager
+def raising_signals():
+    """SIGINT and SIGTERM raise :class:`SignalReceived` in the main thread while the block runs (a
+    handler installed inside it, the loop's, takes over until it restores this one); the previous
+    handlers are restored after. Outside the main thread (where Python cannot install handlers) a
+    no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SignalReceived(signum)
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def signal_stop(signum: int, session, start: int | None, resume: str | None) -> Interrupted:
+    """The :class:`Interrupted` of a signal that stopped ``policyzoo train`` at once: at start-up (no
+    session yet, or still at the step ``start`` it began from, no step asked to stop, steps to do)
+    :func:`startup_interrupted`, else :func:`stopped_at_once`."""
+    asked = getattr(getattr(session, "loop", None), "stop_requested", 0)  # a first signal during a step
+    if session is None or (session.state["step"] == start < session.config.train.steps and not asked):
+        return startup_interrupted(signum, session, resume)
+    return stopped_at_once(signum, session)
+
+
+def startup_interrupted(signum: int, session, resume: str | None) -> Interrupted:
+    """The :class:`Interrupted` of a signal received before the first step: nothing saved, said with
+    the signal's name, what is on disk and how to go on. ``session``: the
+    :class:`~policyzoo.engine.run.session.Session` once its checks passed (its run directory and the
+    checkpoint it resumes), else None (the checks were still running)."""
+    name = signal_name(signum)
+    why = f"interrupted during start-up ({name}): nothing to save"
+    folder = session.rundir.path if session is not None else (resume and str(resume))
+    if resume:
+        step = session.state["step"] if session is not None else None
+        kept = f"the checkpoint of step {step} ({session.resume_from})" if step is not None else "its checkpoint"
+        return Interrupted(f"start-up of {folder}", f"{why}; {kept} is unchanged",
+                           f"policyzoo train --resume {folder}", signum)
+    if session is not None and (session.rundir.path / "config.yaml").exists():  # a new run with a folder
+        return Interrupted(f"start-up of {folder}", f"{why}; {folder} holds no checkpoint",
+                           f"delete {folder}, then run the same command again", signum)
+    return Interrupted("start-up" if folder is None else f"start-up of {folder}", f"{why} (no step was taken)",
+                       "run the same command again", signum)
+
+
+def stopped_at_once(signum: int, session) -> Interrupted:
+    """The :class:`Interrupted` of a signal after the first step that stops the run at once (a second
+    one while the loop finishes its step, or one while the run ends): what it was doing was not saved,
+    and the message names the last complete checkpoint on disk (``RUN_DIR/checkpoints/latest.json``),
+    or says there is none, instead of the first signal's promise of one."""
+    name, folder, step = signal_name(signum), session.rundir.path, session.state["step"]
+    at = f"step {step + 1}" if step < session.config.train.steps else "the end of the run"
+    try:
+        found = session.rundir.latest()
+    except Exception:  # noqa: BLE001 - a latest.json naming a missing folder: as if none
+        found = None
+    why = f"interrupted at once ({name}) during {at}: it was not saved"
+    if found is not None:
+        return Interrupted(at, f"{why}; the last checkpoint is step {found[1]['step']} ({found[0]})",
+                           f"policyzoo train --resume {folder}", signum)
+    return Interrupted(at, f"{why}; {folder} holds no checkpoint", f"delete {folder}, then run the same command again",
+                       signum)
+
+
+def quiet_teardown() -> None:
+    """From now on, the process's exit says nothing more: at exit (an ``atexit`` handler, so after
+    whatever the run prints, and before nanobind's leak report) stdout and stderr are flushed and file
+    descriptor 2 is pointed at ``/dev/null``. For a run that stops on a signal (see the module
+    docstring)."""
+    atexit.register(_stderr_to_devnull)
+
+
+def _stderr_to_devnull() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
