@@ -18,14 +18,15 @@ from policyzoo.engine.report.progress import eval_metric_name, progress_bar
 from policyzoo.engine.report.tracking import completion_rows
 from policyzoo.engine.rollout.tensor_parallel import follow_evaluation
 from policyzoo.engine.run.evaluate import evaluate as evaluate_held_out
-from policyzoo.errors import Interrupted, TrainingError, UserError
+from policyzoo.errors import Interrupted, UserError
 from policyzoo.step import step_seed, train_step
 
 from .checks import ZeroSignalWatch
 from .resume import write_checkpoint
 from .sources import batch_source
 from .startup import peak_rss_gib, rss_gib, trim_heap
-from .summary import print_done, run_summary
+from .stop import RunStopped, skip_stop
+from .summary import kept_text, print_done, run_summary
 
 
 def _at_step(error: UserError, step: str) -> None:
@@ -47,7 +48,8 @@ class RunLoop:
 
     It owns, made here and nowhere else: ``rows_drawn`` (training rows drawn so far), ``source`` (where
     a step's batch comes from, see :mod:`~policyzoo.engine.run.sources`; ended by :meth:`close`),
-    ``skips`` (skipped updates in a row), ``last_saved`` (the step of the last checkpoint),
+    ``skipped`` (the records of the skipped updates in a row; ``skips`` their count), ``trained_entropy``
+    (``(step, entropy)`` of the last step that trained), ``last_saved`` (the step of the last checkpoint),
     ``stop_requested`` (a Ctrl-C / SIGTERM asked to stop after this step), ``eval_before`` (the step-0
     evaluation record), ``last_eval`` / ``last_accuracy`` (the latest evaluation) and ``watch``."""
 
@@ -56,6 +58,8 @@ class RunLoop:
         self.rows_drawn = rows_drawn
         self.source = batch_source(session)
         self.skips, self.last_saved, self.stop_requested = 0, self.state["step"], False
+        self.skipped: list[dict] = []
+        self.trained_entropy: tuple[int, float] | None = None
         self.eval_before: dict = {}
         self.last_eval: dict = {}
         self.last_accuracy: float | None = None
@@ -113,8 +117,9 @@ class RunLoop:
     def step(self) -> dict:
         """One training step (sample, reward, update, sync): its merged metrics record, also written
         to ``metrics.jsonl``, the trackers and (every ``train.log_completions_every`` steps)
-        ``completions.jsonl``. Raises :class:`TrainingError` after ``train.max_consecutive_skips``
-        skipped updates in a row."""
+        ``completions.jsonl``. Raises :class:`~policyzoo.engine.run.stop.RunStopped` (a
+        :class:`~policyzoo.errors.TrainingError`) after ``train.max_consecutive_skips`` skipped updates in
+        a row, naming the cause (:func:`~policyzoo.engine.run.stop.skip_stop`)."""
         t = self.config.train
         step = self.state["step"] + 1
         runstate.update(step - 1, t.steps, self.epoch())
@@ -188,31 +193,41 @@ class RunLoop:
         self.session.tracker.log_completions(step, rows)
 
     def _check_skips(self, m: dict, step: int) -> None:
-        """Count skipped updates in a row; warn on zero signal; raise :class:`TrainingError` at
-        ``train.max_consecutive_skips``."""
-        self.skips = self.skips + 1 if m.get("skipped") else 0
+        """Count skipped updates in a row (keeping their records) and the last trained step's entropy;
+        warn on zero signal; raise :class:`RunStopped` at ``train.max_consecutive_skips``."""
+        if m.get("skipped"):
+            self.skipped.append(m)
+        else:
+            self.skipped = []
+            if "entropy" in m:
+                self.trained_entropy = (step, float(m["entropy"]))
+        self.skips = len(self.skipped)
         if (w := self.watch.update(m)) is not None:
             self.session.warn(f"step {step}: {w}")
         if self.skips >= self.config.train.max_consecutive_skips:
-            raise TrainingError(f"step {step}", f"{self.skips} optimizer steps in a row were skipped (last reason: "
-                                f"{m.get('skip_reason', 'non-finite loss or gradient')}); no weights were "
-                                "written by them; the last checkpoint holds the last good weights",
-                                "lower train.lr, check the reward components for NaN/inf, or raise "
-                                "train.max_consecutive_skips")
+            raise skip_stop(step, self.skipped, self.trained_entropy)
 
     def train(self) -> dict:
         """Run the remaining steps (with checkpoints, exports and evaluations as configured), then
-        :meth:`finish`. The first Ctrl-C saves a checkpoint and raises :class:`Interrupted`."""
+        :meth:`finish`. The first Ctrl-C saves a checkpoint and raises :class:`Interrupted`; a run that
+        stops by itself (:class:`RunStopped`) keeps its work (:meth:`finish` with the stop) and raises it."""
         steps = self.config.train.steps
         if self.state["step"] == 0 and not self.eval_before:
             self.session.phase("first evaluation (held-out, greedy)")
             self.evaluate()
-        with progress_bar(self.session.console, steps, self.state["step"]) as bar, self._deferred_sigint(), \
-                self._closed():
-            while self.state["step"] < steps:
-                m = self.step()
-                bar.advance(m, self.last_accuracy, self.eval_name(), self.last_eval.get("step"))
-                self._after_step(self.state["step"])
+        try:
+            with progress_bar(self.session.console, steps, self.state["step"]) as bar, self._deferred_sigint(), \
+                    self._closed():
+                while self.state["step"] < steps:
+                    m = self.step()
+                    bar.advance(m, self.last_accuracy, self.eval_name(), self.last_eval.get("step"))
+                    self._after_step(self.state["step"])
+        except RunStopped as stop:
+            self.session.console.print(f"stopping at step {self.state['step']}: {stop.reason}; keeping the work "
+                                       "(checkpoint, held-out evaluation, summary.json)", markup=False,
+                                       highlight=False)
+            self.finish(stop)
+            raise
         return self.finish()
 
     def _after_step(self, step: int) -> None:
@@ -230,19 +245,29 @@ class RunLoop:
         if t.eval_every and step % t.eval_every == 0 and step < steps:
             self.evaluate()
 
-    def finish(self) -> dict:
+    def finish(self, stop: RunStopped | None = None) -> dict:
         """Save the last checkpoint (unless saved at this step), evaluate (unless done at this step),
-        export ``final/``, write ``summary.json`` and close the trackers; returns the summary."""
+        export ``final/``, write ``summary.json``, remove ``run.pid`` and close the trackers; returns the
+        summary. After a ``stop`` (the run stopped by itself) the checkpoint is always written, with a
+        save_pretrained export in its ``hf/`` folder (as at Ctrl-C), no ``final/`` is exported (the run did
+        not finish), the summary says ``stopped_early`` and ``stop_reason``, and ``stop``'s message is
+        completed with what was kept (the caller raises it)."""
         s, step = self.session, self.state["step"]
         self.close()
-        if self.last_saved != step:
-            self.save()
+        folder = self.save(export=True) if stop is not None else self.save() if self.last_saved != step else None
         after = self.last_eval if self.last_eval.get("step") == step else self.evaluate()
-        s.trainer.export(str(s.rundir.path / "final"))
-        summary = run_summary(s, self, after)
+        if stop is None:
+            s.trainer.export(str(s.rundir.path / "final"))
+        summary = run_summary(s, self, after, stop)
         s.rundir.write_summary(summary)
         s.tracker.close()
-        print_done(s.console, summary, self.eval_name(), s.rundir.path / "final")
+        s.rundir.release()
+        if stop is None:
+            print_done(s.console, summary, self.eval_name(), s.rundir.path / "final")
+        else:
+            stop.add(kept_text(summary, folder, step - self.skips, self.eval_name()),
+                     f"then continue from that checkpoint with `policyzoo train --resume {s.rundir.path}` "
+                     "(add --force-resume after changing algorithm.* or rewards)")
         return summary
 
     def first_eval(self) -> float | None:

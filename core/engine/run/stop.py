@@ -1,0 +1,95 @@
+"""Why a run stops by itself, in words that name the real cause, and what it keeps.
+
+The loop counts skipped updates in a row; at ``train.max_consecutive_skips`` the run stops with a
+:class:`RunStopped` (a :class:`~policyzoo.errors.TrainingError`: exit 2). Two causes, told apart by
+the skipped steps' ``skip_reason`` (:mod:`policyzoo.step.learn`):
+
+* **nothing to train on**: the filters kept no rows (``no rows kept by the filters``), e.g. DAPO's
+  dynamic sampling when every group's samples got the same reward (a collapsed policy samples the
+  same answer G times; a task it always or never solves). No number is broken, so a lower
+  ``train.lr`` or a NaN check does nothing; what acts is more signal: more sampling rounds
+  (``train.max_sample_rounds``), a higher sampling temperature, an entropy bonus
+  (``algorithm.term``), or clip-higher, which acts only from the second update on a batch
+  (``train.updates_per_batch`` >= 2: the first ratio is exactly 1).
+* **non-finite numbers**: a NaN/inf reward, log-prob, loss or gradient (``non-finite ...``); the
+  fixes are the learning rate and the reward components.
+
+Either way the work is kept: a skipped update writes nothing (``Trainer.step`` drops the gradients
+without stepping the optimizer or its lr schedule; a step with no row kept never calls it, and the
+stateful components are updated only after a real update), so the current weights are the last
+good ones. :meth:`RunLoop.finish <policyzoo.engine.run.loop.RunLoop.finish>` checkpoints them (with
+a save_pretrained export), runs the final held-out evaluation, writes ``summary.json`` with
+``"stopped_early": true`` and ``"stop_reason"``, removes ``run.pid``, and then the error is raised.
+"""
+
+from __future__ import annotations
+
+from policyzoo.errors import TrainingError
+
+#: ``skip_reason`` of a step whose filters kept no row (``policyzoo.step.learn``), on one rank or several
+NOTHING_KEPT = "no rows kept by the filters"
+#: the filter reason of constant groups (``nonconstant_groups``: DAPO's dynamic sampling)
+ZERO_STD = "zero_std_group"
+
+
+class RunStopped(TrainingError):
+    """The run stopped by itself at a step boundary, its work kept (exit 2). ``reason``: one line,
+    ``summary.json``'s ``stop_reason``; ``cause``: ``nothing_to_train_on`` or ``non_finite``."""
+
+    def __init__(self, where: str, why: str, fix: str, reason: str, cause: str):
+        super().__init__(where, why, fix)
+        self.reason, self.cause = reason, cause
+
+    def add(self, why: str = "", fix: str = "") -> None:
+        """Append to the message (what was kept, how to continue) in place."""
+        self.why = f"{self.why}; {why}" if why else self.why
+        self.fix = f"{self.fix}; {fix}" if fix else self.fix
+        self.args = (self.render(),)
+
+
+def skip_stop(step: int, skipped: list[dict], entropy: tuple[int, float] | None = None) -> RunStopped:
+    """The stop after ``skipped`` (the metrics records of the skipped steps in a row, the last one
+    at step ``step``), naming its cause. ``entropy``: ``(step, nats per token)`` of the last step that
+    trained (the policy's mean token entropy then), or None when none has."""
+    n, last = len(skipped), skipped[-1]
+    reason = str(last.get("skip_reason", "non-finite loss or gradient"))
+    if reason.startswith(NOTHING_KEPT):
+        return _nothing_kept(step, n, last, reason, entropy)
+    return RunStopped(f"step {step}", f"{n} optimizer steps in a row were skipped (last reason: {reason}); no "
+                      "weights were written by them", "lower train.lr, check the reward components for NaN/inf, or "
+                      "raise train.max_consecutive_skips", f"{n} optimizer steps in a row skipped: {reason}",
+                      "non_finite")
+
+
+def _nothing_kept(step: int, n: int, last: dict, reason: str, entropy: tuple[int, float] | None) -> RunStopped:
+    sampled, rounds = int(last.get("sampled_rows", 0)), int(last.get("sample_rounds", 1))
+    dropped = {k.removeprefix("filtered/"): int(v) for k, v in last.items() if k.startswith("filtered/") and v}
+    zero = dropped.pop(ZERO_STD, 0)
+    frac = zero / sampled if sampled else 0.0
+    where = reason.removeprefix(NOTHING_KEPT)  # " on rank 1" with several ranks
+    facts = [f"of the {sampled} rows sampled in {rounds} round{'s' * (rounds != 1)}{where} at step {step}, the "
+             f"filters kept none"]
+    if zero:
+        facts.append(f"{zero} ({frac:.0%}) were in zero-std groups: every sample of a prompt got the same reward, "
+                     "so every advantage would be 0")
+    facts += [f"{k}: {v} dropped" for k, v in sorted(dropped.items())]
+    facts.append(f"policy entropy {entropy[1]:.3g} nats/token at step {entropy[0]}, the last step that trained"
+                 if entropy else "no step has trained yet")
+    why = (f"{n} step{'s' * (n != 1)} in a row had nothing to train on (no update, nothing wrong with the "
+           f"numbers): {'; '.join(facts)}")
+    if zero:
+        fix = ("give the filter groups that differ: raise train.max_sample_rounds (dynamic sampling used "
+               f"{rounds}), raise the sampling temperature (algorithm.sample.temperature), add an entropy bonus "
+               "(algorithm.term=[{use: entropy, coef: 0.001}]) or use clip-higher (algorithm.clip.eps_high) with "
+               "train.updates_per_batch >= 2; an easier task also helps (lower train.lr or NaN checks do not)")
+    else:
+        fix = (f"loosen the filters that dropped the rows (algorithm.filter) or raise train.max_sample_rounds "
+               f"(used {rounds})")
+    ent = f", entropy {entropy[1]:.3g} at step {entropy[0]}" if entropy else ""
+    lost = [f"zero-std groups: {zero}"] if zero else []
+    lost += [f"{k}: {v}" for k, v in sorted(dropped.items())]
+    short = (f"nothing to train on for {n} step{'s' * (n != 1)} in a row: the filters kept no rows "
+             f"({', '.join(lost) or 'none dropped'} of {sampled} rows sampled in {rounds} "
+             f"round{'s' * (rounds != 1)}{ent})")
+    return RunStopped(f"step {step}", why, f"{fix}; or raise train.max_consecutive_skips", short,
+                      "nothing_to_train_on")
