@@ -140,7 +140,7 @@ def test_a_run_stopped_by_skips_checkpoints_evaluates_and_writes_its_summary(tmp
     assert f"policyzoo train --resume {s.rundir.path}" in msg
     assert "policy entropy 0.5 nats/token at step 3" in msg  # the last trained step's entropy
     console = (tmp_path / "console.txt").read_text()
-    assert "stopping at step 5: nothing to train on" in console
+    assert "stopping: nothing to train on for 2 steps in a row" in console
 
 
 def test_a_finished_run_says_it_did_not_stop_and_releases_its_pid(tmp_path):

@@ -193,22 +193,17 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
                 [origin[id(r)] for r in train], [origin[id(r)] for r in held], warnings, missing)
 
 
-def _nothing_to_train(where: str, rows: list[dict], pool: list[dict], held: list[dict], examples: list[dict],
-                      column: str) -> None:
-    """Raise the :class:`DataError` of a file that leaves no training row, naming why: prompts that
-    repeat (held-out rows are chosen by distinct prompt and every row of a held-out prompt leaves
-    training, so holding out as many prompts as there are leaves nothing, whatever the row count),
-    else the counts held out and used as few-shot examples."""
+def _nothing_to_train(where: str, rows: list, pool: list, held: list, examples: list, column: str) -> None:
+    """Raise the :class:`DataError` of a file that leaves no training row, naming why: prompts that repeat
+    (rows are held out by distinct prompt, with all their repeats), else the counts held out and few-shot."""
     distinct = len({prompt_key(r.get(column)) for r in rows})
-    if len(pool) < len(rows) - len(held) and distinct <= len(held):  # rows left out by a repeated held-out prompt
-        keep = distinct - 1
+    if len(pool) < len(rows) - len(held) and distinct == len(held):  # every prompt held out, its repeats left out
+        n = max((distinct - 1) // 4, 1)
+        fewer = f"hold out fewer prompts (data.eval_size={n} leaves {distinct - n} to train on), " * (distinct > 1)
         raise DataError(where, f"no training rows left: the prompts repeat: {distinct} distinct of {len(rows)} rows; "
                         "held-out rows are split by distinct prompt (every row of a held-out prompt leaves "
-                        f"training), so holding out {len(held)} prompts takes all {len(rows)} rows",
-                        f"hold out fewer prompts than the {distinct} distinct ones (data.eval_size={max(keep // 4, 1)} "
-                        f"leaves {distinct - max(keep // 4, 1)} prompts to train on), give a separate held-out file "
-                        "with data.eval_path, or set data.eval_size=0 to train on every row without a held-out "
-                        "evaluation")
+                        f"training), so holding out {len(held)} prompts takes all {len(rows)} rows", f"{fewer}give a "
+                        "separate held-out file with data.eval_path, or set data.eval_size=0 (no held-out evaluation)")
     raise DataError(where, f"no training rows left: {len(rows)} rows, {len(rows) - len(pool)} held out for "
                     f"evaluation, {len(examples)} used as few-shot examples",
                     "lower data.eval_size or data.few_shot, or set data.eval_split")

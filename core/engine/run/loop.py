@@ -25,8 +25,8 @@ from .checks import ZeroSignalWatch
 from .resume import write_checkpoint
 from .sources import batch_source
 from .startup import peak_rss_gib, rss_gib, trim_heap
-from .stop import RunStopped, skip_stop
-from .summary import kept_text, print_done, run_summary
+from .stop import RunStopped, SkipWatch
+from .summary import print_done, run_summary
 
 
 def _at_step(error: UserError, step: str) -> None:
@@ -48,8 +48,7 @@ class RunLoop:
 
     It owns, made here and nowhere else: ``rows_drawn`` (training rows drawn so far), ``source`` (where
     a step's batch comes from, see :mod:`~policyzoo.engine.run.sources`; ended by :meth:`close`),
-    ``skipped`` (the records of the skipped updates in a row; ``skips`` their count), ``trained_entropy``
-    (``(step, entropy)`` of the last step that trained), ``last_saved`` (the step of the last checkpoint),
+    ``skips`` (skipped updates in a row: a :class:`SkipWatch`), ``last_saved`` (the step of the last checkpoint),
     ``stop_requested`` (a Ctrl-C / SIGTERM asked to stop after this step), ``eval_before`` (the step-0
     evaluation record), ``last_eval`` / ``last_accuracy`` (the latest evaluation) and ``watch``."""
 
@@ -57,9 +56,7 @@ class RunLoop:
         self.session, self.config, self.state = session, session.config, session.state
         self.rows_drawn = rows_drawn
         self.source = batch_source(session)
-        self.skips, self.last_saved, self.stop_requested = 0, self.state["step"], False
-        self.skipped: list[dict] = []
-        self.trained_entropy: tuple[int, float] | None = None
+        self.skips, self.last_saved, self.stop_requested = SkipWatch(self.config.train), self.state["step"], False
         self.eval_before: dict = {}
         self.last_eval: dict = {}
         self.last_accuracy: float | None = None
@@ -117,9 +114,8 @@ class RunLoop:
     def step(self) -> dict:
         """One training step (sample, reward, update, sync): its merged metrics record, also written
         to ``metrics.jsonl``, the trackers and (every ``train.log_completions_every`` steps)
-        ``completions.jsonl``. Raises :class:`~policyzoo.engine.run.stop.RunStopped` (a
-        :class:`~policyzoo.errors.TrainingError`) after ``train.max_consecutive_skips`` skipped updates in
-        a row, naming the cause (:func:`~policyzoo.engine.run.stop.skip_stop`)."""
+        ``completions.jsonl``. Raises :class:`RunStopped` (a ``TrainingError`` naming the cause) after
+        ``train.max_consecutive_skips`` skipped updates in a row."""
         t = self.config.train
         step = self.state["step"] + 1
         runstate.update(step - 1, t.steps, self.epoch())
@@ -193,24 +189,16 @@ class RunLoop:
         self.session.tracker.log_completions(step, rows)
 
     def _check_skips(self, m: dict, step: int) -> None:
-        """Count skipped updates in a row (keeping their records) and the last trained step's entropy;
-        warn on zero signal; raise :class:`RunStopped` at ``train.max_consecutive_skips``."""
-        if m.get("skipped"):
-            self.skipped.append(m)
-        else:
-            self.skipped = []
-            if "entropy" in m:
-                self.trained_entropy = (step, float(m["entropy"]))
-        self.skips = len(self.skipped)
+        """Warn on zero signal; raise :class:`RunStopped` at ``train.max_consecutive_skips`` skips in a row."""
         if (w := self.watch.update(m)) is not None:
             self.session.warn(f"step {step}: {w}")
-        if self.skips >= self.config.train.max_consecutive_skips:
-            raise skip_stop(step, self.skipped, self.trained_entropy)
+        if (stop := self.skips.update(m, step)) is not None:
+            raise stop
 
     def train(self) -> dict:
         """Run the remaining steps (with checkpoints, exports and evaluations as configured), then
-        :meth:`finish`. The first Ctrl-C saves a checkpoint and raises :class:`Interrupted`; a run that
-        stops by itself (:class:`RunStopped`) keeps its work (:meth:`finish` with the stop) and raises it."""
+        :meth:`finish`. The first Ctrl-C saves a checkpoint and raises :class:`Interrupted`; a
+        :class:`RunStopped` is raised after :meth:`finish` has kept the work."""
         steps = self.config.train.steps
         if self.state["step"] == 0 and not self.eval_before:
             self.session.phase("first evaluation (held-out, greedy)")
@@ -223,9 +211,7 @@ class RunLoop:
                     bar.advance(m, self.last_accuracy, self.eval_name(), self.last_eval.get("step"))
                     self._after_step(self.state["step"])
         except RunStopped as stop:
-            self.session.console.print(f"stopping at step {self.state['step']}: {stop.reason}; keeping the work "
-                                       "(checkpoint, held-out evaluation, summary.json)", markup=False,
-                                       highlight=False)
+            self.session.console.print(f"stopping: {stop.reason}; keeping the work", markup=False, highlight=False)
             self.finish(stop)
             raise
         return self.finish()
@@ -247,11 +233,8 @@ class RunLoop:
 
     def finish(self, stop: RunStopped | None = None) -> dict:
         """Save the last checkpoint (unless saved at this step), evaluate (unless done at this step),
-        export ``final/``, write ``summary.json``, remove ``run.pid`` and close the trackers; returns the
-        summary. After a ``stop`` (the run stopped by itself) the checkpoint is always written, with a
-        save_pretrained export in its ``hf/`` folder (as at Ctrl-C), no ``final/`` is exported (the run did
-        not finish), the summary says ``stopped_early`` and ``stop_reason``, and ``stop``'s message is
-        completed with what was kept (the caller raises it)."""
+        export ``final/``, write ``summary.json``, remove ``run.pid``, close the trackers; returns the summary.
+        After a ``stop``: a checkpoint with its ``hf/`` export, no ``final/``, and :meth:`RunStopped.kept`."""
         s, step = self.session, self.state["step"]
         self.close()
         folder = self.save(export=True) if stop is not None else self.save() if self.last_saved != step else None
@@ -265,9 +248,7 @@ class RunLoop:
         if stop is None:
             print_done(s.console, summary, self.eval_name(), s.rundir.path / "final")
         else:
-            stop.add(kept_text(summary, folder, step - self.skips, self.eval_name()),
-                     f"then continue from that checkpoint with `policyzoo train --resume {s.rundir.path}` "
-                     "(add --force-resume after changing algorithm.* or rewards)")
+            stop.kept(summary, folder, step - self.skips.count, self.eval_name())
         return summary
 
     def first_eval(self) -> float | None:

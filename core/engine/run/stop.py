@@ -24,6 +24,9 @@ a save_pretrained export), runs the final held-out evaluation, writes ``summary.
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 from policyzoo.errors import TrainingError
 
 #: ``skip_reason`` of a step whose filters kept no row (``policyzoo.step.learn``), on one rank or several
@@ -40,11 +43,44 @@ class RunStopped(TrainingError):
         super().__init__(where, why, fix)
         self.reason, self.cause = reason, cause
 
-    def add(self, why: str = "", fix: str = "") -> None:
-        """Append to the message (what was kept, how to continue) in place."""
-        self.why = f"{self.why}; {why}" if why else self.why
-        self.fix = f"{self.fix}; {fix}" if fix else self.fix
+    def kept(self, summary: dict, folder: Path, last_good: int, eval_name: str) -> None:
+        """Complete the message (in place) with what the stopped run kept: the checkpoint ``folder`` (with
+        its ``hf/`` export) of the last good weights (those of step ``last_good``: the skipped updates wrote
+        nothing), the held-out value after (``summary``'s) and ``summary.json``; and how to continue."""
+        acc = summary["eval_accuracy_after"]
+        acc = f"{acc:.2f}" if isinstance(acc, float) and math.isfinite(acc) else "n/a (nothing held out)"
+        weights = f"the weights of step {last_good}" if last_good > 0 else "the initial weights"
+        run_dir = Path(summary["run_dir"])
+        self.why = (f"{self.why}; kept: checkpoint of step {summary['steps']} in {folder}, with a save_pretrained "
+                    f"export in {folder / 'hf'} (the skipped updates wrote nothing: these are {weights}, the last "
+                    f"good ones); held-out {eval_name.removeprefix('held-out ')} after: {acc}; "
+                    f"{run_dir / 'summary.json'} (stopped_early: true)")
+        self.fix = (f"{self.fix}; then continue from that checkpoint with `policyzoo train --resume {run_dir}` (add "
+                    "--force-resume after changing algorithm.* or rewards)")
         self.args = (self.render(),)
+
+
+class SkipWatch:
+    """Skipped updates in a row (their metrics records) and the entropy of the last step that trained;
+    :meth:`update` returns the :class:`RunStopped` (:func:`skip_stop`) when the count reaches ``limit``,
+    ``train.max_consecutive_skips`` of the ``train`` settings."""
+
+    def __init__(self, train):
+        self.limit, self.skipped = train.max_consecutive_skips, []
+        self.entropy: tuple[int, float] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.skipped)
+
+    def update(self, metrics: dict, step: int) -> RunStopped | None:
+        if not metrics.get("skipped"):
+            self.skipped = []
+            if "entropy" in metrics:
+                self.entropy = (step, float(metrics["entropy"]))
+            return None
+        self.skipped.append(metrics)
+        return skip_stop(step, self.skipped, self.entropy) if self.count >= self.limit else None
 
 
 def skip_stop(step: int, skipped: list[dict], entropy: tuple[int, float] | None = None) -> RunStopped:

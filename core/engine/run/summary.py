@@ -61,19 +61,6 @@ def run_summary(session, loop, after: dict, stop=None) -> dict:
                if k.startswith("eval_accuracy/")}}
 
 
-def kept_text(summary: dict, folder: Path, last_trained: int, eval_name: str) -> str:
-    """What a stopped run kept, for its error message: the checkpoint ``folder`` (with its ``hf/``
-    export) of the last good weights (those of step ``last_trained``: the skipped updates wrote
-    nothing), the held-out value after and ``summary.json``."""
-    acc = summary["eval_accuracy_after"]
-    acc = f"{acc:.2f}" if isinstance(acc, float) and math.isfinite(acc) else "n/a (nothing held out)"
-    weights = f"the weights of step {last_trained}" if last_trained > 0 else "the initial weights"
-    return (f"kept: checkpoint of step {summary['steps']} in {folder}, with a save_pretrained export in "
-            f"{folder / 'hf'} (the skipped updates wrote nothing: these are {weights}, the last good ones); "
-            f"held-out {eval_name.removeprefix('held-out ')} after: {acc}; "
-            f"{Path(summary['run_dir']) / 'summary.json'} (stopped_early: true)")
-
-
 def print_done(console, summary: dict, eval_name: str, final: Path) -> None:
     """``done: held-out accuracy 0.25 -> 0.50; export in RUN_DIR/final`` (``n/a`` for a missing value)."""
     acc = [summary["eval_accuracy_before"], summary["eval_accuracy_after"]]
