@@ -140,7 +140,8 @@ def test_a_run_stopped_by_skips_checkpoints_evaluates_and_writes_its_summary(tmp
     assert f"policyzoo train --resume {s.rundir.path}" in msg
     assert "policy entropy 0.5 nats/token at step 3" in msg  # the last trained step's entropy
     console = (tmp_path / "console.txt").read_text()
-    assert "stopping: nothing to train on for 2 steps in a row" in console
+    assert "step 5/10  reward nan  len 0  0 tok/s  unscorable 1 (fn)  skipped (nothing kept)\n" \
+        "stopping: nothing to train on for 2 steps in a row" in console  # the stopping step's line, then why
 
 
 def test_a_finished_run_says_it_did_not_stop_and_releases_its_pid(tmp_path):
@@ -230,7 +231,9 @@ def test_a_tiny_run_whose_filter_keeps_nothing_stops_and_keeps_its_work(tmp_path
     assert [(m["step"], m["skipped"], m["skip_reason"]) for m in metrics(out)] == \
         [(1, 1, "no rows kept by the filters"), (2, 1, "no rows kept by the filters")]
     # the step's console line says the skip and the unscorable row (row 0 of the step's 16)
-    assert "step 1/4" in err and "unscorable 1 (constant_reward_nan_first) skipped (nothing kept)" in err
+    for step in (1, 2):  # the stopping step's line too
+        assert f"step {step}/4" in err
+    assert err.count("unscorable 1 (constant_reward_nan_first) skipped (nothing kept)") == 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_early"] is True and summary["steps"] == 2
     assert "zero-std groups: 16 of 16 rows sampled in 1 round" in summary["stop_reason"]

@@ -14,7 +14,7 @@ from policyzoo.contract import runstate
 from policyzoo.data import rows_at
 from policyzoo.engine import dist
 from policyzoo.engine.device import gpu_memory_metrics
-from policyzoo.engine.report.progress import eval_metric_name, progress_bar
+from policyzoo.engine.report.progress import eval_metric_name, progress_bar, summary_text
 from policyzoo.engine.report.tracking import completion_rows
 from policyzoo.engine.rollout.tensor_parallel import follow_evaluation
 from policyzoo.engine.run.evaluate import evaluate as evaluate_held_out
@@ -112,10 +112,9 @@ class RunLoop:
         return rec
 
     def step(self) -> dict:
-        """One training step (sample, reward, update, sync): its merged metrics record, also written
-        to ``metrics.jsonl``, the trackers and (every ``train.log_completions_every`` steps)
-        ``completions.jsonl``. Raises :class:`RunStopped` (a ``TrainingError`` naming the cause) after
-        ``train.max_consecutive_skips`` skipped updates in a row."""
+        """One training step (sample, reward, update, sync): its merged metrics record, also written to
+        ``metrics.jsonl``, the trackers and (every ``train.log_completions_every`` steps) ``completions.jsonl``.
+        Raises :class:`RunStopped` (naming the cause) after ``train.max_consecutive_skips`` skips in a row."""
         t = self.config.train
         step = self.state["step"] + 1
         runstate.update(step - 1, t.steps, self.epoch())
@@ -210,8 +209,9 @@ class RunLoop:
                     m = self.step()
                     bar.advance(m, self.last_accuracy, self.eval_name(), self.last_eval.get("step"))
                     self._after_step(self.state["step"])
-        except RunStopped as stop:
-            self.session.console.print(f"stopping: {stop.reason}; keeping the work", markup=False, highlight=False)
+        except RunStopped as stop:  # the stopping step's line (the bar ended with the exception), then why
+            line = f"step {self.state['step']}/{steps}  {summary_text(stop.metrics, None)}\nstopping: {stop.reason}"
+            self.session.console.print(f"{line}; keeping the work", markup=False, highlight=False)
             self.finish(stop)
             raise
         return self.finish()

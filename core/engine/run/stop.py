@@ -37,11 +37,12 @@ ZERO_STD = "zero_std_group"
 
 class RunStopped(TrainingError):
     """The run stopped by itself at a step boundary, its work kept (exit 2). ``reason``: one line,
-    ``summary.json``'s ``stop_reason``; ``cause``: ``nothing_to_train_on`` or ``non_finite``."""
+    ``summary.json``'s ``stop_reason``; ``cause``: ``nothing_to_train_on`` or ``non_finite``;
+    ``metrics``: the record of the step it stopped at."""
 
-    def __init__(self, where: str, why: str, fix: str, reason: str, cause: str):
+    def __init__(self, where: str, why: str, fix: str, reason: str, cause: str, metrics: dict | None = None):
         super().__init__(where, why, fix)
-        self.reason, self.cause = reason, cause
+        self.reason, self.cause, self.metrics = reason, cause, metrics or {}
 
     def kept(self, summary: dict, folder: Path, last_good: int, eval_name: str) -> None:
         """Complete the message (in place) with what the stopped run kept: the checkpoint ``folder`` (with
@@ -94,7 +95,7 @@ def skip_stop(step: int, skipped: list[dict], entropy: tuple[int, float] | None 
     return RunStopped(f"step {step}", f"{n} optimizer steps in a row were skipped (last reason: {reason}); no "
                       "weights were written by them", "lower train.lr, check the reward components for NaN/inf, or "
                       "raise train.max_consecutive_skips", f"{n} optimizer steps in a row skipped: {reason}",
-                      "non_finite")
+                      "non_finite", last)
 
 
 def _nothing_kept(step: int, n: int, last: dict, reason: str, entropy: tuple[int, float] | None) -> RunStopped:
@@ -128,4 +129,4 @@ def _nothing_kept(step: int, n: int, last: dict, reason: str, entropy: tuple[int
              f"({', '.join(lost) or 'none dropped'} of {sampled} rows sampled in {rounds} "
              f"round{'s' * (rounds != 1)}{ent})")
     return RunStopped(f"step {step}", why, f"{fix}; or raise train.max_consecutive_skips", short,
-                      "nothing_to_train_on")
+                      "nothing_to_train_on", last)
