@@ -72,9 +72,11 @@ class SkipWatch:
 
     @property
     def count(self) -> int:
+        """Skipped updates in a row so far."""
         return len(self.skipped)
 
     def update(self, metrics: dict, step: int) -> RunStopped | None:
+        """Book step ``step``'s merged record ``metrics`` (``skipped``, ``skip_reason``, ``entropy`` ...)."""
         if not metrics.get("skipped"):
             self.skipped = []
             if "entropy" in metrics:
