@@ -77,7 +77,9 @@ class TrainSettings(Section):
     reward_nan: Literal["unscorable", "nansum"] = Field(
         "unscorable", description="a reward component's NaN makes the row unscorable ('unscorable'), or counts "
                                   "as 0 in the weighted sum unless every component is NaN ('nansum', TRL)")
-    max_consecutive_skips: int = Field(3, ge=1, description="stop after this many non-finite updates in a row")
+    max_consecutive_skips: int = Field(3, ge=1, description="stop after this many skipped updates in a row "
+                                       "(non-finite numbers, or filters that kept no row); the run keeps its work: "
+                                       "checkpoint, held-out evaluation, summary.json with stopped_early")
     seed: int = Field(0, description="seed of the sampling streams (each step's seed derives from it)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     eval_every: int = Field(0, ge=0, description="held-out greedy accuracy every N steps (0: first and last)")

@@ -146,6 +146,29 @@ def test_nothing_left_to_train_on(tmp_path):
     assert "eval_size" in e.value.fix
 
 
+def test_repeating_prompts_are_named_with_a_fix_that_acts(tmp_path):
+    # 40 rows, 4 distinct prompts (each repeated 10 times): eval_size=10 is < half of 40 rows, so 10 distinct
+    # prompts are asked for; only 4 exist, all 4 are held out and their 36 repeats leave training -> 0 rows left
+    rows = [{"q": f"What is {i % 4} + 1?", "a": str(i % 4 + 1)} for i in range(40)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(DataError) as e:
+        load(path, eval_size=10)
+    assert "the prompts repeat: 4 distinct of 40 rows" in e.value.why
+    assert "split by distinct prompt" in e.value.why and "lower data.eval_size" not in e.value.fix
+    # (4 - 1) // 4 = 0 -> at least 1 prompt held out, 4 - 1 = 3 left
+    assert "hold out fewer prompts (data.eval_size=1 leaves 3 to train on)" in e.value.fix
+    assert "data.eval_path" in e.value.fix
+    # the fix acts: one held-out prompt (its 10 rows held out as 1 row + 9 left out), 3 prompts x 10 rows train
+    task = load(path, eval_size=1)
+    assert (len(task.eval_rows), len(task.train_rows)) == (1, 30)
+    assert (len(load(path, eval_size=0).train_rows)) == 40  # and no held-out set: every row trains
+    one = write_jsonl(tmp_path / "one.jsonl", [{"q": "What is 1 + 1?", "a": "2"}] * 10)  # 1 prompt: none to spare
+    with pytest.raises(DataError) as e:
+        load(one, eval_size=2)
+    assert "1 distinct of 10 rows" in e.value.why
+    assert "fewer prompts" not in e.value.fix and "eval_size=0" in e.value.fix
+
+
 def test_eval_size_never_takes_a_small_file(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", ROWS)
     # 12 rows: a count of 6 or more would hold out half of them or more -> none held out, one warning

@@ -1,9 +1,10 @@
 """Faults during a real run (tiny Llama, transformers rollout, DeepSpeed ZeRO 0, one rank).
 
 * a reward that turns +inf after two steps: the updates are skipped and logged with the
-  offending groups, the run stops after ``train.max_consecutive_skips`` with a clear message, the
-  last checkpoint holds the last good (finite) weights and still loads (``--force-resume``,
-  since the reward config must change to go on);
+  offending groups, the run stops after ``train.max_consecutive_skips`` with a clear message and
+  keeps its work: a checkpoint of the stop step holding the last good weights (and Adam moments:
+  the skipped updates wrote nothing), the held-out evaluation and summary.json; it loads
+  (``--force-resume``, since the reward config must change to go on);
 * a reward function that raises: the error names the function and the row;
 * Ctrl-C (SIGINT): the step finishes, a checkpoint is saved, exit status 130, and it resumes.
 
@@ -70,13 +71,22 @@ def _run(cmd, timeout=900):
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def test_non_finite_rewards_skip_updates_then_stop_and_the_checkpoint_survives(tmp_path):
+def _states(folder):
+    """The policy's weights and optimizer state of a checkpoint folder (ZeRO 0: both in model_states.pt)."""
+    from policyzoo.engine.rundir import weights_only_load
+
+    states = weights_only_load(str(next((folder / "policy").glob("*model_states.pt"))), map_location="cpu")
+    return states["module"], states["optimizer"]["state"]
+
+
+def test_non_finite_rewards_skip_updates_then_stop_and_the_run_keeps_its_work(tmp_path):
     out = tmp_path / "run"
     r = _run(train_cmd(out, *FAST, _reward("inf_from_step_3"), "train.steps=10", "train.save_every=2",
                        "train.max_consecutive_skips=2"))
     assert r.returncode == 2, r.stderr[-3000:]
-    assert "error at step 4:" in r.stderr and "2 optimizer steps in a row were skipped" in r.stderr
-    assert "non-finite rewards" in r.stderr and "Traceback" not in r.stderr
+    err = " ".join(r.stderr.split())
+    assert "error at step 4:" in err and "2 optimizer steps in a row were skipped" in err
+    assert "non-finite rewards" in err and "Traceback" not in err and "fix: lower train.lr" in err
     m = metrics(out)
     # steps 1-2 train; steps 3-4 skip, each naming the group of row 3 (prompt 0 of the step, G = 8):
     # group ids count on over the run, 2 prompts a step, so step s's first group is 2 * (s - 1)
@@ -85,18 +95,32 @@ def test_non_finite_rewards_skip_updates_then_stop_and_the_checkpoint_survives(t
         assert x["skip_reason"] == "non-finite rewards" and x["skip_groups"] == [2 * (x["step"] - 1)]
         assert len(x["skip_prompts"]) == 1
         assert "grad_norm" not in x and "sync_max_diff" not in x  # no optimizer step, no sync
+    # the work is kept: a checkpoint of step 4 (with its hf/ export), the held-out evaluation, the summary
     latest = json.loads((out / "checkpoints" / "latest.json").read_text())
-    assert latest == {"step": 2, "path": "step-000002"}
-    assert not (out / "final").exists()  # nothing exported from a failed run
+    assert latest == {"step": 4, "path": "step-000004"}
+    assert f"kept: checkpoint of step 4 in {out / 'checkpoints' / 'step-000004'}" in err
+    assert "these are the weights of step 2, the last good ones" in err
+    assert (out / "checkpoints" / "step-000004" / "hf" / "model.safetensors").is_file()
+    assert not (out / "final").exists() and not (out / "run.pid").exists()  # the run did not finish: no final/
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_early"] is True and summary["stop_cause"] == "non_finite"
+    assert summary["stop_reason"] == "2 optimizer steps in a row skipped: non-finite rewards"
+    assert [x["step"] for x in metrics(out, "eval")] == [0, 4] and summary["eval_accuracy_after"] is not None
+    # a skipped update writes nothing: step 4's weights and Adam moments are step 2's, bit for bit
+    (w2, opt2), (w4, opt4) = (_states(out / "checkpoints" / f"step-00000{s}") for s in (2, 4))
+    assert w2.keys() == w4.keys() and all(torch.equal(w2[k], w4[k]) for k in w2)
+    assert opt2.keys() == opt4.keys() and len(opt2) > 0
+    assert all(torch.equal(torch.as_tensor(opt2[i][k]), torch.as_tensor(opt4[i][k])) for i in opt2 for k in opt2[i])
 
-    # the last good checkpoint loads; two finite steps more and the export holds finite weights
-    r = _run(train_cmd(out, *FAST, "train.steps=4", algo=None)[:4] + [
-        "--resume", str(out), "--force-resume", "train.steps=4", 'rewards=[{use: function, function: '
+    # the kept checkpoint loads; two finite steps more and the export holds finite weights
+    r = _run(train_cmd(out, *FAST, "train.steps=6", algo=None)[:4] + [
+        "--resume", str(out), "--force-resume", "train.steps=6", 'rewards=[{use: function, function: '
         '"policyzoo.testing.tiny:spread_reward"}]'])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--force-resume: loading" in r.stderr
     m = metrics(out)
-    assert [x["step"] for x in m] == [1, 2, 3, 4] and [x["skipped"] for x in m] == [0, 0, 0, 0]
+    assert [x["step"] for x in m] == [1, 2, 3, 4, 5, 6] and [x["skipped"] for x in m] == [0, 0, 1, 1, 0, 0]
+    assert json.loads((out / "summary.json").read_text())["stopped_early"] is False
     weights = load_file(out / "final" / "model.safetensors")
     assert all(torch.isfinite(t).all() for t in weights.values())
 

@@ -146,7 +146,9 @@ CASES = {
     "pre.rundir.check_live": [("output dir of a live run", lambda t, m: [f"output_dir={_live(t)}"], "live-run"),
                                ("resume of a live run", lambda t, m: ([], str(_live(t))), "live-run")],
     "pre.rundir.check_new": [("output dir is a file", lambda t, m: [f"output_dir={_rows(t, [], 'a-file')}"],
-                              "output_dir")],
+                              "output_dir"),
+                             ("output dir where no file can be made", lambda t, m: ["output_dir=/proc/pz_run"],
+                              "output_dir /proc/pz_run")],
     # an env with its own data set (verifiers, tests/verifiers_envs): its rows, then their prompts
     "run.env.task_rows": [("verifiers env with an empty dataset", lambda t, m: (
         m.syspath_prepend(str(TESTS / "verifiers_envs")), ["algorithm.env.use=verifiers",

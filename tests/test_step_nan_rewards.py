@@ -56,6 +56,22 @@ def test_unscorable_rows_get_no_advantage_and_no_share_of_the_baseline(catalog, 
     assert m["reward_mean"] == pytest.approx(mean)
     assert m["reward_std"] == pytest.approx(math.sqrt(mean * (1 - mean)))  # population std of 0/1
     assert m["reward_unscorable"] == n[UNSCORABLE]
+    # counted over the sampled rows too, with the reward component that gave the NaN
+    assert m["unscorable_rows"] == n[UNSCORABLE] and m["unscorable/bandit_correct"] == n[UNSCORABLE]
+
+
+def test_unscorable_rows_are_counted_where_a_filter_drops_them(catalog):
+    # scores 1 / NaN with DAPO's dynamic sampling: every group's valid rewards are all 1 (constant), so the
+    # filter keeps no row in any of its 3 rounds and the step is skipped; the NaN rows sampled in those rounds
+    # are still counted (``reward_unscorable`` counts only kept rows: none here)
+    bandit = Bandit([[1, 1]], scores=[[1.0, NAN]], optimizer="sgd", lr=1.0)
+    seen = recorded(bandit)
+    run = bandit_run({"base": "dapo", "reward": []}, catalog)
+    m = train_step(run, bandit, lambda: bandit.prompts(2), seed=0, settings=step_settings(run))
+    assert m["skipped"] == 1 and m["skip_reason"] == "no rows kept by the filters"
+    assert len(seen) == 3 and m["sample_rounds"] == 3 and m["sampled_rows"] == 3 * 2 * 8  # 3 rounds x P 2 x G 8
+    nan_rows = sum(int((r.response_ids[:, 0] == 1).sum()) for r in seen)  # answer 1 scores NaN
+    assert nan_rows > 0 and m["unscorable_rows"] == nan_rows and m["unscorable/bandit_correct"] == nan_rows
 
 
 def test_a_group_whose_valid_rewards_agree_is_zero_std(catalog):

@@ -19,6 +19,7 @@ from _engine_helpers import ROOT, engine_env, run_train
 from policyzoo.cli import main
 from policyzoo.engine.run.interrupts import (
     SignalReceived,
+    deferred_signals,
     raising_signals,
     signal_stop,
     startup_interrupted,
@@ -65,7 +66,7 @@ def test_the_loops_stop_names_the_signal_it_got_and_exits_with_its_code(tmp_path
     loop.config = SimpleNamespace(train=SimpleNamespace(steps=10, export_every=0, save_every=0, eval_every=0))
     loop.session = SimpleNamespace(console=SimpleNamespace(print=printed.append), rundir=SimpleNamespace(path=tmp_path))
     loop.save = lambda export: tmp_path / "checkpoints" / "step-000003"
-    with loop._deferred_sigint():
+    with deferred_signals(loop):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)  # the first signal only asks: nothing is raised
         assert loop.stop_requested == signal.SIGTERM

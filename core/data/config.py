@@ -67,3 +67,8 @@ class DataSettings(pydantic.BaseModel):
         None, description="reasoning_gym: {task: {key: value}} passed to each task's own config (e.g. difficulty)")
     limit: int | None = pydantic.Field(
         None, ge=1, description="use at most this many training rows (None = all; arithmetic: 5000)")
+
+
+def name_of(s: DataSettings) -> str:
+    """The data's name in messages: ``data.path`` for a file, else ``data.name``."""
+    return s.name if s.path is None else s.path

@@ -24,8 +24,6 @@ Every check (file, columns, prompts, answers) runs here, before any model is loa
 
 from __future__ import annotations
 
-import json
-import random
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -39,7 +37,8 @@ from policyzoo.errors import ConfigError, DataError, did_you_mean
 from . import arithmetic, gym
 from .answers import gsm8k_final_answer, gsm8k_worked_solution
 from .batching import prompt_batches
-from .config import DataSettings
+from .config import DataSettings, name_of
+from .heldout import eval_count, held_out, nothing_to_train
 from .rows import build_prompts, check_rows, missing_column
 from .sources import _read_jsonl, read_cached_dataset, read_path
 
@@ -157,7 +156,7 @@ def _load_arithmetic(s: DataSettings) -> Task:
     k = 2 if s.few_shot is None else s.few_shot
     try:
         size = s.limit or arithmetic.DEFAULT_TRAIN_SIZE  # a fractional eval_size is a fraction of it
-        held, examples, train = arithmetic.generate(s.seed, _eval_count(s.eval_size, size), k, size)
+        held, examples, train = arithmetic.generate(s.seed, eval_count(s.eval_size, size), k, size)
     except ValueError as e:
         raise ConfigError("data.eval_size (arithmetic)", str(e),
                           "lower data.eval_size (at most a few thousand)") from None
@@ -180,7 +179,7 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     rows = check_rows(raw, pc, s.answer_column, s.answer_type, train_where)
     origin = {id(r): f"{train_where}, row {i}" for i, r in enumerate(rows)}  # the source's own row numbers
     warnings: list[str] = []
-    held, pool = _held_out(s, where, read, rows, pc, default_eval_split, has_splits, origin, warnings)
+    held, pool = held_out(s, where, read, rows, pc, default_eval_split, has_splits, origin, warnings)
     k = s.few_shot or 0
     missing = None if any("answer" in r for r in rows) else missing_column(raw, s.answer_column, "answer_column", where)
     if missing is not None and k:  # a few-shot example is a solved one: its answer is part of every prompt
@@ -190,57 +189,12 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     examples, train = pool[:k], pool[k:]
     train = train[:s.limit] if s.limit else train
     if not train:
-        raise DataError(where, f"no training rows left: {len(rows)} rows, {len(rows) - len(pool)} held out for "
-                        f"evaluation, {len(examples)} used as few-shot examples",
-                        "lower data.eval_size or data.few_shot, or set data.eval_split")
+        nothing_to_train(where, rows, pool, held, examples, pc)
     system = system if s.system_prompt is None else s.system_prompt
     plain = s.prompt_format == "plain"
     return Task(name_of(s), build_prompts(train, pc, system, examples, solved, plain),
                 build_prompts(held, pc, system, examples, solved, plain), [use("math_verify")], s.seed,
                 [origin[id(r)] for r in train], [origin[id(r)] for r in held], warnings, missing)
-
-
-def _held_out(s: DataSettings, where: str, read: Callable[[str], list[dict]], rows: list[dict], pc: str,
-              default_eval_split: str | None, has_splits: bool, origin: dict, warnings: list[str]):
-    """``(held-out rows, training pool)``: from ``data.eval_path``, another split, or ``eval_size`` rows of
-    ``rows`` held out by prompt; records each held-out row's source in ``origin`` and appends the warnings
-    (held-out prompts also trained on, rows left out). Raises :class:`ConfigError` for ``data.eval_split``
-    on a single file."""
-    eval_split = s.eval_split or default_eval_split
-    if s.eval_split is not None and not has_splits:
-        raise ConfigError("data.eval_split", f"{s.path} is a single file, it has no splits",
-                          "remove data.eval_split (eval_size rows are then held out of the file), set "
-                          "data.eval_path to a held-out file, or use a folder saved by datasets with train/test splits")
-    if s.eval_path is not None:
-        eval_where = f"data.eval_path ({s.eval_path})"
-        held = check_rows(read_path(s.eval_path, eval_split or "test", "data.eval_path"), pc, s.answer_column,
-                          s.answer_type, eval_where)
-        held, pool = held[:_eval_count(s.eval_size, len(held))], rows
-        origin.update({id(r): f"{eval_where}, row {i}" for i, r in enumerate(held)})
-    elif eval_split is not None and eval_split != s.split:
-        held = check_rows(read(eval_split), pc, s.answer_column, s.answer_type, f"{where}, split {eval_split!r}")
-        held, pool = held[:_eval_count(s.eval_size, len(held))], rows
-        origin.update({id(r): f"{where}, split {eval_split!r}, row {i}" for i, r in enumerate(held)})
-    else:
-        n = _eval_count(s.eval_size, len(rows))
-        if isinstance(s.eval_size, int) and n and 2 * n >= len(rows):
-            warnings.append(f"data.eval_size={n} would leave {max(len(rows) - n, 0)} of the {len(rows)} rows of "
-                            f"{name_of(s)} for training, so none are held out and there is no held-out evaluation; "
-                            "set data.eval_size to a fraction (e.g. 0.1) or data.eval_path to evaluate")
-            n = 0
-        held, pool = _split_by_prompt(rows, n, pc, s.seed)
-        left_out = len(rows) - len(held) - len(pool)
-        if left_out:
-            warnings.append(f"{left_out} rows of {name_of(s)} repeat a held-out prompt and were left out of "
-                            "training, so held-out rows are prompts the model never trained on")
-    if s.eval_path is not None or (eval_split is not None and eval_split != s.split):
-        seen = {prompt_key(r.get(pc)) for r in pool}
-        overlap = sum(prompt_key(r.get(pc)) in seen for r in held)
-        if overlap:
-            warnings.append(f"{overlap} of the {len(held)} held-out prompts also appear in the training rows "
-                            "(same prompt text), so held-out accuracy partly measures trained prompts; "
-                            "deduplicate the held-out set against the training data")
-    return held, pool
 
 
 def env_task(name: str, train: list[dict], held: list[dict], seed: int) -> Task:
@@ -256,36 +210,3 @@ def env_task(name: str, train: list[dict], held: list[dict], seed: int) -> Task:
     return Task(name, build_prompts(train, "prompt", None, [], str), build_prompts(held, "prompt", None, [], str),
                 [], seed, [f"{where}, training row {i}" for i in range(len(train))],
                 [f"{where}, held-out row {i}" for i in range(len(held))])
-
-
-def prompt_key(prompt) -> str:
-    """A row's prompt as comparable text (chat messages as canonical JSON)."""
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
-
-
-def _split_by_prompt(rows: list[dict], n: int, column: str, seed: int) -> tuple[list[dict], list[dict]]:
-    """``(held, pool)``: ``n`` rows with distinct prompts chosen by a seeded shuffle (the same rows
-    as a shuffle of row indices when every prompt is distinct), and the rows whose prompt is not
-    held out (rows repeating a held-out prompt are in neither)."""
-    order = list(range(len(rows)))
-    random.Random(f"policyzoo-heldout:{seed}").shuffle(order)
-    held, keys = [], set()
-    for i in order:
-        if len(held) == n:
-            break
-        key = prompt_key(rows[i].get(column))
-        if key not in keys:
-            keys.add(key)
-            held.append(rows[i])
-    chosen = {id(r) for r in held}
-    return held, [r for r in rows if id(r) not in chosen and prompt_key(r.get(column)) not in keys]
-
-
-def name_of(s: DataSettings) -> str:
-    return s.name if s.path is None else s.path
-
-
-def _eval_count(eval_size: int | float, n: int) -> int:
-    """Held-out rows for ``eval_size`` (a count, or a fraction of ``n`` rounded half to even)."""
-    return round(eval_size * n) if isinstance(eval_size, float) else int(eval_size)
-

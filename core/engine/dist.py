@@ -38,7 +38,7 @@ from .device import local_device, set_thread_device
 
 #: metrics that add up over ranks; ``time_*`` and flags take the max; the rest are means
 SUMMED = {"loss", "value_loss", "rows", "sampled_rows", "rollout_tokens", "prompt_tokens", "rollout_tokens_per_s",
-          "shortfall_rows", "reward_unscorable", "stale_dropped_rows"}
+          "shortfall_rows", "reward_unscorable", "unscorable_rows", "stale_dropped_rows"}
 MAXED = {"skipped", "grad_norm", "sync_max_diff", "sync_mean_diff", "stop_requested", "policy_lag_max", "rss_gib",
          "peak_rss_gib", "gpu_peak_allocated_gib", "gpu_reserved_gib", "gpu_kv_cache_gib"}
 
@@ -244,7 +244,7 @@ def merge_metrics(records: list[dict]) -> dict:
         if all(v == vals[0] for v in vals) and key not in SUMMED:
             out[key] = vals[0]
         elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
-            if key in SUMMED or key.startswith("filtered/"):
+            if key in SUMMED or key.startswith(("filtered/", "unscorable/")):
                 out[key] = sum(vals)
             elif key in MAXED or key.startswith("time_"):
                 out[key] = max(vals)

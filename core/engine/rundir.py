@@ -10,7 +10,9 @@ Layout::
     RUN_DIR/checkpoints/latest.json    {"step": 10, "path": "step-000010"}: the last complete one
     RUN_DIR/final/               save_pretrained export (safetensors + tokenizer)
     RUN_DIR/run.pid              the process that runs here (host, pid, start): a second run is refused
-    RUN_DIR/summary.json         held-out accuracy before/after, steps, timings, the run's warnings
+                                 (removed when the run ends: finished or stopped by itself)
+    RUN_DIR/summary.json         held-out accuracy before/after, steps, timings, the run's warnings,
+                                 stopped_early / stop_reason, unscorable rows
 
 Checkpoints are written under a temporary name (``.tmp-step-000010``), renamed when complete,
 and only then recorded in ``latest.json`` (itself replaced atomically). A run killed while
@@ -28,6 +30,7 @@ import json
 import math
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -56,6 +59,35 @@ def _clean(v):
     return v
 
 
+def _fs_type(path: Path) -> str | None:
+    """The type of the filesystem that holds ``path`` (``proc``, ``sysfs``, ``ext4`` ...) from
+    ``/proc/self/mounts`` (the longest mount point above it); None where that cannot be read."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    here = str(path.resolve())
+    above = [(point, kind) for point, kind in mounts
+             if here == point or here.startswith(point.rstrip("/") + "/")]
+    return max(above, key=lambda m: len(m[0]))[1] if above else None
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why no file can be created in the existing ``folder`` (its permissions, a read-only or
+    virtual filesystem such as ``/proc``, a file in the way), or None when it can. Tried, not
+    guessed: a probe file is created there and removed at once (``os.access`` answers "writable"
+    for root on ``/proc``, where no file can be made)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".policyzoo-probe-", dir=folder)
+    except OSError as e:
+        kind = _fs_type(folder)
+        on = f", on a {kind} filesystem" if kind else ""
+        return f"{folder} takes no new files (creating a probe file there failed: {e.strerror}{on})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
 class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -65,7 +97,8 @@ class RunDir:
         """Before any model loads: the folder can hold a new run (not a file, not another run's
         files without a checkpoint, writable). Every rank checks, so every rank stops with the
         same message instead of waiting for rank 0. ``create`` False (a dry run) creates nothing
-        and checks that the nearest existing folder on the path is writable."""
+        and checks that a file can be created in the nearest existing folder on the path
+        (:func:`unwritable`)."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"output_dir {self.path}", "exists and is a file, not a directory",
                             "choose another --output-dir")
@@ -75,9 +108,10 @@ class RunDir:
                             "choose another --output-dir, or delete the folder")
         if not create:
             parent = next(p for p in (self.path.absolute(), *self.path.absolute().parents) if p.exists())
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise UserError(f"output_dir {self.path}", f"cannot be created: {parent} is not writable",
-                                "choose a writable --output-dir")
+            why = unwritable(parent)
+            if why:
+                raise UserError(f"output_dir {self.path}", f"cannot be created: {why}; the run would stop there "
+                                "before its first step", "choose a writable --output-dir")
             return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -116,6 +150,18 @@ class RunDir:
         except PermissionError:  # alive, owned by another user
             pass
         return rec
+
+    def release(self) -> None:
+        """Remove ``run.pid`` (rank 0) when it names this process: the run has ended (finished, or
+        stopped by itself with its work kept), so the folder holds no live run."""
+        if dist.rank() != 0:
+            return
+        try:
+            rec = json.loads((self.path / "run.pid").read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(rec, dict) and rec.get("pid") == os.getpid() and rec.get("host") == os.uname().nodename:
+            (self.path / "run.pid").unlink(missing_ok=True)
 
     def claim(self) -> None:
         """Write ``run.pid`` (rank 0): this process, host and start time, read by :meth:`check_live`."""

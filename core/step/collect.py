@@ -119,6 +119,7 @@ def collect(run, policy, next_prompts: Callable[[], list[dict]], seed: int,
             metrics["filtered/env_error"] += int((failed & keep).sum())
             keep &= ~failed
         metrics["sampled_rows"] += len(rollout)
+        metrics["unscorable_rows"] += int(torch.isnan(rewards).sum())  # NaN reward: no advantage, no baseline share
         metrics.update(episode_sums(rollout))
         metrics["reward_mean_sampled"] += float(torch.nansum(rewards))
         kept.rollouts.append(rollout.select(keep))
@@ -217,6 +218,8 @@ def _means(run, metrics: Counter, reward_sums: Counter, reward_counts: Counter, 
         metrics[key] = metrics[key] / sampled
     for label in run.reward_labels:  # mean over the rows actually sampled, NaN (unscorable) left out
         metrics[f"reward/{label}"] = reward_sums[label] / reward_counts[label] if reward_counts[label] else math.nan
+        if metrics["sampled_rows"] > reward_counts[label]:  # rows this component could not score (NaN)
+            metrics[f"unscorable/{label}"] = metrics["sampled_rows"] - reward_counts[label]
     greedy_sum, greedy_count = metrics.pop("greedy_sum", 0.0), metrics.pop("greedy_count", 0)
     if run.sample.params.greedy:  # mean reward of the greedy baseline responses (NaN left out)
         metrics["reward_greedy"] = greedy_sum / greedy_count if greedy_count else math.nan

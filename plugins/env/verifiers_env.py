@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import Field
 
 from policyzoo.contract import Env, Episode, Observation
-from policyzoo.data.task import _eval_count, _split_by_prompt
+from policyzoo.data.heldout import eval_count, split_by_prompt
 from policyzoo.errors import DataError
 from policyzoo.plugins.env import verifiers_load as vl
 from policyzoo.plugins.reward.aio import resolve
@@ -182,10 +182,10 @@ class Verifiers(Env):
             self.vf_env.build_eval_dataset()
         if held_ds is not None and len(held_ds):  # an empty eval_dataset is none
             held = self._rows(held_ds, where.replace("dataset", "eval_dataset"))
-            return train, held[:_eval_count(data.eval_size, len(held))]
-        n = _eval_count(data.eval_size, len(train))
+            return train, held[:eval_count(data.eval_size, len(held))]
+        n = eval_count(data.eval_size, len(train))
         n = 0 if 2 * n >= len(train) else n  # as for a file: never hold out half of the rows or more
-        held, pool = _split_by_prompt(train, n, "prompt", data.seed)
+        held, pool = split_by_prompt(train, n, "prompt", data.seed)
         return pool, held
 
     def _rows(self, ds, where: str) -> list[dict]:

@@ -24,13 +24,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 def summary_text(m: dict, accuracy: float | None, label: str = "accuracy", at: int | None = None) -> str:
     """``reward 0.423  accuracy 0.25 (last eval, step 10)  len 12  1540 tok/s``: the held-out value of the
-    latest evaluation (``label``) and its step ``at`` (left out before any evaluation or when None)."""
+    latest evaluation (``label``) and its step ``at`` (left out before any evaluation or when None); then
+    ``unscorable 2 (math_verify)`` when rows got a NaN reward (``unscorable_rows``, with the components
+    whose ``unscorable/<label>`` counts them) and ``skipped`` (``skipped (nothing kept)`` when the filters
+    kept no row)."""
     parts = [f"reward {m.get('reward_mean', math.nan):.3g}"]
     if accuracy is not None and math.isfinite(accuracy):
         parts.append(f"{label} {accuracy:.2f}" + (f" (last eval, step {at})" if at is not None else ""))
     parts += [f"len {m.get('response_length_mean', 0):.0f}", f"{m.get('rollout_tokens_per_s', 0):.0f} tok/s"]
+    if m.get("unscorable_rows"):  # NaN rewards: those rows train on nothing; the reward components that gave them
+        named = [k.removeprefix("unscorable/") for k in m if k.startswith("unscorable/") and m[k]]
+        parts.append(f"unscorable {m['unscorable_rows']:.0f}" + (f" ({', '.join(named)})" if named else ""))
     if m.get("skipped"):
-        parts.append("skipped")
+        parts.append("skipped" + (" (nothing kept)" if str(m.get("skip_reason", "")).startswith("no rows kept")
+                                  else ""))
     return "  ".join(parts)
 
 

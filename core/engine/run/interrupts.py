@@ -4,7 +4,7 @@
   the first signal stops the run at once. Nothing has been saved by this run, and the message says
   so, naming the signal: ``interrupted during start-up (SIGTERM): nothing to save`` (with ``--resume``:
   the checkpoint being resumed is unchanged) and how to continue.
-* Steps: the loop's own handler (:meth:`~policyzoo.engine.run.loop.RunLoop._deferred_sigint`) asks to
+* Steps: the loop's own handler (:func:`deferred_signals`) asks to
   stop after the current step and saves a checkpoint first; a second signal stops at once, and the
   message names the last checkpoint on disk (:func:`stopped_at_once`).
 * The exit status is 128 + the signal's number, the shells' convention: 130 for SIGINT, 143 for
@@ -133,3 +133,28 @@ def _stderr_to_devnull() -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 2)
     os.close(null)
+
+
+@contextlib.contextmanager
+def deferred_signals(loop):
+    """The handler of a run's steps (``loop``: the :class:`~policyzoo.engine.run.loop.RunLoop`): the first
+    SIGINT (Ctrl-C) or SIGTERM (a scheduler's, ``timeout``'s) asks the loop to stop after the current step,
+    save a checkpoint and exit (every rank stops at the same step: the request, the signal's number, is
+    merged with the step's metrics in ``loop.stop_requested``); a second one interrupts at once
+    (:class:`SignalReceived`). Outside the main thread it installs nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if loop.stop_requested:
+            raise SignalReceived(signum)
+        loop.stop_requested = signum
+        loop.session.console.print(f"{signal_name(signum)}: stopping after this step and saving a checkpoint "
+                                   "(a second SIGINT or SIGTERM stops at once, without one)")
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

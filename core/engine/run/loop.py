@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -15,18 +13,19 @@ from policyzoo.contract import runstate
 from policyzoo.data import rows_at
 from policyzoo.engine import dist
 from policyzoo.engine.device import gpu_memory_metrics
-from policyzoo.engine.report.progress import eval_metric_name, progress_bar
+from policyzoo.engine.report.progress import eval_metric_name, progress_bar, summary_text
 from policyzoo.engine.report.tracking import completion_rows
 from policyzoo.engine.rollout.tensor_parallel import follow_evaluation
 from policyzoo.engine.run.evaluate import evaluate as evaluate_held_out
-from policyzoo.errors import Interrupted, TrainingError, UserError
+from policyzoo.errors import Interrupted, UserError
 from policyzoo.step import step_seed, train_step
 
 from .checks import ZeroSignalWatch
-from .interrupts import SignalReceived, signal_name
+from .interrupts import deferred_signals, signal_name
 from .resume import write_checkpoint
 from .sources import batch_source
 from .startup import peak_rss_gib, rss_gib, trim_heap
+from .stop import RunStopped, SkipWatch
 from .summary import print_done, run_summary
 
 
@@ -49,7 +48,7 @@ class RunLoop:
 
     It owns, made here and nowhere else: ``rows_drawn`` (training rows drawn so far), ``source`` (where
     a step's batch comes from, see :mod:`~policyzoo.engine.run.sources`; ended by :meth:`close`),
-    ``skips`` (skipped updates in a row), ``last_saved`` (the step of the last checkpoint),
+    ``skips`` (skipped updates in a row: a :class:`SkipWatch`), ``last_saved`` (the step of the last checkpoint),
     ``stop_requested`` (0, or the number of the SIGINT / SIGTERM that asked to stop after this step),
     ``eval_before`` (the step-0 evaluation record), ``last_eval`` / ``last_accuracy`` (the latest
     evaluation) and ``watch``."""
@@ -58,7 +57,7 @@ class RunLoop:
         self.session, self.config, self.state = session, session.config, session.state
         self.rows_drawn = rows_drawn
         self.source = batch_source(session)
-        self.skips, self.last_saved, self.stop_requested = 0, self.state["step"], 0
+        self.skips, self.last_saved, self.stop_requested = SkipWatch(self.config.train), self.state["step"], 0
         self.eval_before: dict = {}
         self.last_eval: dict = {}
         self.last_accuracy: float | None = None
@@ -114,10 +113,9 @@ class RunLoop:
         return rec
 
     def step(self) -> dict:
-        """One training step (sample, reward, update, sync): its merged metrics record, also written
-        to ``metrics.jsonl``, the trackers and (every ``train.log_completions_every`` steps)
-        ``completions.jsonl``. Raises :class:`TrainingError` after ``train.max_consecutive_skips``
-        skipped updates in a row."""
+        """One training step (sample, reward, update, sync): its merged metrics record, also written to
+        ``metrics.jsonl``, the trackers and (every ``train.log_completions_every`` steps) ``completions.jsonl``.
+        Raises :class:`RunStopped` (naming the cause) after ``train.max_consecutive_skips`` skips in a row."""
         t = self.config.train
         step = self.state["step"] + 1
         runstate.update(step - 1, t.steps, self.epoch())
@@ -191,31 +189,32 @@ class RunLoop:
         self.session.tracker.log_completions(step, rows)
 
     def _check_skips(self, m: dict, step: int) -> None:
-        """Count skipped updates in a row; warn on zero signal; raise :class:`TrainingError` at
-        ``train.max_consecutive_skips``."""
-        self.skips = self.skips + 1 if m.get("skipped") else 0
+        """Warn on zero signal; raise :class:`RunStopped` at ``train.max_consecutive_skips`` skips in a row."""
         if (w := self.watch.update(m)) is not None:
             self.session.warn(f"step {step}: {w}")
-        if self.skips >= self.config.train.max_consecutive_skips:
-            raise TrainingError(f"step {step}", f"{self.skips} optimizer steps in a row were skipped (last reason: "
-                                f"{m.get('skip_reason', 'non-finite loss or gradient')}); no weights were "
-                                "written by them; the last checkpoint holds the last good weights",
-                                "lower train.lr, check the reward components for NaN/inf, or raise "
-                                "train.max_consecutive_skips")
+        if (stop := self.skips.update(m, step)) is not None:
+            raise stop
 
     def train(self) -> dict:
         """Run the remaining steps (with checkpoints, exports and evaluations as configured), then
-        :meth:`finish`. The first SIGINT / SIGTERM saves a checkpoint and raises :class:`Interrupted`."""
+        :meth:`finish`. The first SIGINT / SIGTERM saves a checkpoint and raises :class:`Interrupted`; a
+        :class:`RunStopped` is raised after :meth:`finish` has kept the work."""
         steps = self.config.train.steps
         if self.state["step"] == 0 and not self.eval_before:
             self.session.phase("first evaluation (held-out, greedy)")
             self.evaluate()
-        with progress_bar(self.session.console, steps, self.state["step"]) as bar, self._deferred_sigint(), \
-                self._closed():
-            while self.state["step"] < steps:
-                m = self.step()
-                bar.advance(m, self.last_accuracy, self.eval_name(), self.last_eval.get("step"))
-                self._after_step(self.state["step"])
+        try:
+            with progress_bar(self.session.console, steps, self.state["step"]) as bar, deferred_signals(self), \
+                    self._closed():
+                while self.state["step"] < steps:
+                    m = self.step()
+                    bar.advance(m, self.last_accuracy, self.eval_name(), self.last_eval.get("step"))
+                    self._after_step(self.state["step"])
+        except RunStopped as stop:  # the stopping step's line (the bar ended with the exception), then why
+            line = f"step {self.state['step']}/{steps}  {summary_text(stop.metrics, None)}\nstopping: {stop.reason}"
+            self.session.console.print(f"{line}; keeping the work", markup=False, highlight=False)
+            self.finish(stop)
+            raise
         return self.finish()
 
     def _after_step(self, step: int) -> None:
@@ -234,24 +233,32 @@ class RunLoop:
         if t.eval_every and step % t.eval_every == 0 and step < steps:
             self.evaluate()
 
-    def finish(self) -> dict:
+    def finish(self, stop: RunStopped | None = None) -> dict:
         """Save the last checkpoint (unless saved at this step or deleted at the end), evaluate (unless done at
         this step), export ``final/`` (``train.export_final``), write ``summary.json``, delete ``checkpoints/``
-        (``engine.delete_checkpoints_at_end``) and close the trackers; returns the summary."""
+        (``engine.delete_checkpoints_at_end``), remove ``run.pid``, close the trackers; returns the summary.
+        After a ``stop``: a checkpoint with its ``hf/`` export, kept whatever the settings, no ``final/``, and
+        :meth:`RunStopped.kept`."""
         s, step = self.session, self.state["step"]
+        lean = self.config.engine.delete_checkpoints_at_end and stop is None
         self.close()
-        if self.last_saved != step and not self.config.engine.delete_checkpoints_at_end:
-            self.save()  # (deleted at the end anyway: a kill during the last evaluation resumes from an earlier one)
+        # (a lean run's last checkpoint is not written: a kill during the last evaluation resumes from an earlier one)
+        folder = self.save(export=True) if stop is not None else self.save() if self.last_saved != step and not lean \
+            else None
         after = self.last_eval if self.last_eval.get("step") == step else self.evaluate()
-        final = s.rundir.path / "final" if self.config.train.export_final else None
+        final = s.rundir.path / "final" if stop is None and self.config.train.export_final else None
         if final is not None:
             s.trainer.export(str(final))
-        summary = run_summary(s, self, after)
+        summary = run_summary(s, self, after, stop)
         s.rundir.write_summary(summary)
-        if self.config.engine.delete_checkpoints_at_end and dist.rank() == 0:  # resume needs them no more
+        if lean and dist.rank() == 0:  # resume needs them no more
             shutil.rmtree(s.rundir.ckpt, ignore_errors=True)
         s.tracker.close()
-        print_done(s.console, summary, self.eval_name(), final)
+        s.rundir.release()
+        if stop is None:
+            print_done(s.console, summary, self.eval_name(), final)
+        else:
+            stop.kept(summary, folder, step - self.skips.count, self.eval_name())
         return summary
 
     def first_eval(self) -> float | None:
@@ -270,29 +277,6 @@ class RunLoop:
                                       self.state.get("tokens_seen", 0), self.source.in_flight(), export)
         self.last_saved = step
         return folder
-
-    @contextlib.contextmanager
-    def _deferred_sigint(self):
-        """The first Ctrl-C (SIGINT) or SIGTERM (a scheduler's, ``timeout``'s) asks the loop to stop
-        after the current step, save a checkpoint and exit (every rank stops at the same step: the
-        request, the signal's number, is merged with the step's metrics); a second one interrupts at
-        once (:class:`~policyzoo.engine.run.interrupts.SignalReceived`)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handler(signum, frame):
-            if self.stop_requested:
-                raise SignalReceived(signum)
-            self.stop_requested = signum
-            self.session.console.print(f"{signal_name(signum)}: stopping after this step and saving a checkpoint "
-                                       "(a second SIGINT or SIGTERM stops at once, without one)")
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
 
     @contextlib.contextmanager
     def _closed(self):

@@ -1,4 +1,4 @@
-"""A finished run's ``summary.json`` and its last console line."""
+"""A finished (or stopped) run's ``summary.json`` and its last console line."""
 
 from __future__ import annotations
 
@@ -12,12 +12,36 @@ from .startup import peak_rss_gib
 _EVAL_K = ("eval_pass@", "eval_maj@", "eval_mean@")
 
 
-def run_summary(session, loop, after: dict) -> dict:
+def unscorable(records: list[dict]) -> tuple[int, dict[str, int]]:
+    """Rows whose reward was NaN (unscorable: no advantage, no share of a baseline) over the training
+    records of ``metrics.jsonl``: the total of their ``unscorable_rows`` and, per reward component
+    label, of ``unscorable/<label>`` (rows where that component gave NaN; with several components
+    and ``train.reward_nan: nansum`` a row is unscorable only when all of them are NaN)."""
+    total, by = 0, {}
+    for r in records:
+        if r.get("kind") != "train":
+            continue
+        total += int(r.get("unscorable_rows") or 0)
+        for k, v in r.items():
+            if k.startswith("unscorable/") and v:
+                label = k.removeprefix("unscorable/")
+                by[label] = by.get(label, 0) + int(v)
+    return total, by
+
+
+def run_summary(session, loop, after: dict, stop=None) -> dict:
     """The summary of ``session`` run by ``loop``, with ``after`` the last evaluation record (``{}``:
     none): held-out accuracy before (``loop.eval_before``, else ``loop.first_eval()``) and after, steps,
-    tokens, start-up seconds, memory (GiB), the warnings given and the run directory."""
+    tokens, start-up seconds, memory (GiB), the warnings given, the run directory, whether the run
+    stopped by itself (``stop``, a :class:`~policyzoo.engine.run.stop.RunStopped`: ``stopped_early``,
+    ``stop_reason``, ``stop_cause``; False / None when it ran its steps) and its unscorable rows
+    (:func:`unscorable`, over every step in ``metrics.jsonl``, resumed runs' earlier steps included)."""
     s, trainer, before = session, session.trainer, loop.eval_before
+    rows, by_reward = unscorable(s.rundir.read_metrics())
     return {"steps": loop.state["step"], "algorithm": s.run.bundle.name, "model": str(s.model.path),
+            "stopped_early": stop is not None, "stop_reason": None if stop is None else stop.reason,
+            "stop_cause": None if stop is None else stop.cause,
+            "unscorable_rows": rows, "unscorable_by_reward": by_reward,
             "eval_accuracy_before": before.get("eval_accuracy", loop.first_eval()),
             "eval_accuracy_after": after.get("eval_accuracy"),
             "eval_after": {k[5:]: v for k, v in after.items() if k.startswith(_EVAL_K)},
