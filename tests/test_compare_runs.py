@@ -268,11 +268,12 @@ def test_sigterm_stops_the_running_training_like_ctrl_c(tmp_path):
             return super().poll()
 
     out = tmp_path / "cmp"
+    before = signal.getsignal(signal.SIGTERM)  # SIG_DFL, or a handler a library imported earlier in this process set
     with pytest.raises(Interrupted):
         compare(algos="grpo,dr_grpo", seeds=1, output_dir=str(out), start=lambda job: Terminated(job),
                 train={"steps": 2})
     assert len(FakeTrain.started) == 1 and FakeTrain.started[0].signals == [signal.SIGINT]
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # compare's handler is gone again
+    assert signal.getsignal(signal.SIGTERM) is before  # compare's handler is gone again, the one before restored
 
 
 def test_aggregated_output_goes_to_the_folder_holding_every_given_run(tmp_path):
