@@ -19,6 +19,7 @@ from policyzoo.engine.process import check_vllm_threads, quiet_libraries, setup_
 from policyzoo.engine.rundir import ResumeError
 from policyzoo.host import rollout_dtype_notes
 
+from .gpu_profile import console_lines, set_tf32
 from .session import Session
 
 
@@ -43,8 +44,9 @@ def open_session(config, resume: str | None = None, force_resume: bool = False, 
     session.verbose = verbose
     session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
                           f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
-    for line in rollout_dtype_notes(config):  # engine.rollout_dtype: auto's choice
+    for line in rollout_dtype_notes(config) + console_lines(session):  # auto's choices, the GPU profile's
         session.console.print(line, markup=False, highlight=False)
+    set_tf32(config)  # train.tf32 (the GPU profile: on), before any model loads
     session.start()
     return session
 
