@@ -21,7 +21,7 @@ from policyzoo.cli import main
 from policyzoo.config import load_config
 from policyzoo.engine import device
 from policyzoo.engine.rollout.vllm_options import Sleeper, llm_kwargs
-from policyzoo.engine.run import gpu_profile
+from policyzoo.engine.run import gpu_fit, gpu_profile
 from policyzoo.engine.run.preload import check_ranks, preload
 from policyzoo.engine.trainer.dsconfig import ds_config, merge, read_user_config
 from policyzoo.errors import ConfigError
@@ -160,10 +160,10 @@ def test_utilization_is_what_the_trainer_leaves_rounded_down():
     # vLLM's parts are not resident while vLLM samples
     parts = {"policy weights": 10 * GiB, "optimizer": 20 * GiB, "reference": 7 * GiB, "activations": 50 * GiB,
              "vLLM copy": 14 * GiB, "KV cache": 2 * GiB}
-    assert gpu_profile._utilization(parts, 100 * GiB, sleep=2) == 0.60
+    assert gpu_fit._utilization(parts, 100 * GiB, sleep=2) == 0.60
     # without sleep: vLLM's copy + KV cache, 16 of 100 GiB, rounded up: 0.16; at most 0.9
-    assert gpu_profile._utilization(parts, 100 * GiB, sleep=0) == 0.16
-    assert gpu_profile._utilization({"policy weights": GiB}, 100 * GiB, sleep=2) == 0.9
+    assert gpu_fit._utilization(parts, 100 * GiB, sleep=0) == 0.16
+    assert gpu_fit._utilization({"policy weights": GiB}, 100 * GiB, sleep=2) == 0.9
 
 
 def _step(config, prompt_lengths, world=8):
@@ -172,7 +172,7 @@ def _step(config, prompt_lengths, world=8):
 
     run = Run(run_bundle)
     model_cfg, _ = shape_config("qwen2.5-7b")
-    return gpu_profile.make_step(config, run, model_cfg, prompt_lengths, world, config.engine.zero_stage)
+    return gpu_fit.make_step(config, run, model_cfg, prompt_lengths, world, config.engine.zero_stage)
 
 
 def test_the_plan_chooses_the_smallest_activation_change_and_vllms_limits(monkeypatch):
@@ -183,22 +183,22 @@ def test_the_plan_chooses_the_smallest_activation_change_and_vllms_limits(monkey
     step = _step(config, [100, 300])  # mean 200 prompt tokens per row, longest 300
     assert step.budget == H100 and step.sizes.prompt == 200
     assert step.problem(config) is not None  # as given it does not fit
-    chosen, lines = gpu_profile.plan_and_check(config, step)
+    chosen, lines = gpu_fit.plan_and_check(config, step)
     keys = {c.key: c.value for c in chosen}
     assert keys["train.gradient_checkpointing"] is True
     k = keys.get("train.max_tokens_per_micro_batch")
     assert step.problem(config) is None and lines[0].endswith("(h100-80gb): fits")
     if k is not None:  # checkpointing alone did not fit, and k is the largest power of two that does: twice as
         # many tokens per micro-batch does not fit
-        assert step.problem(gpu_profile._with(config, max_tokens_per_micro_batch=None))
-        assert k & (k - 1) == 0 and step.problem(gpu_profile._with(config, max_tokens_per_micro_batch=2 * k))
+        assert step.problem(gpu_fit._with(config, max_tokens_per_micro_batch=None))
+        assert k & (k - 1) == 0 and step.problem(gpu_fit._with(config, max_tokens_per_micro_batch=2 * k))
     # vLLM: 64 / 8 = 8 prompts x 8 samples = 64 rows per engine; 8 prompts x 300 tokens = 2400, rounded up to
     # 256: 2560 (within 2048-16384)
     assert keys["engine.vllm_max_num_seqs"] == 64 and keys["engine.vllm_max_num_batched_tokens"] == 2560
     # utilization: the budget less the trainer's resident parts and 3 GiB, rounded down to 0.01
-    parts = per_gpu(step.shape, step.sizes, gpu_profile._options(config, step.run, step.shape, 8), step.place,
+    parts = per_gpu(step.shape, step.sizes, gpu_fit._options(config, step.run, step.shape, 8), step.place,
                     H100)["trainer GPU"]
-    resident = sum(v for p, v in parts.items() if p not in gpu_profile.VLLM_PARTS and p != "activations")
+    resident = sum(v for p, v in parts.items() if p not in gpu_fit.VLLM_PARTS and p != "activations")
     assert keys["engine.gpu_memory_utilization"] == math.floor(100 * (H100 - resident - 3 * GiB) / H100) / 100
 
 
@@ -209,7 +209,7 @@ def test_a_step_that_cannot_fit_is_refused_with_the_change_that_would(monkeypatc
     gpu_profile.apply_device(config)
     step = _step(config, [100, 300])
     with pytest.raises(ConfigError) as e:
-        gpu_profile.plan_and_check(config, step)
+        gpu_fit.plan_and_check(config, step)
     assert "more than the 79.6 GiB of one h100-80gb" in str(e.value)  # 81559 MiB / 1024 = 79.65 GiB
     assert "fix: train.gradient_checkpointing=true" in str(e.value)
 
@@ -220,7 +220,7 @@ def test_vllm_starts_with_the_profiles_arguments_and_sleeps_at_level_2(fake_gpu,
 
     config = load_config(None, "grpo", ["engine.zero_stage=3", "train.prompts_per_step=64"])
     gpu_profile.apply_device(config)
-    gpu_profile.plan_and_check(config, _step(config, [100, 300]))
+    gpu_fit.plan_and_check(config, _step(config, [100, 300]))
     e = config.engine
     started = []
 

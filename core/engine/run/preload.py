@@ -34,7 +34,7 @@ from policyzoo.resolve import resolve_algorithm, resolved_view
 from policyzoo.run_config import reward_uses, step_settings
 from policyzoo.step.episodes import encode_prompt
 
-from . import gpu_profile
+from . import gpu_fit, gpu_profile
 from .checks import (
     check_answers,
     check_chat_template,
@@ -213,13 +213,13 @@ def _device_profile(config, dry_run: bool) -> list:
 
 
 def _plan_profile(pre: PreLoad, config, profile: list, stage: int, ranks: int) -> None:
-    """On a GPU: the planner's choices and the fit (:func:`gpu_profile.plan_and_check`, which refuses a step
+    """On a GPU: the planner's choices and the fit (:func:`gpu_fit.plan_and_check`, which refuses a step
     that does not fit), the resolved view made again with every choice and its ``gpu_profile`` section."""
     if not gpu_profile.on_gpu(config):
         return
     model_config = json.loads((Path(pre.model.path) / "config.json").read_text())
-    step = gpu_profile.make_step(config, pre.run, model_config, pre.prompt_lengths, ranks, stage)
-    chosen, pre.plan_lines = gpu_profile.plan_and_check(config, step)
+    step = gpu_fit.make_step(config, pre.run, model_config, pre.prompt_lengths, ranks, stage)
+    chosen, pre.plan_lines = gpu_fit.plan_and_check(config, step)
     pre.gpu_profile = profile + chosen
     pre.resolved = resolved_view(config, pre.run)
     pre.resolved["gpu_profile"] = {c.key: {"value": c.value, "why": c.why} for c in pre.gpu_profile}
