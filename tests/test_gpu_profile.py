@@ -295,3 +295,12 @@ def test_a_dry_run_records_the_profile_and_plans_with_torchs_gpu_memory(qwen7b, 
     assert pre.resolved["gpu_profile"]["model.dtype"]["value"] == "bfloat16"
     assert pre.resolved["engine"]["vllm_sleep"] == 2 and pre.resolved["train"]["tf32"] is True
     assert pre.plan_lines[0].endswith(f"GiB of {H100 / GiB:.1f} GiB per GPU (NVIDIA H100 80GB HBM3): fits")
+
+
+def test_a_real_run_of_a_planned_gpu_on_a_cpu_is_refused(monkeypatch):
+    # engine.plan_gpu is for dry runs: a run would train the GPU profile (bf16, sleep mode) on the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = load_config(None, "grpo", ["engine.plan_gpu=h100-80gb"])
+    with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
+        gpu_profile.check_planned_gpu(config)
+    gpu_profile.check_planned_gpu(load_config(None, "grpo", []))  # no plan_gpu: nothing to refuse

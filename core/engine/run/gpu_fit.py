@@ -19,7 +19,7 @@ import torch
 from policyzoo.engine import device
 from policyzoo.errors import ConfigError
 from policyzoo.plan import GiB, Shape, Sizes, options_for
-from policyzoo.plan.gpu import Vllm, describe, gpu_bytes, per_gpu, same_gpus_fits, smallest_fits
+from policyzoo.plan.gpu import GPUS, Vllm, describe, gpu_bytes, per_gpu, same_gpus_fits, smallest_fits
 from policyzoo.plan.placement import placement_for
 
 from .gpu_profile import Choice, choose, free_key
@@ -37,10 +37,13 @@ VLLM_PARTS = ("vLLM copy", "KV cache", "vLLM reserve")
 
 def gpu_budget(config) -> tuple[int, str]:
     """``(bytes, name)`` of one GPU: torch's ``total_memory`` of this rank's GPU, else ``engine.plan_gpu``'s
-    (raises :class:`~policyzoo.plan.PlanError` for a name the planner does not know)."""
+    (raises :class:`~policyzoo.errors.ConfigError` for a name the planner does not know)."""
     if device.cuda():
         props = torch.cuda.get_device_properties(device.local_device())
         return int(props.total_memory), props.name
+    if config.engine.plan_gpu.lower() not in GPUS:
+        raise ConfigError("engine.plan_gpu", f"{config.engine.plan_gpu!r} is not a GPU the planner knows",
+                          f"give one of {', '.join(GPUS)}")
     return gpu_bytes(config.engine.plan_gpu)[0], config.engine.plan_gpu
 
 

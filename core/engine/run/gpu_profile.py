@@ -55,6 +55,7 @@ import torch
 
 from policyzoo.engine import device
 from policyzoo.engine.trainer.dsconfig import effective_stage, merge, read_user_config
+from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm
 
 #: the sync check's bound on a GPU, nats (module docstring)
@@ -78,6 +79,15 @@ class Choice:
 def on_gpu(config) -> bool:
     """True when the run trains on a CUDA GPU, or plans one (``engine.plan_gpu``)."""
     return device.cuda() or config.engine.plan_gpu is not None
+
+
+def check_planned_gpu(config) -> None:
+    """ConfigError for a run (not a dry run) with ``engine.plan_gpu`` where torch sees no GPU: it would train
+    the GPU profile on the CPU."""
+    if config.engine.plan_gpu is not None and not device.cuda():
+        raise ConfigError("engine.plan_gpu", f"plans a run on a {config.engine.plan_gpu}, but torch sees no CUDA GPU "
+                          "here, so the run would train on the CPU", "use engine.plan_gpu with train --dry-run, or "
+                          "drop it")
 
 
 def free_key(section, key: str) -> bool:

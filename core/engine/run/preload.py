@@ -20,7 +20,7 @@ from policyzoo.contract.untrusted import encode_text
 from policyzoo.data import load_task
 from policyzoo.data.task import env_task
 from policyzoo.engine import dist
-from policyzoo.engine.device import check_device_options, check_gpu_visible, cuda
+from policyzoo.engine.device import check_device_options, check_gpu_visible
 from policyzoo.engine.models import cache_dir, resolve_model
 from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import check_vllm_threads
@@ -117,7 +117,7 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     (``WORLD_SIZE``, 1 without one), so a dry run under ``WORLD_SIZE=N`` checks the shares of N ranks."""
     ws = dist.world_size()
     check_ranks(config.train.prompts_per_step, ws)
-    profile = _device_profile(config, dry_run)  # on a GPU: the profile's device choices (gpu_profile.py)
+    profile = _device_profile(config)  # on a GPU: the profile's device choices (gpu_profile.py)
     if config.engine.rollout == "vllm":
         check_vllm_threads(config.engine.threads)
     dist.check_same_catalog(get_catalog())  # get_catalog raises for a broken plugin distribution
@@ -201,14 +201,11 @@ def check_ranks(prompts: int, ranks: int) -> None:
                       "launch another number of ranks")
 
 
-def _device_profile(config, dry_run: bool) -> list:
-    """GPUs torch cannot see refused (device.py); ``engine.plan_gpu`` without a GPU only for a dry run; on a
-    GPU the profile's device choices (:func:`gpu_profile.apply_device`), returned."""
+def _device_profile(config) -> list:
+    """GPUs torch cannot see refused (device.py); on a GPU (or one ``engine.plan_gpu`` plans) the profile's
+    device choices (:func:`gpu_profile.apply_device`), returned. A real run of ``engine.plan_gpu`` on a CPU
+    is refused before this, where it starts (``train.open_session``): a dry run plans it."""
     check_gpu_visible()
-    if config.engine.plan_gpu is not None and not cuda() and not dry_run:
-        raise ConfigError("engine.plan_gpu", f"plans a run on a {config.engine.plan_gpu}, but torch sees no CUDA "
-                          "GPU here, so the run would train on the CPU", "use engine.plan_gpu with "
-                          "train --dry-run, or drop it")
     return gpu_profile.apply_device(config)
 
 

@@ -19,7 +19,7 @@ from policyzoo.engine.process import check_vllm_threads, quiet_libraries, setup_
 from policyzoo.engine.rundir import ResumeError
 from policyzoo.host import rollout_dtype_notes
 
-from .gpu_profile import console_lines, set_tf32
+from .gpu_profile import check_planned_gpu, console_lines, set_tf32
 from .session import Session
 
 
@@ -37,6 +37,7 @@ def open_session(config, resume: str | None = None, force_resume: bool = False, 
     """Set up the process, run every check and load the models: a started
     :class:`~policyzoo.engine.run.session.Session` (what ``policyzoo.Trainer`` drives step by step)."""
     quiet_libraries(verbose)
+    check_planned_gpu(config)  # engine.plan_gpu is for dry runs on a machine without a GPU
     if config.engine.rollout == "vllm":
         check_vllm_threads(config.engine.threads)
     threads = setup_process(config.engine.threads, config.engine.kv_cache_gb)
