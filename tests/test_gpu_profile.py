@@ -143,6 +143,9 @@ def test_keys_the_config_sets_win_over_the_profile(fake_gpu):
     assert chosen["engine.deepspeed"] == {"data_types": {"grad_accum_dtype": "fp32"},
                                           "communication_data_type": "bf16"}  # the user's key kept
     assert "model.dtype" not in chosen and "engine.zero_stage" not in chosen
+    trl = load_config(None, "grpo", ["train.autocast=true"])  # a ported TRL config's bf16: true
+    chosen = {c.key for c in gpu_profile.apply_device(trl)}
+    assert "model.dtype" not in chosen and "engine.zero_stage" not in chosen and trl.model.dtype == "float32"
 
 
 def test_a_bundles_own_ratio_and_overlap_keep_theirs(fake_gpu):

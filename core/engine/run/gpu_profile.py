@@ -108,10 +108,11 @@ def apply_device(config) -> list[Choice]:
         return []
     m, t, e, out = config.model, config.train, config.engine, []
     user = read_user_config(e.deepspeed)
-    if free_key(m, "dtype") and free_key(e, "zero_stage") and effective_stage(e, user) == 0:
+    bf16 = free_key(m, "dtype") and not t.autocast  # autocast set (e.g. TRL's bf16: true) keeps fp32 weights
+    if bf16 and free_key(e, "zero_stage") and effective_stage(e, user) == 0:
         choose(out, e, "engine.zero_stage", 1, "DeepSpeed's bf16 optimizer runs at ZeRO >= 1; ZeRO 1 shards its "
              "fp32 master weights and AdamW state over the ranks")
-    if free_key(m, "dtype") and effective_stage(e, user) >= 1:
+    if bf16 and effective_stage(e, user) >= 1:
         choose(out, m, "model.dtype", "bfloat16", "bf16 compute over fp32 master weights and optimizer state, as "
              "TRL with DeepSpeed and verl's FSDP mixed precision")
     elif free_key(m, "dtype") and free_key(t, "autocast"):

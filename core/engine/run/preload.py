@@ -206,7 +206,10 @@ def _device_profile(config) -> list:
     device choices (:func:`gpu_profile.apply_device`), returned. A real run of ``engine.plan_gpu`` on a CPU
     is refused before this, where it starts (``train.open_session``): a dry run plans it."""
     check_gpu_visible()
-    return gpu_profile.apply_device(config)
+    chosen = gpu_profile.apply_device(config)
+    if chosen:
+        rules.check_config(config)  # the rules across sections, on the config with the profile's values
+    return chosen
 
 
 def _plan_profile(pre: PreLoad, config, profile: list, stage: int, ranks: int) -> None:
