@@ -307,3 +307,14 @@ def test_a_real_run_of_a_planned_gpu_on_a_cpu_is_refused(monkeypatch):
     with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
         gpu_profile.check_planned_gpu(config)
     gpu_profile.check_planned_gpu(load_config(None, "grpo", []))  # no plan_gpu: nothing to refuse
+
+
+def test_vllms_batch_limits_are_checked_against_the_context_and_the_sequences():
+    e = load_config(None, "grpo", ["engine.vllm_max_num_batched_tokens=512", "engine.vllm_max_num_seqs=64"]).engine
+    with pytest.raises(ConfigError, match="less than this run's 1024-token context"):
+        gpu_fit.check_vllm_limits(e, 1024, on_gpu=False)  # CPU: no chunked prefill, 512 < 1024
+    gpu_fit.check_vllm_limits(e, 1024, on_gpu=True)  # GPU: prefills are chunked; 512 >= 64 sequences
+    few = load_config(None, "grpo", ["engine.vllm_max_num_batched_tokens=32", "engine.vllm_max_num_seqs=64"]).engine
+    with pytest.raises(ConfigError, match="less than engine.vllm_max_num_seqs=64"):
+        gpu_fit.check_vllm_limits(few, 16, on_gpu=True)  # 32 tokens < 64 sequences
+    gpu_fit.check_vllm_limits(load_config(None, "grpo", []).engine, 1024, on_gpu=False)  # null: vLLM's defaults

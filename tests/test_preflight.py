@@ -91,7 +91,9 @@ CASES = {
                                                                 m.delenv("CUDA_VISIBLE_DEVICES", raising=False),
                                                                 [])[2], "torch")],
     # a step too large for the GPU: tests/test_gpu_profile.py (a 7B shape; the tiny model fits any GPU)
-    "_plan_profile": [("a GPU the planner does not know", lambda t, m: ["engine.plan_gpu=tpu-v5"], "engine.plan_gpu")],
+    "_plan_profile": [("a GPU the planner does not know", lambda t, m: ["engine.plan_gpu=tpu-v5"], "engine.plan_gpu"),
+                      ("vLLM's batched tokens below the context on CPU",
+                       lambda t, m: ["engine.vllm_max_num_batched_tokens=8"], "engine.vllm_max_num_batched_tokens")],
     "check_vllm_threads": [("threads against OMP", lambda t, m: (m.setenv("OMP_NUM_THREADS", "1"),
                                                                    ["engine.rollout=vllm", "engine.threads=3"])[1],
                             "engine.threads")],

@@ -225,3 +225,21 @@ def make_step(config, run, model_config: dict, prompt_lengths: list[int], world:
     place = dataclasses.replace(placement_for(config, world, None, None, need_ref), zero_stage=stage)
     budget, gpu = gpu_budget(config)
     return Step(run, shape, sizes, max(prompt_lengths, default=sizes.prompt), world, place, budget, gpu)
+
+
+def check_vllm_limits(engine, max_model_len: int, on_gpu: bool) -> None:
+    """ConfigError for ``engine.vllm_max_num_batched_tokens`` below what vLLM 0.32 accepts (its
+    ``SchedulerConfig.verify_max_model_len``): below ``max_model_len`` (the run's longest prompt + response)
+    on a CPU, where chunked prefill is off and a prompt is prefilled in one forward; below
+    ``engine.vllm_max_num_seqs`` anywhere (every sequence takes one token of a decode forward)."""
+    tokens, seqs = engine.vllm_max_num_batched_tokens, engine.vllm_max_num_seqs
+    if engine.rollout != "vllm" or tokens is None:
+        return
+    where = "engine.vllm_max_num_batched_tokens"
+    if not on_gpu and tokens < max_model_len:
+        raise ConfigError(where, f"{tokens} tokens per forward is less than this run's {max_model_len}-token "
+                          "context: vLLM on CPU prefills a whole prompt in one forward (no chunked prefill)",
+                          f"set it >= {max_model_len}, or leave it null (vLLM's default)")
+    if seqs is not None and tokens < seqs:
+        raise ConfigError(where, f"{tokens} tokens per forward is less than engine.vllm_max_num_seqs={seqs}: "
+                          "every sequence takes one token of a decode forward", f"set it >= {seqs}")

@@ -214,15 +214,17 @@ def _device_profile(config) -> list:
 
 def _plan_profile(pre: PreLoad, config, profile: list, stage: int, ranks: int) -> None:
     """On a GPU: the planner's choices and the fit (:func:`gpu_fit.plan_and_check`, which refuses a step
-    that does not fit), the resolved view made again with every choice and its ``gpu_profile`` section."""
-    if not gpu_profile.on_gpu(config):
-        return
-    model_config = json.loads((Path(pre.model.path) / "config.json").read_text())
-    step = gpu_fit.make_step(config, pre.run, model_config, pre.prompt_lengths, ranks, stage)
-    chosen, pre.plan_lines = gpu_fit.plan_and_check(config, step)
-    pre.gpu_profile = profile + chosen
-    pre.resolved = resolved_view(config, pre.run)
-    pre.resolved["gpu_profile"] = {c.key: {"value": c.value, "why": c.why} for c in pre.gpu_profile}
+    that does not fit), the resolved view made again with every choice and its ``gpu_profile`` section; on
+    every device vLLM's batch limits against the context (:func:`gpu_fit.check_vllm_limits`)."""
+    on_gpu = gpu_profile.on_gpu(config)
+    if on_gpu:
+        model_config = json.loads((Path(pre.model.path) / "config.json").read_text())
+        step = gpu_fit.make_step(config, pre.run, model_config, pre.prompt_lengths, ranks, stage)
+        chosen, pre.plan_lines = gpu_fit.plan_and_check(config, step)
+        pre.gpu_profile = profile + chosen
+        pre.resolved = resolved_view(config, pre.run)
+        pre.resolved["gpu_profile"] = {c.key: {"value": c.value, "why": c.why} for c in pre.gpu_profile}
+    gpu_fit.check_vllm_limits(config.engine, pre.max_model_len, on_gpu)
 
 
 def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, dry_run: bool) -> None:
