@@ -318,3 +318,19 @@ def test_vllms_batch_limits_are_checked_against_the_context_and_the_sequences():
     with pytest.raises(ConfigError, match="less than engine.vllm_max_num_seqs=64"):
         gpu_fit.check_vllm_limits(few, 16, on_gpu=True)  # 32 tokens < 64 sequences
     gpu_fit.check_vllm_limits(load_config(None, "grpo", []).engine, 1024, on_gpu=False)  # null: vLLM's defaults
+
+
+def test_tf32_is_switched_on_only_on_cuda(monkeypatch):
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        config = load_config(None, "grpo", ["train.tf32=true"])
+        assert gpu_profile.set_tf32(config) is False  # CPU: nothing to switch
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert gpu_profile.set_tf32(config) is True
+        assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
+        assert gpu_profile.set_tf32(load_config(None, "grpo", [])) is False  # null: left as it is
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
