@@ -334,3 +334,15 @@ def test_tf32_is_switched_on_only_on_cuda(monkeypatch):
         assert torch.backends.cuda.matmul.allow_tf32 is True
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_a_fix_with_a_token_budget_drops_a_count_of_micro_batches():
+    # the two cannot both be set (rules.py): the advice sets train.micro_batches=1 with the token budget
+    config = load_config(None, "grpo", ["engine.zero_stage=3", "train.prompts_per_step=64",
+                                        "algorithm.sample.max_tokens=1024", "engine.plan_gpu=h100-80gb",
+                                        "train.gradient_checkpointing=false", "train.micro_batches=2"])
+    gpu_profile.apply_device(config)
+    with pytest.raises(ConfigError) as e:
+        gpu_fit.plan_and_check(config, _step(config, [100, 300]))
+    assert re.search(r"fix: train.gradient_checkpointing=true train.max_tokens_per_micro_batch=\d+ "
+                     r"train.micro_batches=1", str(e.value)), str(e.value)

@@ -186,11 +186,11 @@ def fixes(config, step: Step) -> list[str]:
     (:func:`~policyzoo.plan.gpu.smallest_fits`)."""
     t = config.train
     lean = {"gradient_checkpointing": True, "max_tokens_per_micro_batch": step.row()}
-    own = {k: v for k, v in _activation_settings(_fresh_train(config), step).items() if getattr(t, k) != v}
+    own = _activation_settings(_fresh_train(config), step)
     if own:
-        return [" ".join(f"train.{k}={str(v).lower()}" for k, v in own.items())]
+        return [_train_keys(own, t)]
     lean_cfg = _with(config, **lean)
-    pre = " ".join(f"train.{k}={str(v).lower()}" for k, v in lean.items() if getattr(t, k) != v)
+    pre = _train_keys(lean, t)
     opts = _options(lean_cfg, step.run, step.shape, step.world)
     vllm = Vllm(MAX_UTILIZATION if config.engine.vllm_sleep else config.engine.gpu_memory_utilization,
                 config.engine.vllm_sleep)
@@ -204,6 +204,15 @@ def fixes(config, step: Step) -> list[str]:
         out = [f"{' '.join([pre] * bool(pre))} {describe(q)} (train.prompts_per_step a multiple of {q.gpus})".strip()
                for q in smallest_fits(step.shape, step.sizes, opts, step.place, step.budget, vllm)]
     return out
+
+
+def _train_keys(keys: dict, train) -> str:
+    """``keys`` that differ from ``train``'s as ``train.KEY=value`` settings, with ``train.micro_batches=1`` when
+    a token budget replaces a count of micro-batches (the two cannot both be set)."""
+    out = {k: v for k, v in keys.items() if getattr(train, k) != v}
+    if out.get("max_tokens_per_micro_batch") and train.micro_batches > 1:
+        out["micro_batches"] = 1
+    return " ".join(f"train.{k}={str(v).lower()}" for k, v in out.items())
 
 
 def _fresh_train(config):
