@@ -60,6 +60,7 @@ def _dry_run(args, config, port, overrides: list[str], out: Console) -> None:
     resume lines, notes, warnings and the one-line verdict on stderr."""
     import yaml
 
+    from policyzoo.engine.run.gpu_profile import console_lines
     from policyzoo.engine.run.preload import preload
     from policyzoo.host import rollout_dtype_notes
 
@@ -72,7 +73,7 @@ def _dry_run(args, config, port, overrides: list[str], out: Console) -> None:
     err = Console(stderr=True, soft_wrap=True)
     for line in pre.resume_lines:
         err.print(line, markup=False, highlight=False)
-    for line in rollout_dtype_notes(config) + pre.notes:
+    for line in rollout_dtype_notes(config) + console_lines(pre) + pre.notes:
         err.print(line, markup=False, highlight=False)
     for w in pre.warnings:
         err.print(f"warning: {w}", markup=False, highlight=False, style="yellow")

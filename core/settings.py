@@ -28,7 +28,9 @@ class Section(pydantic.BaseModel):
 class ModelSettings(Section):
     path: str | None = Field(None, description="a transformers causal-LM folder; null = the embedded "
                              "default SmolLM2-135M-Instruct (converted once into a local cache)")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training dtype; fp32 on CPU")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training dtype; fp32 on CPU. GPU "
+                                                     "profile: bfloat16 (DeepSpeed's bf16 over fp32 master weights "
+                                                     "and optimizer state; docs/distributed.md)")
     trust_remote_code: bool = Field(False, description="run code shipped inside the model folder")
     teacher: str | None = Field(None, description="on-policy distillation (--algo distill): the teacher's "
                                 "causal-LM folder (or Hub id), with the student's tokenizer; loaded frozen like "
@@ -65,9 +67,14 @@ class TrainSettings(Section):
                                                    "prompt + response tokens instead of a fixed count (long "
                                                    "answers: more, smaller micro-batches; the loss is exact)")
     gradient_checkpointing: bool = Field(False, description="recompute each layer's activations in backward "
-                                         "(less memory, one more forward; rows are then scored in full)")
+                                         "(less memory, one more forward; rows are then scored in full). GPU "
+                                         "profile: on when the plan needs it for the step to fit, with "
+                                         "train.max_tokens_per_micro_batch")
     autocast: bool = Field(False, description="bf16 compute (torch.autocast) over fp32 weights, gradients and "
-                           "optimizer state; needs model.dtype float32")
+                           "optimizer state; needs model.dtype float32. GPU profile: on when "
+                           "engine.zero_stage=0 keeps model.dtype float32")
+    tf32: bool | None = Field(None, description="TF32 matmuls on CUDA (torch.backends.cuda.matmul.allow_tf32, "
+                              "cudnn.allow_tf32; TRL's tf32). null: on a GPU true (GPU profile), on CPU unused")
     updates_per_batch: int = Field(1, ge=1, description="optimizer steps per sampled batch (PPO epochs)")
     max_sample_rounds: int | None = Field(None, ge=1, description="dynamic sampling budget in rounds of P "
                                           "prompts; null = the resampling filter's own max_sample_rounds "
@@ -110,20 +117,35 @@ class EngineSettings(Section):
                                           "--token-file), sent as Authorization: Bearer on every request; or set "
                                           "POLICYZOO_SERVER_TOKEN. The run directory records the path, never the "
                                           "secret")
-    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
-    sync_check: bool = Field(False, description="after each weight sync, compare vLLM and trainer logprobs")
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage. GPU profile: 1 (bf16 needs ZeRO >= 1)")
+    sync_check: bool = Field(False, description="after each weight sync, compare vLLM and trainer logprobs. "
+                             "GPU profile: true")
     sync_tolerance: float | None = Field(None, gt=0, description="max |logprob difference| (nats) the sync check "
                                          "accepts (and so its mean); null: by model.dtype and engine.rollout_dtype, "
                                          "1e-3 for float32 (SmolLM2 measured up to 6e-5, one missed sync moves it by "
                                          ">1e-2), 0.25 for bfloat16, for float32 training with bfloat16 sampling max "
-                                         "1.5 and mean 0.12 (measured max 0.17-0.86, mean 0.03-0.06)")
+                                         "1.5 and mean 0.12 (measured max 0.17-0.86, mean 0.03-0.06). GPU profile: "
+                                         "1.5 (vLLM's bf16 kernels against the trainer's; docs/distributed.md)")
     sync_timeout_s: float = Field(300.0, gt=0, description="seconds a weight sync may take before the run stops")
     collective_timeout_s: float = Field(600.0, gt=0, description="seconds a rank may wait for the others in a "
                                         "collective before the run stops with an error naming the rank and phase")
     threads: int | None = Field(None, ge=1, description="torch/OpenMP threads (null: all cores)")
     kv_cache_gb: float = Field(1.0, gt=0, description="vLLM KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only)")
-    vllm_sleep: Literal[0, 1, 2] = Field(0, description="GPU only: vLLM's sleep mode while DeepSpeed trains (TRL's "
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM's share of GPU memory (GPU only). "
+                                          "GPU profile: what the plan leaves beside the trainer's state, at most 0.9")
+    vllm_max_num_seqs: int | None = Field(None, ge=1, description="vLLM's max_num_seqs (sequences per forward; "
+                                          "TRL's colocate mode sets it from the batch). null: vLLM's default on "
+                                          "CPU; GPU profile: the rows one engine samples per step")
+    vllm_max_num_batched_tokens: int | None = Field(None, ge=1, description="vLLM's max_num_batched_tokens (tokens "
+                                                    "per forward; its memory profile reserves activations for that "
+                                                    "many, TRL caps it). null: vLLM's default on CPU; GPU profile: "
+                                                    "one step's prompts of one engine, 2048-16384")
+    plan_gpu: str | None = Field(None, description="plan this run for a GPU without one (train --dry-run on a CPU "
+                                 "machine): a name of policyzoo plan --gpu (h100-80gb, a100-80gb, h200-141gb, ...); "
+                                 "the GPU profile and the fit check then apply as on that GPU. null: the GPU torch "
+                                 "sees, if any (its own memory)")
+    vllm_sleep: Literal[0, 1, 2] = Field(0, description="GPU only (GPU profile: 2): vLLM's sleep mode while "
+                                         "DeepSpeed trains (TRL's "
                                          "vllm_enable_sleep_mode): 1 offloads vLLM's weights to host memory and drops "
                                          "its KV cache, 2 drops both (the weight push refills them); 0 keeps vLLM's "
                                          "gpu_memory_utilization share of the GPU through training")
@@ -175,7 +197,8 @@ class EngineSettings(Section):
     rollout_correction: str | None = Field("tis", description="with engine.rollout_dtype other than model.dtype: "
                                            "the ratio component that corrects for the sampler/trainer mismatch "
                                            "(plugins/ratio/mismatch.py), unless the algorithm sets its own ratio; "
-                                           "null: none")
+                                           "GPU profile: also whenever vLLM samples on a GPU (its bf16 kernels "
+                                           "differ from the trainer's at any dtype); null: none")
     share_prompt: bool = Field(True, description="score each distinct prompt once and only the responses per "
                                "row (same numbers, fewer FLOPs; checked against the per-row forward at start-up)")
 

@@ -21,9 +21,11 @@ from policyzoo.errors import ConfigError
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """torch.cuda reports a GPU; set_device / empty_cache / memory calls are recorded per thread."""
+    """torch.cuda reports 8 GPUs (a node under torchrun); set_device / empty_cache / memory calls are
+    recorded per thread."""
     calls: list = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d,
                                                                            threading.current_thread().name)))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty_cache",)))

@@ -19,7 +19,7 @@ from _engine_helpers import tiny_model
 from policyzoo.catalog import get_catalog
 from policyzoo.cli import main
 from policyzoo.config import load_config
-from policyzoo.engine import dist
+from policyzoo.engine import device, dist
 from policyzoo.engine.run import preload as checks  # the pre-load phase
 from policyzoo.engine.run.session import Session
 from policyzoo.errors import UserError
@@ -36,7 +36,7 @@ CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", 
                  "lr_plan", "resume_schedule", "pre.rundir.claim", "encode_text",
                  "check_sampling_options", "dict", "filter_bias_warning", "pre.state.get", "local_world_size", "any",
                  "LengthCache", "cache_dir", "cache.wrap", "cache.save", "time.perf_counter", "run.components",
-                 "comp.notes", "run_warnings"}
+                 "comp.notes", "run_warnings", "gpu_profile.on_gpu"}
 # LengthCache and its wrap/save: an unreadable or unwritable cache is skipped, never refused;
 # run.components and comp.notes: the components' lines for the dry run (text; the sandbox's refusals
 # happen when it is built, in Run);
@@ -86,8 +86,15 @@ LONG = GOOD + [{"prompt": "x " * 900, "answer": "1"}]  # 900+ tokens of a 1024-t
 
 #: site -> [(label, setup(tmp_path, monkeypatch) -> (overrides, resume), expected where)]
 CASES = {
-    "raise:train.prompts_per_step": [("3 ranks, 2 prompts", lambda t, m: (m.setenv("WORLD_SIZE", "3"), [])[1],
-                                      "train.prompts_per_step")],
+    "check_ranks": [("3 ranks, 2 prompts", lambda t, m: (m.setenv("WORLD_SIZE", "3"), [])[1],
+                     "train.prompts_per_step")],
+    "_device_profile": [("GPUs torch cannot see", lambda t, m: (m.setattr(device, "nvidia_present", lambda: True),
+                                                                m.delenv("CUDA_VISIBLE_DEVICES", raising=False),
+                                                                [])[2], "torch")],
+    # a step too large for the GPU: tests/test_gpu_profile.py (a 7B shape; the tiny model fits any GPU)
+    "_plan_profile": [("a GPU the planner does not know", lambda t, m: ["engine.plan_gpu=tpu-v5"], "engine.plan_gpu"),
+                      ("vLLM's batched tokens below the context on CPU",
+                       lambda t, m: ["engine.vllm_max_num_batched_tokens=8"], "engine.vllm_max_num_batched_tokens")],
     "check_vllm_threads": [("threads against OMP", lambda t, m: (m.setenv("OMP_NUM_THREADS", "1"),
                                                                    ["engine.rollout=vllm", "engine.threads=3"])[1],
                             "engine.threads")],

@@ -152,6 +152,8 @@ ROWS = [
     ({"optim": "adamw_torch"}, "train.lr", 1e-6),                    # AdamW: nothing to change
     ({}, "train.autocast", True),                                     # bf16 None -> True (fp16 unset)
     ({"bf16": False}, "train.autocast", False),
+    ({"tf32": False}, "train.tf32", False),
+    ({}, "train.tf32", None),                                          # TRL's None: the GPU profile decides
     ({}, "train.gradient_checkpointing", True),                       # GRPOConfig's default
     ({"gradient_checkpointing": False}, "train.gradient_checkpointing", False),
     ({}, "train.seed", 42),

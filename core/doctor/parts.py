@@ -102,11 +102,11 @@ def part_zero3_ranks(out: Path) -> dict:
 
 
 def part_step_135m(out: Path) -> dict:
-    """The default model's shape, bf16, ZeRO 1: with vLLM and ``engine.vllm_sleep=1`` where vLLM is
+    """The default model's shape, bf16, ZeRO 1: with vLLM and ``engine.vllm_sleep=2`` where vLLM is
     installed (the memory vLLM gives back shows in ``gpu_reserved_gib`` while training), else with
     the transformers rollout."""
     model = build_shape(out / "models" / "shape-135m")
-    vllm = ["engine.rollout=vllm", "engine.vllm_sleep=1"] if has_vllm() else ["engine.rollout=transformers"]
+    vllm = ["engine.rollout=vllm", "engine.vllm_sleep=2"] if has_vllm() else ["engine.rollout=transformers"]
     return run_train(out / "runs" / "step_135m", model, [*vllm, "model.dtype=bfloat16", "engine.zero_stage=1"])
 
 

@@ -72,7 +72,7 @@ FULL: tuple[Part, ...] = (
     Part("zero3_ranks", 120, "2 GRPO steps on every GPU (torchrun), ZeRO 3, bf16 (vLLM rollout where installed): "
          "ZeRO-3 gathers and the streamed push on ranks > 0", (_sync("bfloat16"), NOT_SKIPPED), min_gpus=2),
     Part("step_135m", 120, "2 GRPO steps of the default model's shape (random init, bf16, ZeRO 1; vLLM with "
-         "engine.vllm_sleep=1 where installed): step time, memory per GPU, sleep/wake",
+         "engine.vllm_sleep=2 where installed): step time, memory per GPU, sleep/wake",
          (_sync("bfloat16"), _share("bfloat16"), NOT_SKIPPED), min_gpus=1),
     Part("trl_step", 90, "the same model shape, 2 steps of TRL's GRPOTrainer (transformers generate): step time, "
          "memory (a comparison, no tolerance)", needs=("trl", "datasets"), min_gpus=1),

@@ -20,6 +20,7 @@ from pathlib import Path
 from policyzoo.errors import ConfigError
 
 from . import oplock
+from .device import bind_visible_gpu
 from .models import cache_dir, is_writable
 
 
@@ -114,7 +115,8 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
       rollout off cores other processes of a shared machine hold. A user's own
       ``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_PLACES`` or ``OMP_PROC_BIND`` is kept.
     * DeepSpeed: ``DS_ACCELERATOR=cpu`` without a GPU; a single rank on a free local port when no
-      launcher set ``RANK``/``WORLD_SIZE``. The one op DeepSpeed compiles on first use (~90 s) is
+      launcher set ``RANK``/``WORLD_SIZE``; ``LOCAL_RANK=0`` when the launcher bound one GPU to the task
+      (:func:`policyzoo.engine.device.bind_visible_gpu`). The one op DeepSpeed compiles on first use (~90 s) is
       cached in ``TORCH_EXTENSIONS_DIR``, by default :func:`extensions_dir` under the policyzoo
       cache (the Makefile points the cache into the project's ``.build/`` folder).
     * vLLM's own cache (``VLLM_CACHE_ROOT``; its compiled forward with ``engine.vllm_compile``) goes under
@@ -141,6 +143,7 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
+    bind_visible_gpu()  # one GPU bound per task: LOCAL_RANK=0 before DeepSpeed and vLLM read it (device.py)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")  # torchrun / deepspeed
     n = threads or max(1, cpu_count() // local_ranks)
     torch.set_num_threads(n)

@@ -88,6 +88,8 @@ def schedule_keys(r, tree: dict, port) -> None:
         r.refuse("optim", "policyzoo trains with AdamW (adamw_torch, adamw_torch_fused)")
     bf16 = r("bf16")
     set_key(r, tree, f"{t}.autocast", bool(not r("fp16") if bf16 is None else bf16), "bf16")
+    if r("tf32") is not None:  # TRL's None leaves torch's setting: here the GPU profile's (train.tf32 null)
+        set_key(r, tree, f"{t}.tf32", bool(r("tf32")), "tf32")
     if "steps" not in tree[t] and "num_train_epochs" not in r.given:
         port.notes.append("max_steps not given: TRL would train num_train_epochs=3.0 epochs; policyzoo counts "
                           "optimizer steps, train.steps keeps its default (set max_steps)")

@@ -101,11 +101,11 @@ class VLLMRollout(EngineBase):
     group of k ranks starts together; every call must then be made by all k ranks with the same
     arguments (:mod:`policyzoo.engine.rollout.tensor_parallel` does that). ``compile_cpu``
     (``engine.vllm_compile``): vLLM's compiled forward on CPU instead of the eager one. ``fp32_head``: the logits in
-    fp32 over bf16 weights (vLLM's ``head_dtype``; ``engine.fp32_lm_head``)."""
+    fp32 over bf16 weights (vLLM's ``head_dtype``; ``engine.fp32_lm_head``). ``limits``: max_num_seqs etc."""
 
     def __init__(self, model_info, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float = 0.3,
                  sleep_level: int = 0, tensor_parallel_size: int = 1, compile_cpu: bool = False,
-                 fp32_head: bool = False):
+                 fp32_head: bool = False, limits: dict | None = None):
         super().__init__(model_info)
         from vllm import LLM
 
@@ -117,7 +117,7 @@ class VLLMRollout(EngineBase):
         self.llm = LLM(str(model_info.path), **llm_kwargs(
             on_cuda=on_cuda, dtype=dtype, max_model_len=max_model_len, seed=seed, tokenizer=str(model_info.path),
             gpu_memory_utilization=gpu_memory_utilization, sleep_level=sleep_level,
-            tensor_parallel_size=tensor_parallel_size, compile_cpu=compile_cpu, fp32_head=fp32_head))
+            tensor_parallel_size=tensor_parallel_size, compile_cpu=compile_cpu, fp32_head=fp32_head, **(limits or {})))
         device.set_thread_device()  # vLLM's worker set the current device while it started
         #: sleep/wake of vLLM around training (no-op at level 0)
         self.sleeper = Sleeper(self.llm, sleep_level if on_cuda else 0, device.release_cached_memory)

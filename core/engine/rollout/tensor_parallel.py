@@ -243,11 +243,14 @@ def follow_evaluation(rollout, has_rows: bool, n: int, max_tokens: int, temperat
 
 
 def start_rollout(model_info, dtype: str, max_model_len: int, seed: int, gpu_memory_utilization: float,
-                  sleep_level: int, k: int, compile_cpu: bool = False, fp32_head: bool = False):
-    """A :class:`VLLMRollout` (k = 1), or this rank's :class:`GroupRollout` of an engine sharded k ways."""
+                  sleep_level: int, k: int, compile_cpu: bool = False, fp32_head: bool = False,
+                  limits: dict | None = None):
+    """A :class:`VLLMRollout` (k = 1), or this rank's :class:`GroupRollout` of an engine sharded k ways
+    (``limits``: vLLM's ``max_num_seqs`` / ``max_num_batched_tokens``, see :class:`VLLMRollout`)."""
     if k == 1:
         return VLLMRollout(model_info, dtype, max_model_len, seed, gpu_memory_utilization, sleep_level,
-                           compile_cpu=compile_cpu, fp32_head=fp32_head)
+                           compile_cpu=compile_cpu, fp32_head=fp32_head, limits=limits)
     group = RankGroup(k)
     return GroupRollout(VLLMRollout(model_info, dtype, max_model_len, seed, gpu_memory_utilization, sleep_level,
-                                    tensor_parallel_size=k, compile_cpu=compile_cpu, fp32_head=fp32_head), group)
+                                    tensor_parallel_size=k, compile_cpu=compile_cpu, fp32_head=fp32_head,
+                                    limits=limits), group)

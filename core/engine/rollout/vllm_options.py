@@ -7,6 +7,9 @@
   already joined (``"uni"`` would take local rank 0: every rank on GPU 0). CUDA graphs stay on
   (``enforce_eager=False``); ``gpu_memory_utilization`` is vLLM's share of the GPU (weights + KV
   cache); with ``engine.vllm_sleep`` vLLM is started with ``enable_sleep_mode=True``.
+* Both: ``max_num_seqs`` and ``max_num_batched_tokens`` (``engine.vllm_max_num_seqs``,
+  ``engine.vllm_max_num_batched_tokens``; on a GPU the profile sets them from the step's shape,
+  ``policyzoo.engine.run.gpu_profile``) are passed only when set: vLLM's defaults otherwise.
 * CPU: ``"uni"`` with ``enforce_eager=True`` (the eager forward; ``engine.vllm_compile`` lets vLLM
   compile it with torch.compile instead: minutes at start, a faster decode) and no chunked prefill (a
   prefill split over two steps rewinds its seeded generator with ``Generator.set_offset``, which CPU
@@ -31,11 +34,16 @@ from __future__ import annotations
 
 def llm_kwargs(*, on_cuda: bool, dtype: str, max_model_len: int, seed: int, tokenizer: str,
                gpu_memory_utilization: float = 0.3, sleep_level: int = 0, tensor_parallel_size: int = 1,
-               compile_cpu: bool = False, fp32_head: bool = False) -> dict:
+               compile_cpu: bool = False, fp32_head: bool = False, max_num_seqs: int | None = None,
+               max_num_batched_tokens: int | None = None) -> dict:
     """Keyword arguments of ``vllm.LLM`` for this platform (see the module docstring); ``fp32_head``: the
-    lm_head's projection in fp32 over bf16 weights (vLLM's ``head_dtype``, ``hf_overrides``)."""
+    lm_head's projection in fp32 over bf16 weights (vLLM's ``head_dtype``, ``hf_overrides``);
+    ``max_num_seqs`` (sequences) and ``max_num_batched_tokens`` (tokens) per forward, when not None."""
     kwargs = dict(dtype=dtype, seed=seed, max_model_len=max_model_len, logprobs_mode="processed_logprobs",
                   trust_remote_code=False, tokenizer=tokenizer)
+    for key, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+        if value is not None:
+            kwargs[key] = int(value)
     if fp32_head and dtype != "float32":
         kwargs["hf_overrides"] = {"head_dtype": "float32"}
     if tensor_parallel_size > 1:

@@ -6,6 +6,7 @@ exactly what the run refuses before its models load (``tests/test_preflight.py``
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from policyzoo.contract.untrusted import encode_text
 from policyzoo.data import load_task
 from policyzoo.data.task import env_task
 from policyzoo.engine import dist
-from policyzoo.engine.device import check_device_options
+from policyzoo.engine.device import check_device_options, check_gpu_visible
 from policyzoo.engine.models import cache_dir, resolve_model
 from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import check_vllm_threads
@@ -34,6 +35,7 @@ from policyzoo.resolve import resolve_algorithm, resolved_view
 from policyzoo.run_config import reward_uses, step_settings
 from policyzoo.step.episodes import encode_prompt
 
+from . import gpu_fit, gpu_profile
 from .checks import (
     check_answers,
     check_chat_template,
@@ -85,6 +87,10 @@ class PreLoad:
     servers: list = field(default_factory=list)  # engine.rollout: server, checked at connect
     #: the prompt-length count: seconds, prompts counted, prompts remembered from earlier runs (prompt_lengths.py)
     prompt_counts: dict = field(default_factory=dict)
+    prompt_lengths: list[int] = field(default_factory=list)  # every prompt's tokens (train and held-out rows)
+    #: the GPU profile's choices (gpu_profile.Choice; none on CPU) and the plan's verdict, for the console
+    gpu_profile: list = field(default_factory=list)
+    plan_lines: list[str] = field(default_factory=list)
 
 
 def preload(config, resume: str | None = None, force_resume: bool = False, dry_run: bool = False) -> PreLoad:
@@ -111,10 +117,8 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     writability is checked on the nearest existing parent). The number of ranks is the launcher's
     (``WORLD_SIZE``, 1 without one), so a dry run under ``WORLD_SIZE=N`` checks the shares of N ranks."""
     ws = dist.world_size()
-    if config.train.prompts_per_step % ws:
-        raise ConfigError("train.prompts_per_step", f"{config.train.prompts_per_step} prompts cannot be shared "
-                          f"out in whole groups among {ws} data-parallel ranks",
-                          f"use a multiple of {ws}, or launch another number of ranks")
+    check_ranks(config.train.prompts_per_step, ws)
+    profile = _device_profile(config)  # on a GPU: the profile's device choices (gpu_profile.py)
     if config.engine.rollout == "vllm":
         check_vllm_threads(config.engine.threads)
     dist.check_same_catalog(get_catalog())  # get_catalog raises for a broken plugin distribution
@@ -129,8 +133,8 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     rules.check_run(config, run)  # overlap, staleness and the env (policyzoo.rules)
     check_trackers(config.train.report_to)
     check_sampling_options(run.sample, LMPolicy.sampling_options, config.engine.rollout)  # every path
-    check_engine(config)  # the DeepSpeed settings
-    check_device_options(config.engine)  # sleep mode on CPU, parallel_start on a GPU
+    stage = check_engine(config)  # the DeepSpeed settings
+    check_device_options(config.engine, gpu_profile.on_gpu(config))  # sleep mode on CPU, parallel_start on a GPU
     check_tensor_parallel(config.engine, ws, env=run.env is not None, local_world=local_world_size(),
                           resamples=any(f.params.resample for f in run.filter))
     settings = step_settings(config, run)
@@ -138,6 +142,7 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     model = resolve_model(config.model.path, config.model.trust_remote_code)  # folder, config, tokenizer
     check_heads(config.engine, model.path)  # vLLM TP k must divide the attention heads
     pre = _fit_model(config, task, run, model)
+    _plan_profile(pre, config, profile, stage, ws)  # on a GPU: the plan's choices, then the fit (refused: exit 2)
     pre.teacher = check_teacher(config, run, model)  # same vocabulary, someone reads it
     if config.engine.rollout == "server":  # reachable, same versions, model and tokenizer: before any weights load
         pre.servers = connect_servers(config.engine.servers, model, config.engine.rollout_dtype or config.model.dtype,
@@ -183,7 +188,45 @@ def _fit_model(config, task, run, model) -> PreLoad:
     if not fingerprint["algorithm"]["term"]["components"]:  # as checkpoints from before the term slot
         del fingerprint["algorithm"]["term"]
     return PreLoad(task, run, None, model, 0, 0, 0, max_tokens, max_model_len, check_ids, resolved, fingerprint,
-                   None, warnings=list(task.warnings), prompt_counts=counts)
+                   None, warnings=list(task.warnings), prompt_counts=counts, prompt_lengths=list(lengths))
+
+
+def check_ranks(prompts: int, ranks: int) -> None:
+    """ConfigError when ``prompts`` (``train.prompts_per_step``) cannot be shared out among ``ranks``, naming
+    the nearest multiples of ``ranks`` (below and above; the first two when none is below)."""
+    if prompts % ranks == 0:
+        return
+    below = prompts // ranks * ranks
+    near = [below, below + ranks] if below else [ranks, 2 * ranks]
+    raise ConfigError("train.prompts_per_step", f"{prompts} prompts cannot be shared out in whole groups among "
+                      f"{ranks} data-parallel ranks", f"use {near[0]} or {near[1]} (a multiple of {ranks}), or "
+                      "launch another number of ranks")
+
+
+def _device_profile(config) -> list:
+    """GPUs torch cannot see refused (device.py); on a GPU (or one ``engine.plan_gpu`` plans) the profile's
+    device choices (:func:`gpu_profile.apply_device`), returned. A real run of ``engine.plan_gpu`` on a CPU
+    is refused before this, where it starts (``train.open_session``): a dry run plans it."""
+    check_gpu_visible()
+    chosen = gpu_profile.apply_device(config)
+    if chosen:
+        rules.check_config(config)  # the rules across sections, on the config with the profile's values
+    return chosen
+
+
+def _plan_profile(pre: PreLoad, config, profile: list, stage: int, ranks: int) -> None:
+    """On a GPU: the planner's choices and the fit (:func:`gpu_fit.plan_and_check`, which refuses a step
+    that does not fit), the resolved view made again with every choice and its ``gpu_profile`` section; on
+    every device vLLM's batch limits against the context (:func:`gpu_fit.check_vllm_limits`)."""
+    on_gpu = gpu_profile.on_gpu(config)
+    if on_gpu:
+        model_config = json.loads((Path(pre.model.path) / "config.json").read_text())
+        step = gpu_fit.make_step(config, pre.run, model_config, pre.prompt_lengths, ranks, stage)
+        chosen, pre.plan_lines = gpu_fit.plan_and_check(config, step)
+        pre.gpu_profile = profile + chosen
+        pre.resolved = resolved_view(config, pre.run)
+        pre.resolved["gpu_profile"] = {c.key: {"value": c.value, "why": c.why} for c in pre.gpu_profile}
+    gpu_fit.check_vllm_limits(config.engine, pre.max_model_len, on_gpu)
 
 
 def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, dry_run: bool) -> None:

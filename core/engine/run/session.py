@@ -95,6 +95,11 @@ class Session:
         return self.config.engine.fp32_lm_head and self.config.model.dtype == "float32" \
             and self._rollout_dtype() != "float32"
 
+    def _limits(self) -> dict:
+        """vLLM's ``max_num_seqs`` / ``max_num_batched_tokens`` (``engine.vllm_max_num_*``; None: vLLM's defaults)."""
+        e = self.config.engine
+        return {"max_num_seqs": e.vllm_max_num_seqs, "max_num_batched_tokens": e.vllm_max_num_batched_tokens}
+
     def _start_trainer(self, log: Path, t0: float) -> Background | None:
         """The DeepSpeed trainer (policy; reference, critic as the components need), its first forward
         (the ``engine.share_prompt`` check); vLLM starting meanwhile with ``engine.parallel_start``
@@ -106,7 +111,7 @@ class Session:
                 early = Background(lambda: VLLMRollout(self.model, self._rollout_dtype(), self.max_model_len,
                                                         c.train.seed, c.engine.gpu_memory_utilization,
                                                         c.engine.vllm_sleep, compile_cpu=c.engine.vllm_compile,
-                                                        fp32_head=self._fp32_head()))
+                                                        fp32_head=self._fp32_head(), limits=self._limits()))
             self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
                                    weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
                                    need_ref=needs_reference(self.run),
@@ -146,7 +151,7 @@ class Session:
                 self.rollout = start_rollout(self.model, dtype, self.max_model_len, c.train.seed,
                                              c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
                                              c.engine.vllm_tensor_parallel_size, c.engine.vllm_compile,
-                                             self._fp32_head())
+                                             self._fp32_head(), self._limits())
             else:
                 self.rollout = HFRollout(self.model, dtype, c.model.trust_remote_code)
         rollout = self.rollout

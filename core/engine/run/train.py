@@ -21,6 +21,7 @@ from policyzoo.engine.rundir import ResumeError
 from policyzoo.errors import Interrupted
 from policyzoo.host import rollout_dtype_notes
 
+from .gpu_profile import check_planned_gpu, console_lines, set_tf32
 from .interrupts import SignalReceived, quiet_teardown, raising_signals, signal_stop
 from .session import Session
 
@@ -41,6 +42,7 @@ def open_session(config, resume: str | None = None, force_resume: bool = False, 
     :class:`~policyzoo.engine.run.session.Session` (what ``policyzoo.Trainer`` drives step by step).
     ``prepared(session)`` is called once the checks passed, before any model loads."""
     quiet_libraries(verbose)
+    check_planned_gpu(config)  # engine.plan_gpu is for dry runs on a machine without a GPU
     if config.engine.rollout == "vllm":
         check_vllm_threads(config.engine.threads)
     threads = setup_process(config.engine.threads, config.engine.kv_cache_gb)
@@ -50,8 +52,9 @@ def open_session(config, resume: str | None = None, force_resume: bool = False, 
         prepared(session)
     session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
                           f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
-    for line in rollout_dtype_notes(config):  # engine.rollout_dtype: auto's choice
+    for line in rollout_dtype_notes(config) + console_lines(session):  # auto's choices, the GPU profile's
         session.console.print(line, markup=False, highlight=False)
+    set_tf32(config)  # train.tf32 (the GPU profile: on), before any model loads
     session.start()
     return session
 
