@@ -73,7 +73,7 @@ def _dry_run(args, config, port, overrides: list[str], out: Console) -> None:
     err = Console(stderr=True, soft_wrap=True)
     for line in pre.resume_lines:
         err.print(line, markup=False, highlight=False)
-    for line in rollout_dtype_notes(config) + console_lines(pre) + pre.notes:
+    for line in rollout_dtype_notes(config) + console_lines(pre) + pre.notes + [f"note: {n}" for n in pre.inert_notes]:
         err.print(line, markup=False, highlight=False)
     for w in pre.warnings:
         err.print(f"warning: {w}", markup=False, highlight=False, style="yellow")

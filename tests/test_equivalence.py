@@ -249,6 +249,18 @@ def test_the_dry_run_warns_of_the_equal_base_and_the_inert_clip(tmp_path, capsys
     assert "warning: clip: cispo acts only from the second update" in err
 
 
+def test_the_dry_run_of_a_zoo_bundle_says_its_inert_clip_as_a_note_not_a_warning(tmp_path, capsys):
+    # grpo as the zoo defines it (one update per batch, its paper's setting): PPO's clip at r = 1 is -A grad log pi,
+    # the gradient of clip: none; that is the bundle's own design, said as a note; a hybrid's is a warning (above)
+    from _engine_helpers import tiny_model
+
+    assert main(["train", "--algo", "grpo", "--dry-run", "--output-dir", str(tmp_path / "run"),
+                 f"model.path={tiny_model()}"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "note: clip: ppo_clip acts only from the second update" in err
+    assert "warning: clip:" not in err
+
+
 def test_the_probe_leaves_the_random_state_of_the_run_as_it_was():
     # the probe seeds the CPU generator inside torch.random.fork_rng(devices=[]): the run's draws after it are
     # the draws it would have made without it, and no CUDA context or CUDA seed is touched

@@ -157,8 +157,7 @@ def run_warnings(config, bundle: Bundle, reward_classes: list) -> list[str]:
     try:
         mine = probed(bundle, config, reward_classes)
         out = []
-        algo = config.algorithm
-        base_name = algo if isinstance(algo, str) else (algo or {}).get("base", DEFAULT_ALGORITHM)
+        base_name = _base_name(config)
         base_bundle = get_catalog().bundle(base_name)
         if base_bundle != bundle:
             base = build_run(base_bundle)
@@ -169,6 +168,20 @@ def run_warnings(config, bundle: Bundle, reward_classes: list) -> list[str]:
         return out + inert_slots(bundle, mine.regime, mine.run, mine.probes)
     except Exception as e:  # noqa: BLE001 - a component that refuses synthetic batches: no claim, never a stop
         return [f"the equality probe claims nothing: {_failure(e)}"]
+
+
+def _base_name(config) -> str:
+    """The zoo bundle a run's ``algorithm`` names (``algorithm.base``, or the name itself)."""
+    algo = config.algorithm
+    return algo if isinstance(algo, str) else (algo or {}).get("base", DEFAULT_ALGORITHM)
+
+
+def is_stock(config, bundle: Bundle) -> bool:
+    """Whether the run's algorithm is its zoo bundle unchanged (no slot replaced, no parameter overridden)."""
+    try:
+        return get_catalog().bundle(_base_name(config)) == bundle
+    except Exception:  # noqa: BLE001 - an unknown base was refused before; no claim here
+        return False
 
 
 def inert_slots(bundle: Bundle, r: Regime, run: Run | None = None, mine: list[Probe] | None = None) -> list[str]:

@@ -29,7 +29,7 @@ from policyzoo.engine.rollout.server import connect as connect_servers
 from policyzoo.engine.rollout.tensor_parallel import check_heads, check_tensor_parallel, local_world_size
 from policyzoo.engine.rundir import ResumeError, RunDir
 from policyzoo.engine.trainer.dsconfig import check_engine
-from policyzoo.equivalence import run_warnings
+from policyzoo.equivalence import is_stock, run_warnings
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm, resolved_view
 from policyzoo.run_config import reward_uses, step_settings
@@ -83,6 +83,7 @@ class PreLoad:
     lr_plan: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # the components' own lines for the dry run
+    inert_notes: list[str] = field(default_factory=list)  # the gradient probe's lines on a zoo bundle (start-up)
     teacher: object = None
     servers: list = field(default_factory=list)  # engine.rollout: server, checked at connect
     #: the prompt-length count: seconds, prompts counted, prompts remembered from earlier runs (prompt_lengths.py)
@@ -152,7 +153,11 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
                                 sampling_warning(getattr(sp, "temperature", 1.0), sp.n),
                                 filter_bias_warning(run, config.engine.overlap, config.engine.max_staleness))
                     if w] + pre.warnings
-    pre.warnings += run_warnings(config, bundle, run.reward)  # equal to its base, or a slot inert at these settings
+    # equal to its base, or a slot inert at these settings: the zoo's own bundle says it as a note (grpo's clip at
+    # one update per batch is its paper's setting), a hybrid or an override as a warning
+    inert = run_warnings(config, bundle, run.reward)
+    pre.inert_notes = inert if is_stock(config, bundle) else []
+    pre.warnings += [] if pre.inert_notes else inert
     pre.notes = [line for comp in run.components() for line in comp.notes()]
     _check_run_dir(pre, config, bundle.name, resume, force_resume, dry_run)
     return pre

@@ -52,7 +52,8 @@ def open_session(config, resume: str | None = None, force_resume: bool = False, 
         prepared(session)
     session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
                           f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
-    for line in rollout_dtype_notes(config) + console_lines(session):  # auto's choices, the GPU profile's
+    # auto's choices, the GPU profile's, the zoo bundle's parts that do nothing at these settings
+    for line in rollout_dtype_notes(config) + console_lines(session) + [f"note: {n}" for n in session.inert_notes]:
         session.console.print(line, markup=False, highlight=False)
     set_tf32(config)  # train.tf32 (the GPU profile: on), before any model loads
     session.start()
