@@ -73,6 +73,12 @@ def test_demo_comparison_stays_under_3_gb_and_the_plan_says_so(tmp_path):
     # run's 2.15 GB peak: 3.77)
     assert lean.plan_line([s.config for s in exported], 1).endswith("3 run(s): peak about 3.77 GB, 1.61 GB kept at "
                                                                     "the end")
+    never = runs.plan(["grpo"], [0], tmp_path, ["train.steps=20"])  # save_every 0: no checkpoint at all
+    # 0 periodic saves + the last step's skipped (deleted at the end anyway) = 0 checkpoints, no export: 0 bytes
+    assert lean.plan_line([s.config for s in never], 1).startswith(
+        "disk (estimate): up to 0.00 GB per run while it runs (no checkpoint written: train.save_every and "
+        "train.export_every are 0, and the last step's is skipped when deleted at the end (resume would need one of "
+        "1.61 GB))")
 
 
 def _recorded(folder, name: str, seed: int, after: float) -> None:

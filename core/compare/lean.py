@@ -53,7 +53,7 @@ def estimate(config: dict) -> dict | None:
     saves = checkpoints_written(train, bool(engine.get("delete_checkpoints_at_end")))
     keep = int(engine.get("keep_checkpoints", 2))
     kept = 0 if engine.get("delete_checkpoints_at_end") else min(saves, keep)
-    return {"params": params, "checkpoint": checkpoint, "export": export,
+    return {"params": params, "checkpoint": checkpoint, "export": export, "saves": saves,
             "peak": min(saves, keep + 1) * checkpoint + export, "kept": kept * checkpoint + export}
 
 
@@ -72,7 +72,9 @@ def plan_line(configs: list[dict], parallel: int) -> str:
     if not sizes:
         return ""
     e = max(sizes, key=lambda x: x["peak"])
-    parts = f"one checkpoint {e['checkpoint'] / GB:.2f} GB ({e['params'] / 1e6:.1f}M parameters: weights + AdamW)"
+    parts = (f"one checkpoint {e['checkpoint'] / GB:.2f} GB ({e['params'] / 1e6:.1f}M parameters: weights + AdamW)"
+             if e["saves"] else "no checkpoint written: train.save_every and train.export_every are 0, and the last "
+             f"step's is skipped when deleted at the end (resume would need one of {e['checkpoint'] / GB:.2f} GB)")
     if e["export"]:
         parts += f" + final/ export {e['export'] / GB:.2f} GB"
     kept = sum(x["kept"] for x in sizes)
