@@ -45,8 +45,8 @@ def test_disk_estimate_by_hand(tmp_path):
               "engine": {"keep_checkpoints": 1, "delete_checkpoints_at_end": True}}
     e = lean.estimate(config)
     # fp32 weights 4 + AdamW moments 8 = 12 bytes per parameter; one checkpoint at step 10 (the last step's skipped)
-    assert e == {"params": SMALL_PARAMS, "checkpoint": 12 * SMALL_PARAMS, "export": 0, "peak": 12 * SMALL_PARAMS,
-                 "kept": 0}
+    assert e == {"params": SMALL_PARAMS, "checkpoint": 12 * SMALL_PARAMS, "export": 0, "saves": 1,
+                 "peak": 12 * SMALL_PARAMS, "kept": 0}
     # the default: keep 2, saves at 5, 10, 15 and the last step (4): while the 3rd and 4th are written 2 others are
     # there (3 at once); 2 kept, + final/ of 4 bytes per parameter
     config["train"].update(save_every=5, export_final=True)
