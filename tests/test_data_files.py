@@ -256,6 +256,18 @@ def test_a_wrong_answer_column_is_the_same_clear_error_with_or_without_few_shot(
     assert not (tmp_path / "run").exists()  # nothing written
 
 
+@pytest.mark.parametrize("few_shot", [0, 2])
+def test_a_misnamed_answer_column_beside_a_column_named_answer_is_refused(tmp_path, few_shot):
+    # data.answer_column=ans names no column; the file's own 'answer' column (here a worked solution) must not
+    # stand in for it unchecked (it did: the run trained against the solution text, answer_type never applied)
+    rows = [{"question": f"What is {i} + 1?", "answer": f"{i} plus one is {i + 1}"} for i in range(30)]
+    with pytest.raises(DataError) as e:
+        load_task({"path": write_jsonl(tmp_path / "d.jsonl", rows), "prompt_column": "question",
+                   "answer_column": "ans", "few_shot": few_shot})
+    assert e.value.where.endswith("(data.answer_column)")
+    assert e.value.why.startswith("no column 'ans' in the data") and "columns are: question, answer" in e.value.why
+
+
 def test_few_shot_on_prompt_only_data_raises_before_any_prompt_is_built(tmp_path):
     rows = [{"question": f"What is {i} + 1?", "solution": str(i + 1)} for i in range(30)]
     with pytest.raises(DataError) as e:
