@@ -54,6 +54,7 @@ class Trainer(TrainerIO, Scoring):
     lora = False  #: the policy is a PEFT model with LoRA adapters (set by ``__init__``)
     teacher = False  #: the reference is a teacher from model.teacher (set by ``__init__``)
     dtype = "float32"  #: the weights' dtype (``model.dtype``; set by ``__init__``)
+    vocab = 0  #: the policy's vocabulary size, for the scoring chunks' memory budget (0: unknown; set on load)
 
     def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
@@ -110,6 +111,7 @@ class Trainer(TrainerIO, Scoring):
             model.eval()
         if checkpointing:
             enable_gradient_checkpointing(model)
+        self.vocab = int(getattr(model.config, "vocab_size", 0) or 0)
         trainable = [p for p in model.parameters() if p.requires_grad]
         #: trained parameters (all of them, or the LoRA adapter's)
         self.trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)  # ZeRO 3: partitioned

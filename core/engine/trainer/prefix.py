@@ -138,7 +138,8 @@ def _group(model, rollout: Rollout, rows: list[int], width: int, prompt, device,
         cache.layers = [copy.copy(layer) for layer in base]  # the prompt-only cache again
         cache.batch_select_indices(sel.to(device))  # [U, ...] -> [rows, ...], differentiable
         resp = rollout.response_ids[rows, :width - 1]  # the last token predicts nothing used
-        attn = torch.cat([p_attn[sel], torch.ones_like(resp)], dim=1)  # as in the per-row pack()
+        # as in the per-row pack(), built on the host from the prompts' padding (host data) and copied up
+        attn = torch.cat([p_attn[sel], torch.ones(len(rows), width - 1, dtype=p_attn.dtype)], dim=1)
         pos = p_attn.sum(-1)[sel].unsqueeze(1) + torch.arange(width - 1)
         rest = model(input_ids=resp.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
                      past_key_values=cache, use_cache=True, logits_to_keep=width - 1).logits
@@ -148,6 +149,16 @@ def _group(model, rollout: Rollout, rows: list[int], width: int, prompt, device,
         if entropy:
             ents.append(r_ent)
     return torch.cat(lps, 1), (torch.cat(ents, 1) if entropy else None)
+
+
+def response_extents(rollout: Rollout) -> list[int]:
+    """Each row's response length through its last real token (at least 1), read from the host copy of
+    the mask (:meth:`~policyzoo.contract.Rollout.mask_on_host`): the plan of the length groups never
+    waits on the device."""
+    mask = rollout.mask_on_host()
+    b, t = mask.shape
+    cols = torch.arange(1, t + 1).expand(b, t)
+    return torch.where(mask, cols, 0).amax(-1).clamp(min=1).tolist()
 
 
 def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device, entropy: bool, entropy_grad: bool = False,
@@ -165,8 +176,7 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device, entropy
     layer kinds not known to be restorable (the start-up check catches both and falls back)."""
     prompt = _prompt_pass(model, rollout, pad_id, device)
     b, t = rollout.response_ids.shape
-    cols = torch.arange(1, t + 1).expand(b, t)
-    lengths = torch.where(rollout.response_mask, cols, 0).amax(-1).clamp(min=1).tolist()  # through the last real token
+    lengths = response_extents(rollout)
     lp = torch.zeros(b, t, device=device)
     ent = torch.zeros(b, t, device=device) if entropy else None
     for rows in length_buckets(lengths, CALL_OVERHEAD if overhead is None else overhead):

@@ -6,6 +6,18 @@ A mixin of :class:`policyzoo.engine.trainer.deepspeed_trainer.Trainer`, which ow
 ``score_tokens``, ``autocast``, ``stage``, ``world``, ``lora``, ``teacher``). Log-probs come from
 :mod:`.logprob` in chunks (no ``[B, T, V]`` fp32 copy of the logits, no temperature copy, no
 concatenated logits), shared-prompt scoring from :mod:`.prefix`.
+
+Every pass returns tensors on the trainer's device (``self.device``): log-probs, entropies,
+reference log-probs, values and sum pi^2 never travel to the host, so the advantages and the loss
+run where the model runs; the step moves its metrics to the host once (``policyzoo.step.metrics``).
+Only the sync check's two scores (:meth:`Scoring.score_sequence`, :meth:`Scoring.next_logprobs`)
+come back to the host: they are compared with the rollout engine's there.
+
+The no-grad passes (old and reference log-probs, values, sum pi^2) run in chunks of rows sized by
+a memory budget: at most :data:`SCORE_CHUNK_BYTES` of the ``[rows, T + 1, V]`` fp32 logits a
+per-row forward makes (a row alone over it is a chunk of its own), and at most ``score_rows``
+rows (16), so that a long response at a large vocabulary is not scored 16 rows at once (Qwen's
+152k vocabulary at T = 1024: 0.62 GB a row, 10 GB for 16).
 """
 
 from __future__ import annotations
@@ -27,6 +39,40 @@ from .prefix import shared_prompt_logprobs, token_logprobs
 #: wrong cache (a prompt seen by the wrong rows, positions shifted) differs by > 1 nat
 SHARE_PROMPT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
 
+#: bytes of fp32 logits ``[rows, T + 1, V]`` one no-grad scoring chunk may make (1 GiB). The default model
+#: (V = 49,152) at T = 128 makes 25 MB a row, so CPU runs keep their 16-row chunks (``score_rows``)
+SCORE_CHUNK_BYTES = 1 << 30
+
+
+def budget_rows(t: int, vocab: int, cap: int, budget: int = SCORE_CHUNK_BYTES) -> int:
+    """Rows per scoring chunk: as many as keep ``[rows, t + 1, vocab]`` fp32 logits within ``budget``
+    bytes, at least 1 and at most ``cap``. Example: t = 1023, vocab = 152,064: 4 x 1024 x 152,064 =
+    623 MB a row, so 1 row at 1 GiB; t = 127, vocab = 49,152: 25.2 MB a row, 42 rows, capped at 16."""
+    per_row = 4 * (t + 1) * max(vocab, 1)
+    return max(1, min(cap, budget // per_row))
+
+
+def score_logprobs(model, rollout: Rollout, pad_id: int, device, entropy: bool, share: bool,
+                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[B, T]`` (fp32, on ``device``) of ``rollout.response_ids`` under ``model`` at the
+    rollout's temperature, exactly 0 where ``response_mask`` is False, and the entropies ``[B, T]``
+    (nats) with ``entropy`` (with grad only with ``entropy_grad``), else None. ``share``: one forward
+    per distinct prompt (:func:`.prefix.shared_prompt_logprobs`), else one per row. Nothing is copied
+    to the host: the rollout's tensors are used on (or copied up to) ``device``, the length groups are
+    planned from its host mask (:meth:`~policyzoo.contract.Rollout.mask_on_host`). Raises what the
+    model raises (ValueError for a temperature <= 0)."""
+    if share:
+        return shared_prompt_logprobs(model, rollout, pad_id, device, entropy, entropy_grad)
+    ids, attn, pos, t = pack(rollout, pad_id, device)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
+    # the last position predicts nothing used: scored against a dummy target and dropped
+    # from the [B, T + 1] results, so the logits are never sliced into a [B, T, V] copy
+    targets = torch.nn.functional.pad(rollout.response_ids.to(device), (0, 1))
+    lp, ent = token_logprobs(logits, targets, rollout.temperature, entropy, entropy_grad)
+    lp, ent = lp[:, :-1], (ent[:, :-1] if entropy else None)
+    mask = rollout.response_mask.to(device)
+    return torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
+
 
 class Scoring:
     """The scoring methods of the trainer (see the module docstring)."""
@@ -44,19 +90,8 @@ class Scoring:
             return self._logprobs_inner(model, rollout, entropy, share, entropy_grad)
 
     def _logprobs_inner(self, model, rollout: Rollout, entropy: bool, share: bool | None, entropy_grad: bool = False):
-        if self.share_prompt if share is None else share:
-            lp, ent = shared_prompt_logprobs(model, rollout, self.pad_id, self.device, entropy, entropy_grad)
-        else:
-            ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
-            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
-            # the last position predicts nothing used: scored against a dummy target and dropped
-            # from the [B, T + 1] results, so the logits are never sliced into a [B, T, V] copy
-            targets = torch.nn.functional.pad(rollout.response_ids.to(self.device), (0, 1))
-            lp, ent = token_logprobs(logits, targets, rollout.temperature, entropy, entropy_grad)
-            lp, ent = lp[:, :-1], (ent[:, :-1] if entropy else None)
-            mask = rollout.response_mask.to(self.device)
-            lp, ent = torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
-        return lp.cpu(), (ent.cpu() if ent is not None else None)
+        share = self.share_prompt if share is None else share
+        return score_logprobs(model, rollout, self.pad_id, self.device, entropy, share, entropy_grad)
 
     @torch.no_grad()
     def check_share_prompt(self, ids: list[int], tolerance: float | None = None) -> str | None:
@@ -92,7 +127,7 @@ class Scoring:
         try:
             # overhead 0: every distinct length its own group, the cache restored between the calls
             d = (shared_prompt_logprobs(self.engine, r, self.pad_id, self.device, False, overhead=0)[0]
-                 - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs()[mask]
+                 - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs()[mask.to(self.device)].cpu()
         except Exception as e:  # noqa: BLE001 - any failure means: score per row
             self.share_prompt = False
             return f"shared-prompt scoring failed on this model ({type(e).__name__}: {e}); scoring per row"
@@ -107,15 +142,18 @@ class Scoring:
         return None
 
     def _chunked(self, fn, rollout: Rollout):
-        """``fn`` over row chunks of the no-grad scoring passes: ``score_rows`` rows each, or with
-        ``score_tokens`` (``train.max_tokens_per_micro_batch``) contiguous chunks of at most that
-        many prompt + real response tokens, so long answers never score more at once than a
-        training micro-batch does."""
+        """``fn`` over row chunks of the no-grad scoring passes: :func:`budget_rows` rows each (the
+        memory budget :data:`SCORE_CHUNK_BYTES`, at most ``score_rows``), or with ``score_tokens``
+        (``train.max_tokens_per_micro_batch``) contiguous chunks of at most that many prompt + real
+        response tokens, so long answers never score more at once than a training micro-batch does.
+        The chunks are planned from the rollout's host mask; the results are joined on the device."""
         if self.score_tokens:
-            costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, rollout.response_mask.sum(-1).tolist())]
+            lengths = rollout.mask_on_host().sum(-1).tolist()
+            costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, lengths)]
             bounds = token_budget_bounds(costs, self.score_tokens)
         else:
-            bounds = [(k, min(k + self.score_rows, len(rollout))) for k in range(0, len(rollout), self.score_rows)]
+            rows = budget_rows(rollout.response_ids.shape[1], self.vocab, self.score_rows)
+            bounds = [(k, min(k + rows, len(rollout))) for k in range(0, len(rollout), rows)]
         real = len(bounds)
         if self.stage == 3 and self.world > 1:  # ZeRO 3 gathers weights per forward: every rank runs as many
             most = max(gather(len(bounds)))
@@ -126,7 +164,8 @@ class Scoring:
                 real = len(bounds)
             bounds += [(0, 1)] * (most - len(bounds))  # then padding forwards of one row (outputs dropped)
         rows = torch.arange(len(rollout))
-        outs = [fn(rollout.select((rows >= lo) & (rows < hi))) for lo, hi in bounds][:real]
+        outs = [fn(rollout.select((rows >= lo) & (rows < hi)) if (lo, hi) != (0, len(rollout)) else rollout)
+                for lo, hi in bounds][:real]
         if isinstance(outs[0], tuple):
             return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
         return torch.cat(outs)
@@ -155,7 +194,7 @@ class Scoring:
             ids, attn, pos, t = pack(r, self.pad_id, self.device)
             logits = self.engine(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
             s2 = sum_pi_squared(logits, r.temperature)[:, :-1]  # chunked: no [B, T, V] softmax
-            return torch.where(r.response_mask.to(self.device), s2, 0.0).cpu()
+            return torch.where(r.response_mask.to(self.device), s2, 0.0)
         return self._chunked(run, rollout)
 
     def values(self, rollout: Rollout, grad: bool) -> torch.Tensor:
@@ -165,7 +204,7 @@ class Scoring:
         def run(r):
             ids, attn, pos, t = pack(r, self.pad_id, self.device)
             with autocast(self.device, self.autocast):
-                return self.critic(ids, attn, pos, t).cpu()
+                return self.critic(ids, attn, pos, t)
         if grad:
             return run(rollout)
         with torch.no_grad():
@@ -180,6 +219,8 @@ class Scoring:
 
     @torch.no_grad()
     def next_logprobs(self, ids: list[int]) -> torch.Tensor:
-        """Log-probs ``[V]`` of every token after ``ids`` at temperature 1 (for the sync check)."""
+        """Log-probs ``[V]`` of every token after ``ids`` at temperature 1 (for the sync check), on the
+        host. The LM head runs on the last position only (``logits_to_keep=1``): one ``[1, V]`` row of
+        logits, not ``[len(ids), V]``."""
         x = torch.tensor([ids], device=self.device)
-        return self.engine(input_ids=x).logits[0, -1].float().log_softmax(-1).cpu()
+        return self.engine(input_ids=x, logits_to_keep=1).logits[0, -1].float().log_softmax(-1).cpu()
