@@ -214,8 +214,8 @@ def _select(obj, keep: Tensor):
         v = getattr(obj, f.name)
         if isinstance(v, (Rollout, StepBatch)):
             v = _select(v, keep)
-        elif isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == b:
-            v = v[keep.to(v.device)]
+        elif isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == b:  # rows by host index: no device sync
+            v = v[torch.tensor(idx, dtype=torch.long, device=v.device)]
         elif isinstance(v, list) and len(v) == b:
             v = [v[i] for i in idx]
         values[f.name] = v

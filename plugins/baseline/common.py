@@ -14,7 +14,8 @@ from policyzoo.errors import ConfigError
 
 def valid_scores(rewards, response_mask, token_rewards):
     mask = response_mask.to(torch.bool)
-    tr = torch.zeros(mask.shape, dtype=torch.float64) if token_rewards is None else token_rewards.double()
+    tr = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device) if token_rewards is None \
+        else token_rewards.double()
     s = rewards.double() + torch.where(mask, tr, torch.zeros_like(tr)).sum(-1)
     valid = ~torch.isnan(s) & mask.any(-1)
     return torch.where(valid, s, torch.zeros_like(s)), valid
@@ -22,17 +23,24 @@ def valid_scores(rewards, response_mask, token_rewards):
 
 def group_stats(scores, valid, group_ids, weights=None):
     """Per-row (count, mean, sum of squared deviations) of the row's group over valid rows, float64.
-    ``weights [B]``: the mean is the weighted mean sum w s / sum w (ssd stays unweighted)."""
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    k = int(inv.max()) + 1 if len(inv) else 0
+    ``weights [B]``: the mean is the weighted mean sum w s / sum w (ssd stays unweighted).
+
+    Each group is indexed by its first row (``[B, B]`` equality, first maximum of each row), not by
+    ``torch.unique``, whose output size depends on the values: nothing is copied to the host, and the
+    statistics stay where the scores are. The sums run over the rows in row order, as before."""
+    same = group_ids[:, None] == group_ids[None, :]
+    inv = same.to(torch.uint8).argmax(-1)  # the first row of each row's group (argmax keeps the first maximum)
+    k = len(group_ids)
+
+    def per_group(x):
+        return torch.zeros(k, dtype=torch.float64, device=scores.device).index_add_(0, inv, x)
+
     v = valid.double()
     w = v if weights is None else v * weights.double()
-    count = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, v)
-    wsum = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, w)
-    total = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, scores * w)
+    count, wsum, total = per_group(v), per_group(w), per_group(scores * w)
     mean = total / torch.where(wsum > 0, wsum, torch.ones_like(wsum))
     dev = (scores - mean[inv]) * v
-    ssd = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, dev * dev)
+    ssd = per_group(dev * dev)
     return count[inv], mean[inv], ssd[inv]
 
 
