@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _engine_helpers import tiny_model
+from _engine_helpers import ROOT, tiny_model
 
 import policyzoo
 from policyzoo.contract import Rollout, StepBatch
@@ -216,3 +216,55 @@ def test_export_copies_the_weights_on_rank_0_only(monkeypatch, stage):
         else:  # another rank writes nothing; at ZeRO 3 it walks every gather without keeping a copy
             assert e.saved is None
             assert e.gathered == (["a", "b"] if stage == 3 else [])
+
+
+def test_shared_prompt_filler_calls_change_no_value_and_no_gradient():
+    """At ZeRO 3 on several ranks the ranks agree on the model calls of shared-prompt scoring (each call
+    gathers every layer with all ranks); a rank with fewer length groups adds filler calls."""
+    from policyzoo.engine.trainer.prefix import model_calls, shared_prompt_logprobs
+
+    model, config = _model(torch.device("cpu"))
+    r = _rollout(config.vocab_size)
+    # extents 3, 1, 4, 2: overhead 0 -> one group per distinct length, 3 of them wider than 1 token, + the
+    # prompt pass = 4 calls; the default overhead (128 positions a call) -> one group padded to 4 -> 2 calls
+    assert model_calls(r, overhead=0) == 4 and model_calls(r) == 2
+    calls = []
+    model.register_forward_pre_hook(lambda m, a, kw: calls.append(1), with_kwargs=True)
+
+    def run(n):
+        model.zero_grad()
+        lp, _ = shared_prompt_logprobs(model, r, config.pad_token_id, torch.device("cpu"), False, calls=n)
+        lp.sum().backward()
+        return lp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    calls.clear()
+    lp, grads = run(None)
+    assert len(calls) == 2
+    calls.clear()
+    lp5, grads5 = run(5)
+    assert len(calls) == 5  # 2 real calls and 3 fillers
+    assert torch.equal(lp, lp5) and all(torch.equal(a, b) for a, b in zip(grads, grads5))  # bit for bit
+
+
+@pytest.mark.engine_group
+def test_shared_prompt_scoring_at_zero3_on_two_ranks_with_different_length_groups():
+    import json
+    import subprocess
+    import sys
+
+    from _engine_helpers import engine_env
+
+    from policyzoo.engine.process import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(ROOT / "tests" / "_share_zero3_probe.py"), str(tiny_model())]
+    env = engine_env()
+    env.pop("RANK", None)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    # rank 0: a 200-token row and seven 2-token rows split in 2 groups (7 x 1 + 128 + 199 + 128 < 8 x 199 + 128)
+    # -> 3 calls; rank 1: eight 3-token rows, 1 group -> 2 calls; rank 1 adds a filler call
+    assert out["share_prompt"] is True and out["calls"] == [3, 2]
+    assert out["no_grad_diff"] <= 1e-4 and out["grad_diff"] <= 1e-4  # fp32 forwards of other shapes
+    assert out["skipped"] == 0

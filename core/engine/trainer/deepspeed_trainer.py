@@ -70,10 +70,11 @@ class Trainer(TrainerIO, Scoring):
         check_stage(zero_stage, dtype, lora)
         self.info, self.stage, self.pad_id, self.dtype = info, zero_stage, info.pad_token_id, dtype
         self.score_rows, self.score_tokens = score_rows, score_tokens
-        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing; at ZeRO 3
-        #: on several ranks too: it runs one forward per length group, a count that differs between ranks,
-        #: and every ZeRO-3 forward gathers weights with all ranks (a rank would wait forever)
-        self.share_prompt = share_prompt and not gradient_checkpointing and not (zero_stage == 3 and world_size() > 1)
+        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing. At ZeRO 3
+        #: on several ranks it is on: it runs one forward per length group, a count that differs between ranks,
+        #: and every ZeRO-3 forward gathers weights with all ranks, so the ranks agree on the count first and
+        #: the ranks with fewer groups add filler calls (``prefix.shared_prompt_logprobs(calls=)``)
+        self.share_prompt = share_prompt and not gradient_checkpointing
         #: bf16 compute over fp32 weights (policyzoo.engine.trainer.compute)
         self.autocast = autocast
         set_thread_device()

@@ -32,7 +32,7 @@ from . import share_check
 from .compute import autocast
 from .logprob import sum_pi_squared
 from .modeling import pack
-from .prefix import shared_prompt_logprobs, token_logprobs
+from .prefix import model_calls, shared_prompt_logprobs, token_logprobs
 
 #: shared-prompt check tolerance (nats) per weight dtype: fp32 forwards of other shapes agree to
 #: ~1e-5; bf16 ones round differently by ~1e-2 (reduction order; not measured on a GPU here); a
@@ -53,16 +53,17 @@ def budget_rows(t: int, vocab: int, cap: int, budget: int = SCORE_CHUNK_BYTES) -
 
 
 def score_logprobs(model, rollout: Rollout, pad_id: int, device, entropy: bool, share: bool,
-                   entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   entropy_grad: bool = False, calls: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` (fp32, on ``device``) of ``rollout.response_ids`` under ``model`` at the
     rollout's temperature, exactly 0 where ``response_mask`` is False, and the entropies ``[B, T]``
     (nats) with ``entropy`` (with grad only with ``entropy_grad``), else None. ``share``: one forward
     per distinct prompt (:func:`.prefix.shared_prompt_logprobs`), else one per row. Nothing is copied
     to the host: the rollout's tensors are used on (or copied up to) ``device``, the length groups are
-    planned from its host mask (:meth:`~policyzoo.contract.Rollout.mask_on_host`). Raises what the
+    planned from its host mask (:meth:`~policyzoo.contract.Rollout.mask_on_host`). ``calls``: the model
+    calls the shared-prompt path makes (:func:`.prefix.shared_prompt_logprobs`). Raises what the
     model raises (ValueError for a temperature <= 0)."""
     if share:
-        return shared_prompt_logprobs(model, rollout, pad_id, device, entropy, entropy_grad)
+        return shared_prompt_logprobs(model, rollout, pad_id, device, entropy, entropy_grad, calls=calls)
     ids, attn, pos, t = pack(rollout, pad_id, device)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
     # the last position predicts nothing used: scored against a dummy target and dropped
@@ -91,7 +92,9 @@ class Scoring:
 
     def _logprobs_inner(self, model, rollout: Rollout, entropy: bool, share: bool | None, entropy_grad: bool = False):
         share = self.share_prompt if share is None else share
-        return score_logprobs(model, rollout, self.pad_id, self.device, entropy, share, entropy_grad)
+        # ZeRO 3 on several ranks: each call gathers every layer with all ranks, so all make as many calls
+        calls = max(gather(model_calls(rollout))) if share and self.stage == 3 and self.world > 1 else None
+        return score_logprobs(model, rollout, self.pad_id, self.device, entropy, share, entropy_grad, calls)
 
     @torch.no_grad()
     def check_share_prompt(self, ids: list[int], tolerance: float | None = None) -> str | None:

@@ -1,0 +1,43 @@
+"""Run by tests/test_device_step.py under torchrun (2 CPU ranks): shared-prompt scoring at ZeRO 3 where the
+ranks form different numbers of length groups (rank 0: one long response and seven short ones, 2 groups;
+rank 1: eight equal ones, 1 group), with and without grad, then one update. Without the agreed call count
+rank 1 would wait forever in a ZeRO-3 gather. Rank 0 prints one JSON line with what the test asserts."""
+
+import json
+import sys
+
+from policyzoo.engine.process import setup_process
+
+setup_process(threads=1)
+
+import torch  # noqa: E402
+
+from policyzoo.contract import Rollout  # noqa: E402
+from policyzoo.engine import dist  # noqa: E402
+from policyzoo.engine.models import resolve_model  # noqa: E402
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
+from policyzoo.engine.trainer.prefix import model_calls  # noqa: E402
+
+dist.init()
+info = resolve_model(sys.argv[1])
+trainer = Trainer(info, dtype="float32", zero_stage=3, lr=1e-3, weight_decay=0.0, grad_clip=0.0, need_ref=False,
+                  need_critic=False, critic_lr=1e-3)
+t = 200
+lengths = [t] + [2] * 7 if dist.rank() == 0 else [3] * 8
+ids = torch.randint(3, 200, (8, t), generator=torch.Generator().manual_seed(dist.rank()))
+mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
+r = Rollout(prompt_ids=[[1, 9, 10, 11]] * 4 + [[1, 12, 13]] * 4, response_ids=torch.where(mask, ids, 0),
+            response_mask=mask, rollout_logprobs=torch.zeros(8, t), group_ids=torch.tensor([0] * 4 + [1] * 4),
+            truncated=torch.zeros(8, dtype=torch.bool))
+out = {"share_prompt": trainer.share_prompt, "calls": dist.gather(model_calls(r))}
+with torch.no_grad():
+    shared = trainer._logprobs(trainer.engine, r, False, True)[0]
+    per_row = trainer._logprobs(trainer.engine, r, False, False)[0]
+out["no_grad_diff"] = max(dist.gather(float((shared - per_row).abs().max())))
+lp = trainer.logprobs(r, grad=True)[0]
+out["grad_diff"] = max(dist.gather(float((lp.detach() - per_row).abs().max())))
+trainer.backward(-lp.sum() / 8)
+out["skipped"] = trainer.step()["skipped"]
+if dist.rank() == 0:
+    print("RESULT " + json.dumps(out), flush=True)
+dist.close()
