@@ -20,8 +20,12 @@ from policyzoo.engine.trainer.prefix import model_calls  # noqa: E402
 
 dist.init()
 info = resolve_model(sys.argv[1])
+# persistence threshold 0: every parameter of the tiny model is partitioned (by default, parameters under 1e5
+# elements -- all of the tiny model's -- stay whole and no forward would gather anything)
 trainer = Trainer(info, dtype="float32", zero_stage=3, lr=1e-3, weight_decay=0.0, grad_clip=0.0, need_ref=False,
-                  need_critic=False, critic_lr=1e-3)
+                  need_critic=False, critic_lr=1e-3,
+                  deepspeed_config={"zero_optimization": {"stage3_param_persistence_threshold": 0}})
+out0 = {"partitioned": all(p.ds_status.name == "NOT_AVAILABLE" for p in trainer.engine.module.parameters())}
 t = 200
 lengths = [t] + [2] * 7 if dist.rank() == 0 else [3] * 8
 ids = torch.randint(3, 200, (8, t), generator=torch.Generator().manual_seed(dist.rank()))
@@ -29,7 +33,7 @@ mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
 r = Rollout(prompt_ids=[[1, 9, 10, 11]] * 4 + [[1, 12, 13]] * 4, response_ids=torch.where(mask, ids, 0),
             response_mask=mask, rollout_logprobs=torch.zeros(8, t), group_ids=torch.tensor([0] * 4 + [1] * 4),
             truncated=torch.zeros(8, dtype=torch.bool))
-out = {"share_prompt": trainer.share_prompt, "calls": dist.gather(model_calls(r))}
+out = {**out0, "share_prompt": trainer.share_prompt, "calls": dist.gather(model_calls(r))}
 with torch.no_grad():
     shared = trainer._logprobs(trainer.engine, r, False, True)[0]
     per_row = trainer._logprobs(trainer.engine, r, False, False)[0]

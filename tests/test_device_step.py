@@ -265,6 +265,6 @@ def test_shared_prompt_scoring_at_zero3_on_two_ranks_with_different_length_group
     out = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
     # rank 0: a 200-token row and seven 2-token rows split in 2 groups (7 x 1 + 128 + 199 + 128 < 8 x 199 + 128)
     # -> 3 calls; rank 1: eight 3-token rows, 1 group -> 2 calls; rank 1 adds a filler call
-    assert out["share_prompt"] is True and out["calls"] == [3, 2]
+    assert out["partitioned"] and out["share_prompt"] is True and out["calls"] == [3, 2]
     assert out["no_grad_diff"] <= 1e-4 and out["grad_diff"] <= 1e-4  # fp32 forwards of other shapes
     assert out["skipped"] == 0
