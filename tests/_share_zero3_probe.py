@@ -33,7 +33,10 @@ mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
 r = Rollout(prompt_ids=[[1, 9, 10, 11]] * 4 + [[1, 12, 13]] * 4, response_ids=torch.where(mask, ids, 0),
             response_mask=mask, rollout_logprobs=torch.zeros(8, t), group_ids=torch.tensor([0] * 4 + [1] * 4),
             truncated=torch.zeros(8, dtype=torch.bool))
-out = {**out0, "share_prompt": trainer.share_prompt, "calls": dist.gather(model_calls(r))}
+check_ids = list(range(3, 40))
+why = trainer.check_share_prompt(check_ids)  # both ranks pass (or both remembered a pass): on
+out = {**out0, "check": dist.gather([why, trainer.share_prompt]), "share_prompt": trainer.share_prompt,
+       "calls": dist.gather(model_calls(r))}
 with torch.no_grad():
     shared = trainer._logprobs(trainer.engine, r, False, True)[0]
     per_row = trainer._logprobs(trainer.engine, r, False, False)[0]
@@ -42,6 +45,9 @@ lp = trainer.logprobs(r, grad=True)[0]
 out["grad_diff"] = max(dist.gather(float((lp.detach() - per_row).abs().max())))
 trainer.backward(-lp.sum() / 8)
 out["skipped"] = trainer.step()["skipped"]
+# the check failing on rank 1 alone (a negative tolerance) turns sharing off on both ranks
+why = trainer.check_share_prompt(check_ids, tolerance=-1.0 if dist.rank() == 1 else None)
+out["one_rank_fails"] = dist.gather([why is not None, trainer.share_prompt])
 if dist.rank() == 0:
     print("RESULT " + json.dumps(out), flush=True)
 dist.close()

@@ -268,3 +268,5 @@ def test_shared_prompt_scoring_at_zero3_on_two_ranks_with_different_length_group
     assert out["partitioned"] and out["share_prompt"] is True and out["calls"] == [3, 2]
     assert out["no_grad_diff"] <= 1e-4 and out["grad_diff"] <= 1e-4  # fp32 forwards of other shapes
     assert out["skipped"] == 0
+    assert out["check"] == [[None, True], [None, True]]
+    assert out["one_rank_fails"] == [[True, False], [True, False]]  # the check agreed over the ranks

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from policyzoo.contract import Rollout, token_budget_bounds
-from policyzoo.engine.dist import gather
+from policyzoo.engine.dist import any_rank, gather
 
 from . import lora as lora_mod
 from . import share_check
@@ -106,7 +106,21 @@ class Scoring:
         None when it agrees or is off. ``tolerance`` defaults to :data:`SHARE_PROMPT_TOLERANCE` of the
         weights' dtype; the max and mean difference are kept in :attr:`share_prompt_check` (with
         ``remembered`` True when a pass of an earlier start with the same model, code and libraries was
-        reused instead of the two forwards: :mod:`.share_check`)."""
+        reused instead of the two forwards: :mod:`.share_check`).
+
+        At ZeRO 3 on several ranks the ranks agree (each forward gathers weights with all of them): every
+        rank runs the two forwards unless every rank remembered a pass, and sharing stays on only if it
+        passed on every rank (the step's shared-prompt calls are collective there)."""
+        agree = self.share_prompt and self.stage == 3 and self.world > 1
+        why = self._check_share_prompt(ids, tolerance, agree)
+        if agree and any_rank(not self.share_prompt) and self.share_prompt:
+            self.share_prompt = False
+            why = ("shared-prompt scoring failed its check on another rank (ZeRO 3 needs every rank alike); "
+                   "scoring per row")
+        return why
+
+    def _check_share_prompt(self, ids: list[int], tolerance: float | None, agree: bool) -> str | None:
+        """:meth:`check_share_prompt` on this rank; ``agree``: a remembered pass counts only if every rank has it."""
         tolerance = SHARE_PROMPT_TOLERANCE[self.dtype] if tolerance is None else tolerance
         if not self.share_prompt:
             return None
@@ -115,6 +129,8 @@ class Scoring:
             return f"the check sequence has {len(ids)} tokens (< 8): shared-prompt scoring left unchecked and off"
         key = share_check.check_key(self, ids)
         known = share_check.recall(key, tolerance)
+        if agree and not all(gather(known is not None)):
+            known = None
         if known is not None:
             self.share_prompt_check = {**known, "tolerance": tolerance, "remembered": True}
             return None
