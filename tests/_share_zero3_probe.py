@@ -1,7 +1,9 @@
 """Run by tests/test_device_step.py under torchrun (2 CPU ranks): shared-prompt scoring at ZeRO 3 where the
 ranks form different numbers of length groups (rank 0: one long response and seven short ones, 2 groups;
 rank 1: eight equal ones, 1 group), with and without grad, then one update. Without the agreed call count
-rank 1 would wait forever in a ZeRO-3 gather. Rank 0 prints one JSON line with what the test asserts."""
+rank 1 would wait forever in a ZeRO-3 gather. Then a no-grad pass in chunks with the model gathered once,
+against the per-layer gathers, and the start-up check agreed over the ranks. Rank 0 prints one JSON line
+with what the test asserts."""
 
 import json
 import sys
@@ -11,6 +13,8 @@ from policyzoo.engine.process import setup_process
 setup_process(threads=1)
 
 import torch  # noqa: E402
+from deepspeed.runtime.zero.partition_parameters import GatheredParameters  # noqa: E402
+from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator  # noqa: E402
 
 from policyzoo.contract import Rollout  # noqa: E402
 from policyzoo.engine import dist  # noqa: E402
@@ -45,6 +49,38 @@ lp = trainer.logprobs(r, grad=True)[0]
 out["grad_diff"] = max(dist.gather(float((lp.detach() - per_row).abs().max())))
 trainer.backward(-lp.sum() / 8)
 out["skipped"] = trainer.step()["skipped"]
+# a no-grad pass in 4 chunks of 2 rows: the model gathered once for the pass, or layer by layer in each forward
+trainer.score_rows = 2
+gathers = []  # per-module fetches (each gathers that module's parameters with all ranks) and whole-model gathers
+Coordinator = PartitionedParameterCoordinator
+real_fetch, real_enter = Coordinator.fetch_sub_module, GatheredParameters.__enter__
+
+
+def fetch(self, *args, **kw):
+    gathers.append("module")
+    return real_fetch(self, *args, **kw)
+
+
+def enter(self):
+    gathers.append("whole")
+    return real_enter(self)
+
+
+Coordinator.fetch_sub_module, GatheredParameters.__enter__ = fetch, enter
+with torch.no_grad():
+    once = trainer.logprobs(r, grad=False)[0]
+    n_once = {k: gathers.count(k) for k in ("whole", "module")}
+    trainer._gather_once = lambda model: False
+    gathers.clear()
+    layered = trainer.logprobs(r, grad=False)[0]
+    n_layered = {k: gathers.count(k) for k in ("whole", "module")}
+Coordinator.fetch_sub_module, GatheredParameters.__enter__ = real_fetch, real_enter
+del trainer._gather_once
+out["pass_gathers"] = {"once": n_once, "per_layer": n_layered}
+out["pass_equal"] = all(dist.gather(bool(torch.equal(once, layered))))
+lp = trainer.logprobs(r, grad=True)[0]  # training still works after the hooks came back
+trainer.backward(-lp.sum() / 8)
+out["skipped_after"] = trainer.step()["skipped"]
 # the check failing on rank 1 alone (a negative tolerance) turns sharing off on both ranks
 why = trainer.check_share_prompt(check_ids, tolerance=-1.0 if dist.rank() == 1 else None)
 out["one_rank_fails"] = dist.gather([why is not None, trainer.share_prompt])

@@ -247,7 +247,7 @@ def test_shared_prompt_filler_calls_change_no_value_and_no_gradient():
 
 
 @pytest.mark.engine_group
-def test_shared_prompt_scoring_at_zero3_on_two_ranks_with_different_length_groups():
+def test_zero3_on_two_ranks_shared_prompt_calls_agree_and_scoring_gathers_once_a_pass():
     import json
     import subprocess
     import sys
@@ -270,3 +270,8 @@ def test_shared_prompt_scoring_at_zero3_on_two_ranks_with_different_length_group
     assert out["skipped"] == 0
     assert out["check"] == [[None, True], [None, True]]
     assert out["one_rank_fails"] == [[True, False], [True, False]]  # the check agreed over the ranks
+    # a no-grad pass of 4 chunks (2 rows each): one whole-model gather and no per-module fetch, against
+    # a fetch per module and forward without it (counted, > 0), with bit-identical log-probs; training after
+    assert out["pass_gathers"]["once"] == {"whole": 1, "module": 0}
+    assert out["pass_gathers"]["per_layer"]["whole"] == 0 and out["pass_gathers"]["per_layer"]["module"] > 0
+    assert out["pass_equal"] and out["skipped_after"] == 0

@@ -28,7 +28,7 @@ from policyzoo.contract import Rollout, token_budget_bounds
 from policyzoo.engine.dist import any_rank, gather
 
 from . import lora as lora_mod
-from . import share_check
+from . import sharded, share_check
 from .compute import autocast
 from .logprob import sum_pi_squared
 from .modeling import pack
@@ -160,12 +160,21 @@ class Scoring:
         share_check.remember(key, self.share_prompt_check)
         return None
 
-    def _chunked(self, fn, rollout: Rollout):
+    def _gather_once(self, model) -> bool:
+        """Whether a no-grad pass gathers ``model`` whole once (:func:`.sharded.gathered_for_scoring`): at ZeRO 3
+        on several ranks, when a whole copy takes at most half the free memory on every rank (agreed)."""
+        if self.stage != 3 or self.world < 2:
+            return False
+        return not any_rank(2 * sharded.whole_bytes(model) > sharded.free_bytes(self.device))
+
+    def _chunked(self, fn, rollout: Rollout, model):
         """``fn`` over row chunks of the no-grad scoring passes: :func:`budget_rows` rows each (the
         memory budget :data:`SCORE_CHUNK_BYTES`, at most ``score_rows``), or with ``score_tokens``
         (``train.max_tokens_per_micro_batch``) contiguous chunks of at most that many prompt + real
         response tokens, so long answers never score more at once than a training micro-batch does.
-        The chunks are planned from the rollout's host mask; the results are joined on the device."""
+        The chunks are planned from the rollout's host mask; the results are joined on the device.
+        ``fn(m, chunk)`` scores a chunk with ``m``: ``model``, or at ZeRO 3 on several ranks its module
+        with every parameter gathered once for the whole pass when a copy fits (:meth:`_gather_once`)."""
         if self.score_tokens:
             lengths = rollout.mask_on_host().sum(-1).tolist()
             costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, lengths)]
@@ -183,8 +192,9 @@ class Scoring:
                 real = len(bounds)
             bounds += [(0, 1)] * (most - len(bounds))  # then padding forwards of one row (outputs dropped)
         rows = torch.arange(len(rollout))
-        outs = [fn(rollout.select((rows >= lo) & (rows < hi)) if (lo, hi) != (0, len(rollout)) else rollout)
-                for lo, hi in bounds][:real]
+        with sharded.gathered_for_scoring(model, self._gather_once(model)) as m:
+            outs = [fn(m, rollout.select((rows >= lo) & (rows < hi)) if (lo, hi) != (0, len(rollout)) else rollout)
+                    for lo, hi in bounds][:real]
         if isinstance(outs[0], tuple):
             return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
         return torch.cat(outs)
@@ -194,7 +204,7 @@ class Scoring:
             with lora_mod.adapter_dropout(self.engine.module, self.lora):
                 return self._logprobs(self.engine, rollout, entropy, entropy_grad=entropy_grad)
         with torch.no_grad():
-            return self._chunked(lambda r: self._logprobs(self.engine, r, entropy), rollout)
+            return self._chunked(lambda m, r: self._logprobs(m, r, entropy), rollout, self.engine)
 
     @torch.no_grad()
     def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
@@ -202,32 +212,32 @@ class Scoring:
             raise RuntimeError("ref_logprobs called but no kl component is active (no reference model loaded)")
         if self.lora and not self.teacher:  # the base model: the adapter switched off
             with self.engine.module.disable_adapter():
-                return self._chunked(lambda r: self._logprobs(self.engine, r, False)[0], rollout)
-        return self._chunked(lambda r: self._logprobs(self.ref, r, False)[0], rollout)
+                return self._chunked(lambda m, r: self._logprobs(m, r, False)[0], rollout, self.engine)
+        return self._chunked(lambda m, r: self._logprobs(m, r, False)[0], rollout, self.ref)
 
     @torch.no_grad()
     def sum_pi_squared(self, rollout: Rollout) -> torch.Tensor:
         """``[B, T]``: sum_v softmax(logits / temperature)_v^2 at each response position (the
         per-row forward, float32), 0 where ``response_mask`` is False."""
-        def run(r):
+        def run(m, r):
             ids, attn, pos, t = pack(r, self.pad_id, self.device)
-            logits = self.engine(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
+            logits = m(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
             s2 = sum_pi_squared(logits, r.temperature)[:, :-1]  # chunked: no [B, T, V] softmax
             return torch.where(r.response_mask.to(self.device), s2, 0.0)
-        return self._chunked(run, rollout)
+        return self._chunked(run, rollout, self.engine)
 
     def values(self, rollout: Rollout, grad: bool) -> torch.Tensor:
         if self.critic is None:
             raise RuntimeError("values called but the baseline needs no critic (no value model loaded)")
 
-        def run(r):
+        def run(m, r):
             ids, attn, pos, t = pack(r, self.pad_id, self.device)
             with autocast(self.device, self.autocast):
-                return self.critic(ids, attn, pos, t)
+                return m(ids, attn, pos, t)
         if grad:
-            return run(rollout)
+            return run(self.critic, rollout)
         with torch.no_grad():
-            return self._chunked(run, rollout)
+            return self._chunked(run, rollout, self.critic)
 
     @torch.no_grad()
     def score_sequence(self, ids: list[int]) -> torch.Tensor:
