@@ -9,6 +9,9 @@
   without an optimizer (TRL's ``prepare_deepspeed`` does the same for its reference): its forward
   gathers each layer's parameters from the ranks and releases them after, like the policy's.
   Every rank must run the same number of reference forwards (the scoring chunks agree on it).
+* **Scoring passes.** :func:`gathered_for_scoring` gathers a model whole once for a no-grad pass (old and
+  reference log-probs, values, sum pi^2) on several ranks when a copy fits in half the free memory: one
+  collective a pass instead of one per layer in every chunk's forward.
 """
 
 from __future__ import annotations
