@@ -121,6 +121,16 @@ def trl_settings(run, max_tokens: int) -> dict:
     return kw
 
 
+def trl_precision_args(dtype: str) -> dict:
+    """TRL's precision for ``--dtype``: its default, fp32 weights and AdamW state with bf16 autocast for
+    ``bfloat16`` (on a GPU and on the CPU alike), fp32 for ``float32``
+    (:func:`policyzoo.doctor.trl_step.trl_precision`). It once loaded the model in bf16, so TRL trained pure
+    bf16 weights while policyzoo kept fp32 master weights: bench/results/gpu_h200/README.md."""
+    from policyzoo.doctor.trl_step import trl_precision
+
+    return trl_precision(dtype == "bfloat16")
+
+
 def trl_worker(a) -> None:
     import torch
 
@@ -174,8 +184,7 @@ def trl_worker(a) -> None:
         max_completion_length=run.sample.params.max_tokens, temperature=run.sample.params.temperature,
         learning_rate=cfg.train.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=cfg.train.weight_decay,
         max_grad_norm=cfg.train.grad_clip, max_steps=cfg.train.steps, logging_steps=1, seed=cfg.train.seed,
-        shuffle_dataset=False, bf16=a.dtype == "bfloat16" and torch.cuda.is_available(),
-        model_init_kwargs={"dtype": torch.float32 if a.dtype == "float32" else torch.bfloat16},
+        shuffle_dataset=False, **trl_precision_args(a.dtype),
         **trl_settings(run, run.sample.params.max_tokens), **trl_vllm)
     timing = {"gen": 0.0, "reward": 0.0, "tokens": 0}
 

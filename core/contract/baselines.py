@@ -37,7 +37,8 @@ def valid_scores(rewards: Tensor, response_mask: Tensor, token_rewards: Tensor |
     row's score is set to 0 so that it cannot poison a sum. ``rewards [B]``, ``response_mask [B, T]``,
     ``token_rewards [B, T]`` or None."""
     mask = response_mask.to(torch.bool)
-    tr = torch.zeros(mask.shape, dtype=torch.float64) if token_rewards is None else token_rewards.double()
+    tr = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device) if token_rewards is None \
+        else token_rewards.double()
     s = rewards.double() + torch.where(mask, tr, torch.zeros_like(tr)).sum(-1)
     valid = ~torch.isnan(s) & mask.any(-1)
     return torch.where(valid, s, torch.zeros_like(s)), valid
@@ -51,17 +52,24 @@ def group_stats(scores: Tensor, valid: Tensor, group_ids: Tensor,
     shuffled rows and uneven group sizes give the same values). ``scores [B]`` and ``valid [B]`` as
     :func:`valid_scores` returns them. ``weights [B]``: the mean is the weighted mean
     sum w s / sum w over valid rows (OPO's length weighting); ``ssd`` stays unweighted. A group with
-    no valid row has count 0, mean 0 and ssd 0."""
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    k = int(inv.max()) + 1 if len(inv) else 0
+    no valid row has count 0, mean 0 and ssd 0.
+
+    Each group is indexed by its first row (``[B, B]`` equality, first maximum of each row), not by
+    ``torch.unique``, whose output size depends on the values: nothing is copied to the host, and the
+    statistics stay on the scores' device. The sums run over the rows in row order."""
+    same = group_ids[:, None] == group_ids[None, :]
+    inv = same.to(torch.uint8).argmax(-1)  # the first row of each row's group (argmax keeps the first maximum)
+    k = len(group_ids)
+
+    def per_group(x):
+        return torch.zeros(k, dtype=torch.float64, device=scores.device).index_add_(0, inv, x)
+
     v = valid.double()
     w = v if weights is None else v * weights.double()
-    count = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, v)
-    wsum = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, w)
-    total = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, scores * w)
+    count, wsum, total = per_group(v), per_group(w), per_group(scores * w)
     mean = total / torch.where(wsum > 0, wsum, torch.ones_like(wsum))
     dev = (scores - mean[inv]) * v
-    ssd = torch.zeros(k, dtype=torch.float64).index_add_(0, inv, dev * dev)
+    ssd = per_group(dev * dev)
     return count[inv], mean[inv], ssd[inv]
 
 
@@ -114,12 +122,13 @@ def reward_tokens(rewards: Tensor, response_mask: Tensor, token_rewards: Tensor 
     """Per-token rewards ``[B, T]`` (float64): ``token_rewards`` on masked tokens plus the sequence
     reward ``rewards [B]`` on each row's last masked token (a row with no masked token gets none)."""
     mask = response_mask.to(torch.bool)
-    r = torch.zeros(mask.shape, dtype=torch.float64) if token_rewards is None else token_rewards.double()
+    r = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device) if token_rewards is None \
+        else token_rewards.double()
     r = torch.where(mask, r, torch.zeros_like(r))
-    pos = torch.arange(mask.shape[1]).expand(mask.shape)
+    pos = torch.arange(mask.shape[1], device=mask.device).expand(mask.shape)
     last = torch.where(mask, pos, torch.full_like(pos, -1)).max(-1).values
     has = last >= 0
-    rows = torch.arange(mask.shape[0])[has]
+    rows = torch.arange(mask.shape[0], device=mask.device)[has]
     r[rows, last[has]] += rewards.double()[has]
     return r
 
@@ -132,7 +141,7 @@ def token_returns(rewards: Tensor, response_mask: Tensor, token_rewards: Tensor 
     mask = response_mask.to(torch.bool)
     r = reward_tokens(torch.nan_to_num(rewards.double(), nan=0.0), mask, token_rewards)
     ret = torch.zeros_like(r)
-    running = torch.zeros(r.shape[0], dtype=torch.float64)
+    running = torch.zeros(r.shape[0], dtype=torch.float64, device=r.device)
     for t in range(r.shape[1] - 1, -1, -1):
         m = mask[:, t]
         running = torch.where(m, r[:, t] + gamma * running, running)

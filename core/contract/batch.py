@@ -53,6 +53,11 @@ class Rollout:
             ``Episode.step`` under the env's ``on_error: drop_group``; the step drops the group).
         env_scores: B dicts, each episode's named scores (``Episode.scores``, e.g. a verifiers
             rubric's functions), reported as ``env_score/<name>``; None for single-turn sampling.
+
+    ``host_mask``: ``[B, T]`` bool on the host, a copy of ``response_mask`` that :meth:`to` keeps when
+    it moves the tensors to an accelerator, so that work planned from the lengths (length groups,
+    token-budget chunks) reads the host and never waits on a device-to-host copy; None otherwise
+    (:meth:`mask_on_host` then reads ``response_mask``).
     """
 
     prompt_ids: list[list[int]]
@@ -76,6 +81,7 @@ class Rollout:
     tool_errors: Tensor | None = None
     stop_reasons: list[str] | None = None
     env_scores: list[dict[str, float]] | None = None
+    host_mask: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
@@ -93,6 +99,19 @@ class Rollout:
         if isinstance(prompt, str) and prompt.strip():
             return prompt.strip().split("\n\n")[-1][:width]
         return str(self.prompts[i])[:width] if i < len(self.prompts) else ""
+
+    def to(self, device) -> "Rollout":
+        """A copy with every tensor on ``device`` (lists and numbers shared, not copied) and the
+        host copy of ``response_mask`` kept in ``host_mask``. The copies are host-to-device only."""
+        host = self.host_mask if self.host_mask is not None else self.response_mask
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        moved = {k: v.to(device) for k, v in values.items() if isinstance(v, Tensor) and k != "host_mask"}
+        return Rollout(**{**values, **moved, "host_mask": host if host.device.type == "cpu" else None})
+
+    def mask_on_host(self) -> Tensor:
+        """``response_mask`` on the host: ``host_mask`` when :meth:`to` kept it, else ``response_mask``
+        (copied to the host when it lives elsewhere)."""
+        return self.host_mask if self.host_mask is not None else self.response_mask.cpu()
 
     def select(self, keep: Tensor) -> "Rollout":
         """Rows where ``keep [B]`` is True, in their original order."""
@@ -138,6 +157,12 @@ class StepBatch:
     def select(self, keep: Tensor) -> "StepBatch":
         return _select(self, keep)
 
+    def to(self, device) -> "StepBatch":
+        """A copy with every tensor, and the rollout's (:meth:`Rollout.to`), on ``device``."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        moved = {k: v.to(device) if isinstance(v, (Tensor, Rollout)) else v for k, v in values.items()}
+        return StepBatch(**moved)
+
     def split(self, n_micro: int) -> list["StepBatch"]:
         """Split rows into ``n_micro`` contiguous micro-batches (order kept)."""
         b = len(self)
@@ -154,7 +179,7 @@ class StepBatch:
         its real response tokens (``response_mask``; padding is not counted), as the per-row
         forward would feed them (:func:`token_budget_bounds`). The loss is exact for any split
         (``StepTotals``), so this only bounds the activations held at once."""
-        lengths = self.rollout.response_mask.sum(-1).tolist()
+        lengths = self.rollout.mask_on_host().sum(-1).tolist()
         costs = [len(p) + int(n) for p, n in zip(self.rollout.prompt_ids, lengths)]
         out = []
         for lo, hi in token_budget_bounds(costs, budget):
@@ -189,8 +214,8 @@ def _select(obj, keep: Tensor):
         v = getattr(obj, f.name)
         if isinstance(v, (Rollout, StepBatch)):
             v = _select(v, keep)
-        elif isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == b:
-            v = v[keep.to(v.device)]
+        elif isinstance(v, Tensor) and v.dim() >= 1 and v.shape[0] == b:  # rows by host index: no device sync
+            v = v[torch.tensor(idx, dtype=torch.long, device=v.device)]
         elif isinstance(v, list) and len(v) == b:
             v = [v[i] for i in idx]
         values[f.name] = v
@@ -208,7 +233,7 @@ def _concat(parts: list[Rollout]) -> Rollout:
     if len(parts) == 1:
         return parts[0]
     width = max(p.response_ids.shape[1] for p in parts)
-    pads = {"response_ids": 0, "response_mask": False}  # other [B, T] fields pad with 0.0
+    pads = {"response_ids": 0, "response_mask": False, "host_mask": False}  # other [B, T] fields pad with 0.0
     values: dict[str, Any] = {}
     for f in dataclasses.fields(Rollout):
         got = [getattr(p, f.name) for p in parts]

@@ -149,6 +149,12 @@ class LMPolicy(DrivesEpisodes):
         return self.rollout.tokenizer
 
     @property
+    def device(self) -> torch.device:
+        """The trainer's device: the step moves its batch there once and keeps it there
+        (``policyzoo.step.learn``)."""
+        return self.trainer.device
+
+    @property
     def pad_token_id(self) -> int:
         return self.rollout.info.pad_token_id
 

@@ -22,8 +22,10 @@ to this engine; all stated so a reader can check them by hand, ``tests/test_plan
 * **Training forward** with ``engine.share_prompt`` (default): each distinct prompt once, logits at
   its last position only; then the first L - 1 response tokens per row, with logits (exactly the
   rollout's work). Without it each row runs ``prompt + L`` tokens with ``L + 1`` logits. The engine turns
-  sharing off with gradient checkpointing and at ZeRO 3 on several ranks, and so does the plan
-  (:func:`engine_path`; :func:`policyzoo.plan.gpu.per_gpu` passes the placement).
+  sharing off with gradient checkpointing, and so does the plan; at ZeRO 3 on several ranks the engine
+  shares prompts too (the ranks agree on their model calls), but the plan counts that path per row, an
+  upper bound that :mod:`policyzoo.testing.fake_step` traces (:func:`engine_path`;
+  :func:`policyzoo.plan.gpu.per_gpu` passes the placement).
   The reference model (``kl`` components) runs the same forward without gradient; the policy runs
   an extra no-grad forward for old log-probs when ``updates_per_batch > 1`` or the KL goes into
   the reward. The critic (``needs_values`` baselines) runs each row in full without an LM head:
@@ -93,8 +95,9 @@ class Options:
 
 
 def engine_path(o: Options, zero3_ranks: bool = False) -> Options:
-    """``o`` as the engine runs it: shared-prompt scoring is off with gradient checkpointing and, when
-    ``zero3_ranks``, at ZeRO 3 on several ranks (``policyzoo.engine.trainer.Trainer`` turns it off there)."""
+    """``o`` as the plan counts it: shared-prompt scoring is off with gradient checkpointing (the engine turns
+    it off there) and, when ``zero3_ranks``, at ZeRO 3 on several ranks: the engine shares prompts there as
+    well, and the per-row count is the upper bound the fit check uses (its FLOPs differ from ZeRO 0's)."""
     if o.share_prompt and (o.gradient_checkpointing or zero3_ranks):
         return dataclasses.replace(o, share_prompt=False)
     return o

@@ -9,8 +9,8 @@ vLLM colocated with TP k or on a server) and a model of ``n`` parameters:
   base model inside the policy: 0); a critic (``needs_values`` baselines) adds its weights, gradients and
   optimizer at the policy's bytes per parameter;
 * **activations**: :func:`policyzoo.plan.memory`'s, for one rank's share of the step: ``ceil(P / N)``
-  prompts (``train.prompts_per_step`` is split over the ranks) x G samples, scored per row at ZeRO 3 on
-  several ranks (the engine turns prompt sharing off there: :func:`policyzoo.plan.engine_path`);
+  prompts (``train.prompts_per_step`` is split over the ranks) x G samples, counted per row at ZeRO 3 on
+  several ranks (an upper bound of the engine's shared-prompt path there: :func:`policyzoo.plan.engine_path`);
 * **KV cache** (colocated): ``2 x layers x kv_heads x head_dim x r`` bytes per cached token for the
   rank's share (prompts once, each sample's response); a group of k ranks shares one engine sharded k
   ways, so each GPU holds its share's worth while ``k <= kv_heads`` (vLLM replicates KV heads beyond:

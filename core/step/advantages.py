@@ -23,7 +23,9 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None,
     happened and group baselines score a row by its sum.
 
     ``scored [B, T]``: the trainer's log-probs at sampling time (no grad), needed for a KL in
-    reward placement; the sampler's ``rollout_logprobs`` stand in when it is None."""
+    reward placement; the sampler's ``rollout_logprobs`` stand in when it is None.
+ Runs on the batch's device; the metrics are 0-dim tensors
+    there (:func:`policyzoo.step.metrics.to_host`); ``zero_std_frac`` is reported by ``learn``."""
     mask = batch.response_mask
     metrics: dict[str, float] = {}
     token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
@@ -38,12 +40,13 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None,
         # verl's current_kl (apply_kl_penalty): each row's token mean (0 for a row with no token), then the
         # mean over rows -- what an adaptive KL controller reads in its update
         per_row = (kl.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        metrics["kl_ref_row_mean"] = float(per_row.mean()) if len(per_row) else 0.0
+        metrics["kl_ref_row_mean"] = per_row.mean() if len(per_row) else 0.0
         metrics["kl_coef"] = run.kl.beta  # the coefficient used this step (verl actor/reward_kl_penalty_coeff)
         if run.kl.params.placement == "reward":
             token_rewards = token_rewards + torch.where(mask, -run.kl.beta * kl, torch.zeros_like(kl))
     parts = batch.reward_components  # [B, K]; a batch built without them has the rewards as its only one
-    weights = torch.tensor([float(c.params.weight) for c in run.reward]) if parts is not None else torch.ones(1)
+    weights = torch.tensor([float(c.params.weight) for c in run.reward] if parts is not None else [1.0],
+                           device=mask.device)
     parts = batch.rewards.unsqueeze(-1) if parts is None else parts
     out = dispatch.call(run, "baseline", *mask.shape, rewards=batch.rewards, group_ids=batch.rollout.group_ids,
                    response_mask=mask, token_rewards=token_rewards, values=batch.values, collective=collective,
@@ -54,11 +57,12 @@ def prepare(run, batch: StepBatch, scored: Tensor | None = None,
                    sum_pi_squared=batch.sum_pi_squared)
     out = run.baseline.chain(out, batch.rewards, mask, collective)  # the declared composition (batch whitening)
     batch.token_rewards, batch.advantages, batch.returns = token_rewards, out.advantages, out.returns
-    metrics["zero_std_frac"] = run.baseline.zero_std_fraction(batch.rewards, batch.rollout.group_ids, mask)
     metrics["advantage_mean"] = masked_mean(out.advantages, mask)
     return batch, metrics
 
 
-def masked_mean(x: Tensor, mask: Tensor) -> float:
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``x [B, T]`` over the True entries of ``mask [B, T]`` as a 0-dim tensor on ``x``'s device
+    (0 when the mask is empty; no host copy)."""
     n = mask.sum()
-    return float((x.detach() * mask).sum() / n) if n > 0 else 0.0
+    return torch.where(n > 0, (x.detach() * mask).sum() / n.clamp(min=1), 0.0)

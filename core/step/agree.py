@@ -56,6 +56,8 @@ def padding(batch: StepBatch) -> StepBatch:
     keep[0] = True
     pad = batch.select(keep)
     pad.rollout.response_mask = torch.zeros_like(pad.rollout.response_mask)
+    if pad.rollout.host_mask is not None:
+        pad.rollout.host_mask = torch.zeros_like(pad.rollout.host_mask)
     return pad
 
 

@@ -20,6 +20,7 @@ from . import agree
 from .advantages import prepare
 from .collect import StepSettings, collect
 from .loss import micro_loss, needs_entropy_grad, step_totals
+from .metrics import step_means, to_host
 
 
 class Ahead(Protocol):
@@ -65,7 +66,10 @@ def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
     the lag (for the on-policy first update the ratio is exactly 1 instead).
 
     On several ranks every collective is preceded by an agreement on the work (:mod:`.agree`): a
-    step where some rank kept no row is skipped on every rank."""
+    step where some rank kept no row is skipped on every rank.
+
+    The batch moves to the policy's ``device`` (if any) once; scoring, advantages and the loss stay
+    there and their metrics come back in one copy (:func:`.metrics.to_host`)."""
     c = policy.collective
     with agree.phase(c, "agreeing on the rows kept (after sampling)"):
         counts = agree.row_counts(c, len(rollout))
@@ -75,16 +79,7 @@ def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
         return {**metrics, **(_batch_metrics(rollout, rewards) if len(rollout) else {"rows": 0}), "skipped": 1,
                 "skip_reason": f"no rows kept by the filters{where}"}
     t0 = time.perf_counter()
-    with agree.phase(c, "scoring with frozen models"):
-        batch, scored = _score(run, policy, rollout, rewards, metrics, settings, reward_components, greedy_rewards)
-    with agree.phase(c, "advantages"):
-        batch, adv_metrics = prepare(run, batch, scored, c)
-    metrics.update(adv_metrics)
-    if on_batch is not None:
-        on_batch(batch)
-    with agree.phase(c, "summing the loss normalisers"):
-        totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
-    _update(run, policy, batch, totals, metrics, settings)
+    metrics = _train(run, policy, rollout, rewards, metrics, settings, reward_components, greedy_rewards, on_batch)
     metrics["time_train"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     if not metrics["skipped"]:
@@ -96,6 +91,29 @@ def learn(run, policy, rollout: Rollout, rewards: torch.Tensor, metrics: dict,
         with agree.phase(c, "updating stateful components"):
             update_state(run, {**metrics, "tokens": int(rollout.response_mask.sum())}, c)
     return metrics
+
+
+def _train(run, policy, rollout: Rollout, rewards, metrics: dict, settings: StepSettings, reward_components,
+           greedy_rewards, on_batch) -> dict:
+    """Scoring, advantages and the update(s) of :func:`learn` on the policy's device; returns ``metrics``
+    with the step's, on the host (one copy: :func:`.metrics.to_host`). ``rollout`` and ``rewards`` are
+    the host's; the zero-std fraction and the staleness are read there."""
+    c = policy.collective
+    stale = _staleness(rollout, metrics)
+    metrics["zero_std_frac"] = run.baseline.zero_std_fraction(rewards, rollout.group_ids, rollout.response_mask)
+    rollout, rewards, reward_components, greedy_rewards = _to_device(
+        getattr(policy, "device", None), rollout, rewards, reward_components, greedy_rewards)
+    with agree.phase(c, "scoring with frozen models"):
+        batch, scored = _score(run, policy, rollout, rewards, settings, reward_components, greedy_rewards, stale)
+    with agree.phase(c, "advantages"):
+        batch, adv_metrics = prepare(run, batch, scored, c)
+    metrics.update(adv_metrics)
+    if on_batch is not None:
+        on_batch(batch)
+    with agree.phase(c, "summing the loss normalisers"):
+        totals = policy.reduce_totals(step_totals(batch))  # data parallel: the whole step's counts over all ranks
+    _update(run, policy, batch, totals, metrics, settings)
+    return to_host(metrics)  # the step's one device-to-host copy of its metrics
 
 
 def update_state(run, metrics: dict, collective) -> None:
@@ -113,10 +131,29 @@ def needs_reference(run) -> bool:
     return run.kl is not None or any(getattr(t, "needs_ref", False) for t in run.term)
 
 
-def _score(run, policy, rollout: Rollout, rewards, metrics: dict, settings: StepSettings, reward_components,
-           greedy_rewards) -> tuple[StepBatch, torch.Tensor | None]:
+def _to_device(device, rollout: Rollout, *tensors):
+    """The rollout and the tensors (or None) on ``device``: one host-to-device copy of the batch, after
+    which nothing comes back until the metrics do; unchanged when ``device`` is None."""
+    if device is None:
+        return (rollout, *tensors)
+    return (rollout.to(device), *(None if x is None else x.to(device) for x in tensors))
+
+
+def _staleness(rollout: Rollout, metrics: dict) -> bool:
+    """Whether some row was sampled by older weights (``policy_lag`` > 0), read on the host rollout;
+    records ``policy_lag_max`` / ``policy_lag_mean`` in ``metrics`` when the rollout has lags."""
+    lag = rollout.policy_lag
+    if lag is None:
+        return False
+    metrics.update(policy_lag_max=int(lag.max()), policy_lag_mean=float(lag.float().mean()))
+    return bool((lag > 0).any())
+
+
+def _score(run, policy, rollout: Rollout, rewards, settings: StepSettings, reward_components,
+           greedy_rewards, stale: bool) -> tuple[StepBatch, torch.Tensor | None]:
     """Score the batch with frozen models, only what the chosen components need; returns the
-    :class:`StepBatch` and the trainer's log-probs at sampling time (None when nothing needs them)."""
+    :class:`StepBatch` and the trainer's log-probs at sampling time (None when nothing needs them).
+    ``stale``: some row was sampled by older weights (:func:`_staleness`)."""
     with torch.no_grad():
         kl_in_reward = run.kl is not None and run.kl.params.placement == "reward"
         pi2 = run.baseline.needs_pi_squared
@@ -128,11 +165,8 @@ def _score(run, policy, rollout: Rollout, rewards, metrics: dict, settings: Step
     # On-policy (one update per batch): old_logprobs stay None and the loss uses the live
     # log-probs detached, so the first ratio is exactly 1 without a second forward.
     old = scored if settings.updates_per_batch > 1 else None
-    if rollout.policy_lag is not None:
-        lag = rollout.policy_lag
-        metrics.update(policy_lag_max=int(lag.max()), policy_lag_mean=float(lag.float().mean()))
-        if bool((lag > 0).any()):  # sampled by older weights: the behaviour policy's log-probs
-            old = torch.where(rollout.response_mask, rollout.rollout_logprobs, 0.0)
+    if stale:  # sampled by older weights: the behaviour policy's log-probs
+        old = torch.where(rollout.response_mask, rollout.rollout_logprobs, 0.0)
     batch = StepBatch(rollout, rewards, old_logprobs=old, ref_logprobs=ref, values=values,
                       reward_components=reward_components, greedy_rewards=greedy_rewards,
                       sum_pi_squared=sum_pi_squared)
@@ -172,8 +206,7 @@ def _update(run, policy, batch: StepBatch, totals, metrics: dict, settings: Step
             break
         with agree.phase(c, "optimizer step"):
             metrics.update(policy.optimizer_step())
-    for k in sums:  # token-weighted means over the step (loss: sum of micro-batch losses)
-        metrics[k] = sums[k] / counts[k] if counts[k] else 0.0
+    metrics.update(step_means(sums, counts))  # token-weighted means over the step (loss: sum of micro-batch losses)
     metrics.setdefault("skipped", 0)
 
 
@@ -186,26 +219,33 @@ def _accumulate(run, policy, mb: StepBatch, totals, n_micro: int, sums: Counter,
     # entropy with grad only when a term needs it (the flag is passed only then: policies without it keep working)
     logprobs, entropy = policy.logprobs(mb.rollout, grad=True, entropy=True,
                                         **({"entropy_grad": True} if needs_entropy_grad(run) else {}))
-    fault = _bad_rows("logprobs", (~torch.isfinite(logprobs.detach()) & mb.response_mask).any(-1), mb.rollout)
-    # the loss runs even after a bad log-prob (on zeros there): its collectives (clip_cov, kl_cov) run on every rank
-    lp = logprobs if fault is None else torch.where(torch.isfinite(logprobs), logprobs, 0.0)
+    finite = torch.isfinite(logprobs.detach())
+    bad_lp = (~finite & mb.response_mask).any(-1)  # [B], on the device: read once below, with the loss's check
+    # the loss runs even after a bad log-prob (on zeros there): its collectives (clip_cov, kl_cov) run on every
+    # rank; where every log-prob is finite the values and gradients are those of the log-probs themselves
+    lp = torch.where(finite, logprobs, 0.0)
     loss, mb_sums = micro_loss(run, mb, lp, totals, entropy, policy.collective)
     values = policy.values(mb.rollout, grad=True) if run.baseline.needs_values else None
     value_loss = None
     if values is not None:
         value_loss = run.baseline.value_loss(values=values, old_values=mb.values, returns=mb.returns,
                                              response_mask=mb.response_mask, totals=totals)
-        mb_sums["value_loss"] = (float(value_loss.detach()), 1.0 / n_micro)
+        mb_sums["value_loss"] = (value_loss.detach().double(), 1.0 / n_micro)
     if padding:  # the same forward and backward as a real micro-batch, with a gradient of exactly 0
-        loss = 0.0 * torch.where(torch.isfinite(logprobs), logprobs, 0.0).sum()
+        loss = 0.0 * lp.sum()
         value_loss = None if values is None else 0.0 * values.sum()
-    elif fault is None and not all(math.isfinite(float(x.detach())) for x in (loss, value_loss) if x is not None):
+    # one device-to-host copy per micro-batch: the faults every rank agrees on before any backward
+    checks = [bad_lp.any()] + [~torch.isfinite(x.detach()).all() for x in (loss, value_loss)
+                               if x is not None and not padding]
+    bad = torch.stack(checks).tolist()
+    fault = _bad_rows("logprobs", bad_lp.cpu(), mb.rollout) if bad[0] else None
+    if fault is None and any(bad[1:]):
         fault = _bad_rows("loss", torch.ones(len(mb), dtype=torch.bool), mb.rollout)
     ranks = agree.any_fault(policy.collective, fault is not None)
     if ranks:
         return agree.fault_record(ranks, fault, "log-probs or loss")
     if not padding:
-        mb_sums["loss"] = (float(loss.detach()), 1.0 / n_micro)  # sum over micro-batches, mean over updates
+        mb_sums["loss"] = (loss.detach().double(), 1.0 / n_micro)  # sum over micro-batches, mean over updates
         for k, (v, c) in mb_sums.items():
             sums[k] += v
             counts[k] += c

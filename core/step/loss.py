@@ -17,7 +17,7 @@ from . import dispatch
 
 def step_totals(batch: StepBatch) -> StepTotals:
     """Token and sequence counts of the whole step (one rank; the engine all-reduces them)."""
-    mask = batch.response_mask
+    mask = batch.rollout.mask_on_host()  # counted on the host: the normalisers are Python ints
     return StepTotals(tokens=int(mask.sum()), sequences=int((mask.sum(-1) > 0).sum()), rows=len(batch))
 
 
@@ -55,7 +55,9 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy
     sampling): old = ``logprobs.detach()``, so every ratio is exactly 1. A ratio that returns an
     :class:`Importance` with a ``weight`` has the clip's per-token loss multiplied by it (before the
     KL term); ``mismatch/*`` report mean |old - rollout| and the truncated / masked token fractions.
-    Metrics are ``{name: (sum, count)}`` over masked tokens, so they add up across micro-batches.
+    Metrics are ``{name: (sum, count)}`` over masked tokens, so they add up across micro-batches: 0-dim
+    float64 tensors on the log-probs' device (no host copy here; :func:`policyzoo.step.metrics.to_host`
+    moves a step's metrics at once), or 0.0 for a part that reports nothing.
     """
     mask = mb.response_mask
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
@@ -68,21 +70,21 @@ def micro_loss(run, mb: StepBatch, logprobs: Tensor, totals: StepTotals, entropy
     sur = dispatch.call(run, "clip", *shape, ratio=ratio, advantages=mb.advantages, logprobs=logprobs, old_logprobs=old,
                    response_mask=mask, collective=collective)
     per_token = sur.loss if imp.weight is None else sur.loss * imp.weight  # TRL/verl: weight on the clipped loss
-    n = float(mask.sum())
-    sums: dict[str, tuple[float, float]] = {}
+    n = mask.sum().double()
+    sums: dict[str, tuple[Tensor | float, Tensor]] = {}
     # the trainer/sampler mismatch |old - rollout| per token (nats), every step, and what the ratio did about it
     gap = torch.where(mask, (old.detach() - rollout_lp.to(old.dtype)).abs(), torch.zeros_like(old))
-    sums["mismatch/log_ratio_abs_mean"] = (float(gap.sum()), n)
+    sums["mismatch/log_ratio_abs_mean"] = (gap.sum().double(), n)
     for name, hit in (("mismatch/truncated_frac", imp.truncated), ("mismatch/masked_frac", imp.masked)):
-        sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
+        sums[name] = ((hit & mask).sum().double() if hit is not None else 0.0, n)
     for key, coef, value in loss_terms(run, mb, logprobs, ratio, entropy):
         per_token = per_token + coef * value
-        sums[key] = (float((value.detach() * mask).sum()), n)
+        sums[key] = ((value.detach() * mask).sum().double(), n)
     per_token = torch.where(mask, per_token, torch.zeros_like(per_token))  # no NaN leaks from padding
     loss = dispatch.call(run, "reduce", *shape, loss=per_token, response_mask=mask, totals=totals)
     for name, hit in (("clip_frac_low", sur.clipped_low), ("clip_frac_high", sur.clipped_high)):
-        sums[name] = (float((hit & mask).sum()) if hit is not None else 0.0, n)
-    sums["ratio_mean"] = (float((ratio.detach() * mask).sum()), n)
+        sums[name] = ((hit & mask).sum().double() if hit is not None else 0.0, n)
+    sums["ratio_mean"] = ((ratio.detach() * mask).sum().double(), n)
     if entropy is not None:
-        sums["entropy"] = (float((entropy.detach() * mask).sum()), n)
+        sums["entropy"] = ((entropy.detach() * mask).sum().double(), n)
     return loss, sums

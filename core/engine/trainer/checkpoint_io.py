@@ -127,16 +127,26 @@ class TrainerIO:
                 group.update(lr=rate * factor, initial_lr=rate, weight_decay=weight_decay, betas=betas, eps=eps)
 
     def export(self, folder: str) -> None:
-        """``save_pretrained`` (safetensors) of the trained policy and its tokenizer (rank 0 writes;
-        every rank takes part in the ZeRO-3 gather); with LoRA the merged model, and the adapter in
-        ``folder/adapter`` (``policyzoo.engine.trainer.lora``)."""
+        """``save_pretrained`` (safetensors) of the trained policy and its tokenizer; with LoRA the
+        merged model, and the adapter in ``folder/adapter`` (``policyzoo.engine.trainer.lora``).
+
+        Rank 0 alone copies the weights to the host and writes them: at ZeRO 0-2 the other ranks do
+        nothing; at ZeRO 3 every rank takes part in each one-parameter gather (streamed, whatever
+        ``stream_sync`` says) and drops the parameter again, so one host copy of the model is made per
+        run, not one per rank (at 7B in fp32, 28 GB instead of 28 GB x ranks)."""
+        mine = rank() == 0
         if self.lora:
-            if rank() == 0:
+            if mine:
                 lora_mod.export(self.engine.module, folder, self.info.tokenizer)
             return
-        with self.full_weights() as weights:
-            state = {n: t.detach().cpu().clone() for n, t in weights}
-        if rank() != 0:
+        if not mine and self.stage != 3:
+            return
+        state = {}
+        with self.full_weights(streamed=True) as weights:
+            for n, t in weights:  # at ZeRO 3 a gather with every rank: each rank walks the whole model
+                if mine:
+                    state[n] = t.detach().cpu().clone()
+        if not mine:
             return
         self.engine.module.save_pretrained(folder, state_dict=state, safe_serialization=True)
         self.info.tokenizer.save_pretrained(folder)

@@ -54,6 +54,7 @@ class Trainer(TrainerIO, Scoring):
     lora = False  #: the policy is a PEFT model with LoRA adapters (set by ``__init__``)
     teacher = False  #: the reference is a teacher from model.teacher (set by ``__init__``)
     dtype = "float32"  #: the weights' dtype (``model.dtype``; set by ``__init__``)
+    vocab = 0  #: the policy's vocabulary size, for the scoring chunks' memory budget (0: unknown; set on load)
 
     def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
                  need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
@@ -69,10 +70,11 @@ class Trainer(TrainerIO, Scoring):
         check_stage(zero_stage, dtype, lora)
         self.info, self.stage, self.pad_id, self.dtype = info, zero_stage, info.pad_token_id, dtype
         self.score_rows, self.score_tokens = score_rows, score_tokens
-        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing; at ZeRO 3
-        #: on several ranks too: it runs one forward per length group, a count that differs between ranks,
-        #: and every ZeRO-3 forward gathers weights with all ranks (a rank would wait forever)
-        self.share_prompt = share_prompt and not gradient_checkpointing and not (zero_stage == 3 and world_size() > 1)
+        #: checkpointed layers keep no KV cache, so shared-prompt scoring is off with checkpointing. At ZeRO 3
+        #: on several ranks it is on: it runs one forward per length group, a count that differs between ranks,
+        #: and every ZeRO-3 forward gathers weights with all ranks, so the ranks agree on the count first and
+        #: the ranks with fewer groups add filler calls (``prefix.shared_prompt_logprobs(calls=)``)
+        self.share_prompt = share_prompt and not gradient_checkpointing
         #: bf16 compute over fp32 weights (policyzoo.engine.trainer.compute)
         self.autocast = autocast
         set_thread_device()
@@ -110,6 +112,7 @@ class Trainer(TrainerIO, Scoring):
             model.eval()
         if checkpointing:
             enable_gradient_checkpointing(model)
+        self.vocab = int(getattr(model.config, "vocab_size", 0) or 0)
         trainable = [p for p in model.parameters() if p.requires_grad]
         #: trained parameters (all of them, or the LoRA adapter's)
         self.trainable_params = sum(getattr(p, "ds_numel", p.numel()) for p in trainable)  # ZeRO 3: partitioned

@@ -30,10 +30,16 @@ from torch.autograd.function import once_differentiable
 #: freed chunk's memory is reused from the heap by the next chunk instead of being mapped afresh
 #: (and page-faulted in) each time; 85 rows of a 49152-token vocabulary.
 CHUNK_BYTES = 1 << 24
+#: the same on an accelerator (256 MB): no mmap threshold there, and a GPU kernel over 27 rows (16 MB at
+#: Qwen's 152,064-token vocabulary) is launch-bound; 441 rows at that vocabulary, 1,365 at 49,152
+ACCELERATOR_CHUNK_BYTES = 1 << 28
 
 
-def _chunks(n: int, vocab: int):
-    rows = max(1, CHUNK_BYTES // (4 * max(vocab, 1)))
+def _chunks(n: int, vocab: int, device: torch.device | None = None):
+    """Row ranges ``[lo, hi)`` of ``n`` rows holding at most :data:`CHUNK_BYTES` of fp32 logits each
+    (:data:`ACCELERATOR_CHUNK_BYTES` on a device other than the CPU), at least one row."""
+    budget = CHUNK_BYTES if device is None or device.type in ("cpu", "meta") else ACCELERATOR_CHUNK_BYTES
+    rows = max(1, budget // (4 * max(vocab, 1)))
     return ((lo, min(lo + rows, n)) for lo in range(0, n, rows))
 
 
@@ -54,7 +60,7 @@ class _TokenLogProb(torch.autograd.Function):
         lp = torch.empty(n, dtype=torch.float32, device=flat.device)
         logz = torch.empty(n, dtype=torch.float32, device=flat.device)
         ent = torch.empty(n if entropy else 0, dtype=torch.float32, device=flat.device)
-        for lo, hi in _chunks(n, v):
+        for lo, hi in _chunks(n, v, flat.device):
             z = _scaled(flat[lo:hi], temperature)
             logz[lo:hi] = torch.logsumexp(z, -1)
             lp[lo:hi] = z.gather(-1, targets[lo:hi, None]).squeeze(-1) - logz[lo:hi]
@@ -73,7 +79,7 @@ class _TokenLogProb(torch.autograd.Function):
         t = ctx.temperature
         n, v = flat.shape
         grad = torch.empty_like(flat)
-        for lo, hi in _chunks(n, v):
+        for lo, hi in _chunks(n, v, flat.device):
             g = grad_lp[lo:hi, None].float()
             # (onehot - softmax(z)) * g / T, softmax from the saved logsumexp; fp32 logits: written
             # straight into the gradient's rows (no chunk copy), else computed in fp32 and cast
@@ -99,7 +105,7 @@ class _TokenLogProbEntropy(torch.autograd.Function):
         lp = torch.empty(n, dtype=torch.float32, device=flat.device)
         logz = torch.empty(n, dtype=torch.float32, device=flat.device)
         ent = torch.empty(n, dtype=torch.float32, device=flat.device)
-        for lo, hi in _chunks(n, v):
+        for lo, hi in _chunks(n, v, flat.device):
             z = _scaled(flat[lo:hi], temperature)
             logz[lo:hi] = torch.logsumexp(z, -1)
             lp[lo:hi] = z.gather(-1, targets[lo:hi, None]).squeeze(-1) - logz[lo:hi]
@@ -116,7 +122,7 @@ class _TokenLogProbEntropy(torch.autograd.Function):
         t = ctx.temperature
         n, v = flat.shape
         grad = torch.empty_like(flat)
-        for lo, hi in _chunks(n, v):
+        for lo, hi in _chunks(n, v, flat.device):
             g, gh = grad_lp[lo:hi, None].float(), grad_ent[lo:hi, None].float()
             logp = _scaled(flat[lo:hi], t) - logz[lo:hi, None]
             p = logp.exp()
@@ -155,7 +161,7 @@ def sum_pi_squared(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     v = logits.shape[-1]
     flat = logits.reshape(-1, v)
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
-    for lo, hi in _chunks(*flat.shape):
+    for lo, hi in _chunks(*flat.shape, flat.device):
         p = torch.softmax(_scaled(flat[lo:hi], temperature), -1)
         out[lo:hi] = (p * p).sum(-1)
     return out.view(logits.shape[:-1])

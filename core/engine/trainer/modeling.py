@@ -13,19 +13,21 @@ from policyzoo.contract.batch import Rollout
 
 
 def pack(rollout: Rollout, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """``input_ids, attention_mask, position_ids [B, Pmax + T]`` and ``T``: prompts left-padded,
-    responses right-padded (padding after a response is attended but, being later, changes nothing)."""
+    """``input_ids, attention_mask, position_ids [B, Pmax + T]`` on ``device`` and ``T``: prompts left-padded,
+    responses right-padded (padding after a response is attended but, being later, changes nothing). The
+    prompts (host lists) are padded on the host and copied up once; ``response_ids`` are used where they are
+    (no device-to-host copy: a rollout already on ``device`` stays there)."""
     b = len(rollout)
     t = rollout.response_ids.shape[1]
     pmax = max(len(p) for p in rollout.prompt_ids)
-    ids = torch.full((b, pmax + t), pad_id, dtype=torch.long)
+    ids = torch.full((b, pmax), pad_id, dtype=torch.long)
     attn = torch.zeros((b, pmax + t), dtype=torch.long)
     for i, p in enumerate(rollout.prompt_ids):
-        ids[i, pmax - len(p):pmax] = torch.tensor(p, dtype=torch.long)
+        ids[i, pmax - len(p):] = torch.tensor(p, dtype=torch.long)
         attn[i, pmax - len(p):] = 1
-    ids[:, pmax:] = rollout.response_ids
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    return ids.to(device), attn.to(device), pos.to(device), t
+    ids = torch.cat([ids.to(device), rollout.response_ids.to(device=device, dtype=torch.long)], dim=1)
+    return ids, attn.to(device), pos.to(device), t
 
 
 @dataclass

@@ -138,7 +138,8 @@ def _group(model, rollout: Rollout, rows: list[int], width: int, prompt, device,
         cache.layers = [copy.copy(layer) for layer in base]  # the prompt-only cache again
         cache.batch_select_indices(sel.to(device))  # [U, ...] -> [rows, ...], differentiable
         resp = rollout.response_ids[rows, :width - 1]  # the last token predicts nothing used
-        attn = torch.cat([p_attn[sel], torch.ones_like(resp)], dim=1)  # as in the per-row pack()
+        # as in the per-row pack(), built on the host from the prompts' padding (host data) and copied up
+        attn = torch.cat([p_attn[sel], torch.ones(len(rows), width - 1, dtype=p_attn.dtype)], dim=1)
         pos = p_attn.sum(-1)[sel].unsqueeze(1) + torch.arange(width - 1)
         rest = model(input_ids=resp.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
                      past_key_values=cache, use_cache=True, logits_to_keep=width - 1).logits
@@ -150,8 +151,36 @@ def _group(model, rollout: Rollout, rows: list[int], width: int, prompt, device,
     return torch.cat(lps, 1), (torch.cat(ents, 1) if entropy else None)
 
 
+def response_extents(rollout: Rollout) -> list[int]:
+    """Each row's response length through its last real token (at least 1), read from the host copy of
+    the mask (:meth:`~policyzoo.contract.Rollout.mask_on_host`): the plan of the length groups never
+    waits on the device."""
+    mask = rollout.mask_on_host()
+    b, t = mask.shape
+    cols = torch.arange(1, t + 1).expand(b, t)
+    return torch.where(mask, cols, 0).amax(-1).clamp(min=1).tolist()
+
+
+def model_calls(rollout: Rollout, overhead: int | None = None) -> int:
+    """The model calls :func:`shared_prompt_logprobs` makes on ``rollout``: the prompt pass, plus one per
+    length group whose rows have more than one token (planned on the host, no model call)."""
+    lengths = response_extents(rollout)
+    groups = length_buckets(lengths, CALL_OVERHEAD if overhead is None else overhead)
+    return 1 + sum(1 for rows in groups if max(lengths[r] for r in rows) > 1)
+
+
+def _filler_call(model, pad_id: int, device) -> torch.Tensor:
+    """One model call on a single pad token whose output counts 0 (``0 x`` its logits' sum): it runs every
+    layer forward (and, with grad, backward) like a real call and changes no value and no gradient."""
+    one = torch.full((1, 1), pad_id, dtype=torch.long, device=device)
+    logits = model(input_ids=one, attention_mask=torch.ones_like(one), position_ids=torch.zeros_like(one),
+                   logits_to_keep=1).logits
+    return 0.0 * logits.float().sum()
+
+
 def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device, entropy: bool, entropy_grad: bool = False,
-                           overhead: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                           overhead: int | None = None, calls: int | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, T]`` of ``response_ids`` at ``rollout.temperature`` (and the entropy
     ``[B, T]`` with ``entropy``), on ``device``: those of the per-row forward wherever
     ``response_mask`` is True, exactly 0 elsewhere. Token t is scored from the logits at the
@@ -159,22 +188,31 @@ def shared_prompt_logprobs(model, rollout: Rollout, pad_id: int, device, entropy
     :func:`length_buckets` groups (``overhead`` positions a call; None: :data:`CALL_OVERHEAD`), each padded to
     its own longest response; log-probs are taken per group, so no [B, T, V] logits tensor is ever built.
 
+    ``calls``: make exactly that many model calls (at least :func:`model_calls`), the rest filler calls of one
+    token whose output counts 0 (forward and backward through every layer, no value or gradient changed).
+    At ZeRO 3 on several ranks every call gathers each layer with every rank, and the number of length
+    groups differs between ranks: with ``calls`` agreed over the ranks (their maximum), every rank makes as
+    many calls, so shared-prompt scoring is safe there (``Scoring._logprobs_inner`` agrees it).
+
     ``model``: a causal LM (or a DeepSpeed engine around one) called as
     ``model(input_ids=, attention_mask=, position_ids=, past_key_values=, use_cache=, logits_to_keep=)``.
     Raises whatever the model raises when it does not support a cache, and TypeError for cache
     layer kinds not known to be restorable (the start-up check catches both and falls back)."""
     prompt = _prompt_pass(model, rollout, pad_id, device)
     b, t = rollout.response_ids.shape
-    cols = torch.arange(1, t + 1).expand(b, t)
-    lengths = torch.where(rollout.response_mask, cols, 0).amax(-1).clamp(min=1).tolist()  # through the last real token
+    lengths = response_extents(rollout)
     lp = torch.zeros(b, t, device=device)
     ent = torch.zeros(b, t, device=device) if entropy else None
+    made = 1
     for rows in length_buckets(lengths, CALL_OVERHEAD if overhead is None else overhead):
         width = max(lengths[r] for r in rows)
+        made += width > 1
         g_lp, g_ent = _group(model, rollout, rows, width, prompt, device, entropy, entropy_grad)
         idx = torch.tensor(rows, device=device)
         lp = lp.index_copy(0, idx, torch.nn.functional.pad(g_lp, (0, t - width)))
         if entropy:
             ent = ent.index_copy(0, idx, torch.nn.functional.pad(g_ent, (0, t - width)))
+    for _ in range(made, calls or made):  # filler calls: as many model calls as the other ranks make
+        lp = lp + _filler_call(model, pad_id, device)
     mask = rollout.response_mask.to(device)
     return torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)

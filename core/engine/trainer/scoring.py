@@ -6,6 +6,18 @@ A mixin of :class:`policyzoo.engine.trainer.deepspeed_trainer.Trainer`, which ow
 ``score_tokens``, ``autocast``, ``stage``, ``world``, ``lora``, ``teacher``). Log-probs come from
 :mod:`.logprob` in chunks (no ``[B, T, V]`` fp32 copy of the logits, no temperature copy, no
 concatenated logits), shared-prompt scoring from :mod:`.prefix`.
+
+Every pass returns tensors on the trainer's device (``self.device``): log-probs, entropies,
+reference log-probs, values and sum pi^2 never travel to the host, so the advantages and the loss
+run where the model runs; the step moves its metrics to the host once (``policyzoo.step.metrics``).
+Only the sync check's two scores (:meth:`Scoring.score_sequence`, :meth:`Scoring.next_logprobs`)
+come back to the host: they are compared with the rollout engine's there.
+
+The no-grad passes (old and reference log-probs, values, sum pi^2) run in chunks of rows sized by
+a memory budget: at most :data:`SCORE_CHUNK_BYTES` of the ``[rows, T + 1, V]`` fp32 logits a
+per-row forward makes (a row alone over it is a chunk of its own), and at most ``score_rows``
+rows (16), so that a long response at a large vocabulary is not scored 16 rows at once (Qwen's
+152k vocabulary at T = 1024: 0.62 GB a row, 10 GB for 16).
 """
 
 from __future__ import annotations
@@ -13,19 +25,54 @@ from __future__ import annotations
 import torch
 
 from policyzoo.contract import Rollout, token_budget_bounds
-from policyzoo.engine.dist import gather
+from policyzoo.engine.dist import any_rank, gather
 
 from . import lora as lora_mod
-from . import share_check
+from . import sharded, share_check
 from .compute import autocast
 from .logprob import sum_pi_squared
 from .modeling import pack
-from .prefix import shared_prompt_logprobs, token_logprobs
+from .prefix import model_calls, shared_prompt_logprobs, token_logprobs
 
 #: shared-prompt check tolerance (nats) per weight dtype: fp32 forwards of other shapes agree to
 #: ~1e-5; bf16 ones round differently by ~1e-2 (reduction order; not measured on a GPU here); a
 #: wrong cache (a prompt seen by the wrong rows, positions shifted) differs by > 1 nat
 SHARE_PROMPT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+
+#: bytes of fp32 logits ``[rows, T + 1, V]`` one no-grad scoring chunk may make (1 GiB). The default model
+#: (V = 49,152) at T = 128 makes 25 MB a row, so CPU runs keep their 16-row chunks (``score_rows``)
+SCORE_CHUNK_BYTES = 1 << 30
+
+
+def budget_rows(t: int, vocab: int, cap: int, budget: int = SCORE_CHUNK_BYTES) -> int:
+    """Rows per scoring chunk: as many as keep ``[rows, t + 1, vocab]`` fp32 logits within ``budget``
+    bytes, at least 1 and at most ``cap``. Example: t = 1023, vocab = 152,064: 4 x 1024 x 152,064 =
+    623 MB a row, so 1 row at 1 GiB; t = 127, vocab = 49,152: 25.2 MB a row, 42 rows, capped at 16."""
+    per_row = 4 * (t + 1) * max(vocab, 1)
+    return max(1, min(cap, budget // per_row))
+
+
+def score_logprobs(model, rollout: Rollout, pad_id: int, device, entropy: bool, share: bool,
+                   entropy_grad: bool = False, calls: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[B, T]`` (fp32, on ``device``) of ``rollout.response_ids`` under ``model`` at the
+    rollout's temperature, exactly 0 where ``response_mask`` is False, and the entropies ``[B, T]``
+    (nats) with ``entropy`` (with grad only with ``entropy_grad``), else None. ``share``: one forward
+    per distinct prompt (:func:`.prefix.shared_prompt_logprobs`), else one per row. Nothing is copied
+    to the host: the rollout's tensors are used on (or copied up to) ``device``, the length groups are
+    planned from its host mask (:meth:`~policyzoo.contract.Rollout.mask_on_host`). ``calls``: the model
+    calls the shared-prompt path makes (:func:`.prefix.shared_prompt_logprobs`). Raises what the
+    model raises (ValueError for a temperature <= 0)."""
+    if share:
+        return shared_prompt_logprobs(model, rollout, pad_id, device, entropy, entropy_grad, calls=calls)
+    ids, attn, pos, t = pack(rollout, pad_id, device)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
+    # the last position predicts nothing used: scored against a dummy target and dropped
+    # from the [B, T + 1] results, so the logits are never sliced into a [B, T, V] copy
+    targets = torch.nn.functional.pad(rollout.response_ids.to(device), (0, 1))
+    lp, ent = token_logprobs(logits, targets, rollout.temperature, entropy, entropy_grad)
+    lp, ent = lp[:, :-1], (ent[:, :-1] if entropy else None)
+    mask = rollout.response_mask.to(device)
+    return torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
 
 
 class Scoring:
@@ -44,19 +91,10 @@ class Scoring:
             return self._logprobs_inner(model, rollout, entropy, share, entropy_grad)
 
     def _logprobs_inner(self, model, rollout: Rollout, entropy: bool, share: bool | None, entropy_grad: bool = False):
-        if self.share_prompt if share is None else share:
-            lp, ent = shared_prompt_logprobs(model, rollout, self.pad_id, self.device, entropy, entropy_grad)
-        else:
-            ids, attn, pos, t = pack(rollout, self.pad_id, self.device)
-            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
-            # the last position predicts nothing used: scored against a dummy target and dropped
-            # from the [B, T + 1] results, so the logits are never sliced into a [B, T, V] copy
-            targets = torch.nn.functional.pad(rollout.response_ids.to(self.device), (0, 1))
-            lp, ent = token_logprobs(logits, targets, rollout.temperature, entropy, entropy_grad)
-            lp, ent = lp[:, :-1], (ent[:, :-1] if entropy else None)
-            mask = rollout.response_mask.to(self.device)
-            lp, ent = torch.where(mask, lp, 0.0), (torch.where(mask, ent, 0.0) if entropy else None)
-        return lp.cpu(), (ent.cpu() if ent is not None else None)
+        share = self.share_prompt if share is None else share
+        # ZeRO 3 on several ranks: each call gathers every layer with all ranks, so all make as many calls
+        calls = max(gather(model_calls(rollout))) if share and self.stage == 3 and self.world > 1 else None
+        return score_logprobs(model, rollout, self.pad_id, self.device, entropy, share, entropy_grad, calls)
 
     @torch.no_grad()
     def check_share_prompt(self, ids: list[int], tolerance: float | None = None) -> str | None:
@@ -68,7 +106,21 @@ class Scoring:
         None when it agrees or is off. ``tolerance`` defaults to :data:`SHARE_PROMPT_TOLERANCE` of the
         weights' dtype; the max and mean difference are kept in :attr:`share_prompt_check` (with
         ``remembered`` True when a pass of an earlier start with the same model, code and libraries was
-        reused instead of the two forwards: :mod:`.share_check`)."""
+        reused instead of the two forwards: :mod:`.share_check`).
+
+        At ZeRO 3 on several ranks the ranks agree (each forward gathers weights with all of them): every
+        rank runs the two forwards unless every rank remembered a pass, and sharing stays on only if it
+        passed on every rank (the step's shared-prompt calls are collective there)."""
+        agree = self.share_prompt and self.stage == 3 and self.world > 1
+        why = self._check_share_prompt(ids, tolerance, agree)
+        if agree and any_rank(not self.share_prompt) and self.share_prompt:
+            self.share_prompt = False
+            why = ("shared-prompt scoring failed its check on another rank (ZeRO 3 needs every rank alike); "
+                   "scoring per row")
+        return why
+
+    def _check_share_prompt(self, ids: list[int], tolerance: float | None, agree: bool) -> str | None:
+        """:meth:`check_share_prompt` on this rank; ``agree``: a remembered pass counts only if every rank has it."""
         tolerance = SHARE_PROMPT_TOLERANCE[self.dtype] if tolerance is None else tolerance
         if not self.share_prompt:
             return None
@@ -77,6 +129,8 @@ class Scoring:
             return f"the check sequence has {len(ids)} tokens (< 8): shared-prompt scoring left unchecked and off"
         key = share_check.check_key(self, ids)
         known = share_check.recall(key, tolerance)
+        if agree and not all(gather(known is not None)):
+            known = None
         if known is not None:
             self.share_prompt_check = {**known, "tolerance": tolerance, "remembered": True}
             return None
@@ -92,7 +146,7 @@ class Scoring:
         try:
             # overhead 0: every distinct length its own group, the cache restored between the calls
             d = (shared_prompt_logprobs(self.engine, r, self.pad_id, self.device, False, overhead=0)[0]
-                 - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs()[mask]
+                 - self._logprobs(self.engine, r, False, False, cast=False)[0]).abs()[mask.to(self.device)].cpu()
         except Exception as e:  # noqa: BLE001 - any failure means: score per row
             self.share_prompt = False
             return f"shared-prompt scoring failed on this model ({type(e).__name__}: {e}); scoring per row"
@@ -106,16 +160,28 @@ class Scoring:
         share_check.remember(key, self.share_prompt_check)
         return None
 
-    def _chunked(self, fn, rollout: Rollout):
-        """``fn`` over row chunks of the no-grad scoring passes: ``score_rows`` rows each, or with
-        ``score_tokens`` (``train.max_tokens_per_micro_batch``) contiguous chunks of at most that
-        many prompt + real response tokens, so long answers never score more at once than a
-        training micro-batch does."""
+    def _gather_once(self, model) -> bool:
+        """Whether a no-grad pass gathers ``model`` whole once (:func:`.sharded.gathered_for_scoring`): at ZeRO 3
+        on several ranks, when a whole copy takes at most half the free memory on every rank (agreed)."""
+        if self.stage != 3 or self.world < 2:
+            return False
+        return not any_rank(2 * sharded.whole_bytes(model) > sharded.free_bytes(self.device))
+
+    def _chunked(self, fn, rollout: Rollout, model):
+        """``fn`` over row chunks of the no-grad scoring passes: :func:`budget_rows` rows each (the
+        memory budget :data:`SCORE_CHUNK_BYTES`, at most ``score_rows``), or with ``score_tokens``
+        (``train.max_tokens_per_micro_batch``) contiguous chunks of at most that many prompt + real
+        response tokens, so long answers never score more at once than a training micro-batch does.
+        The chunks are planned from the rollout's host mask; the results are joined on the device.
+        ``fn(m, chunk)`` scores a chunk with ``m``: ``model``, or at ZeRO 3 on several ranks its module
+        with every parameter gathered once for the whole pass when a copy fits (:meth:`_gather_once`)."""
         if self.score_tokens:
-            costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, rollout.response_mask.sum(-1).tolist())]
+            lengths = rollout.mask_on_host().sum(-1).tolist()
+            costs = [len(p) + int(n) for p, n in zip(rollout.prompt_ids, lengths)]
             bounds = token_budget_bounds(costs, self.score_tokens)
         else:
-            bounds = [(k, min(k + self.score_rows, len(rollout))) for k in range(0, len(rollout), self.score_rows)]
+            rows = budget_rows(rollout.response_ids.shape[1], self.vocab, self.score_rows)
+            bounds = [(k, min(k + rows, len(rollout))) for k in range(0, len(rollout), rows)]
         real = len(bounds)
         if self.stage == 3 and self.world > 1:  # ZeRO 3 gathers weights per forward: every rank runs as many
             most = max(gather(len(bounds)))
@@ -126,7 +192,9 @@ class Scoring:
                 real = len(bounds)
             bounds += [(0, 1)] * (most - len(bounds))  # then padding forwards of one row (outputs dropped)
         rows = torch.arange(len(rollout))
-        outs = [fn(rollout.select((rows >= lo) & (rows < hi))) for lo, hi in bounds][:real]
+        with sharded.gathered_for_scoring(model, self._gather_once(model)) as m:
+            outs = [fn(m, rollout.select((rows >= lo) & (rows < hi)) if (lo, hi) != (0, len(rollout)) else rollout)
+                    for lo, hi in bounds][:real]
         if isinstance(outs[0], tuple):
             return tuple(None if o[0] is None else torch.cat(o) for o in zip(*outs))
         return torch.cat(outs)
@@ -136,7 +204,7 @@ class Scoring:
             with lora_mod.adapter_dropout(self.engine.module, self.lora):
                 return self._logprobs(self.engine, rollout, entropy, entropy_grad=entropy_grad)
         with torch.no_grad():
-            return self._chunked(lambda r: self._logprobs(self.engine, r, entropy), rollout)
+            return self._chunked(lambda m, r: self._logprobs(m, r, entropy), rollout, self.engine)
 
     @torch.no_grad()
     def ref_logprobs(self, rollout: Rollout) -> torch.Tensor:
@@ -144,32 +212,32 @@ class Scoring:
             raise RuntimeError("ref_logprobs called but no kl component is active (no reference model loaded)")
         if self.lora and not self.teacher:  # the base model: the adapter switched off
             with self.engine.module.disable_adapter():
-                return self._chunked(lambda r: self._logprobs(self.engine, r, False)[0], rollout)
-        return self._chunked(lambda r: self._logprobs(self.ref, r, False)[0], rollout)
+                return self._chunked(lambda m, r: self._logprobs(m, r, False)[0], rollout, self.engine)
+        return self._chunked(lambda m, r: self._logprobs(m, r, False)[0], rollout, self.ref)
 
     @torch.no_grad()
     def sum_pi_squared(self, rollout: Rollout) -> torch.Tensor:
         """``[B, T]``: sum_v softmax(logits / temperature)_v^2 at each response position (the
         per-row forward, float32), 0 where ``response_mask`` is False."""
-        def run(r):
+        def run(m, r):
             ids, attn, pos, t = pack(r, self.pad_id, self.device)
-            logits = self.engine(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
+            logits = m(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=t + 1).logits
             s2 = sum_pi_squared(logits, r.temperature)[:, :-1]  # chunked: no [B, T, V] softmax
-            return torch.where(r.response_mask.to(self.device), s2, 0.0).cpu()
-        return self._chunked(run, rollout)
+            return torch.where(r.response_mask.to(self.device), s2, 0.0)
+        return self._chunked(run, rollout, self.engine)
 
     def values(self, rollout: Rollout, grad: bool) -> torch.Tensor:
         if self.critic is None:
             raise RuntimeError("values called but the baseline needs no critic (no value model loaded)")
 
-        def run(r):
+        def run(m, r):
             ids, attn, pos, t = pack(r, self.pad_id, self.device)
             with autocast(self.device, self.autocast):
-                return self.critic(ids, attn, pos, t).cpu()
+                return m(ids, attn, pos, t)
         if grad:
-            return run(rollout)
+            return run(self.critic, rollout)
         with torch.no_grad():
-            return self._chunked(run, rollout)
+            return self._chunked(run, rollout, self.critic)
 
     @torch.no_grad()
     def score_sequence(self, ids: list[int]) -> torch.Tensor:
@@ -180,6 +248,8 @@ class Scoring:
 
     @torch.no_grad()
     def next_logprobs(self, ids: list[int]) -> torch.Tensor:
-        """Log-probs ``[V]`` of every token after ``ids`` at temperature 1 (for the sync check)."""
+        """Log-probs ``[V]`` of every token after ``ids`` at temperature 1 (for the sync check), on the
+        host. The LM head runs on the last position only (``logits_to_keep=1``): one ``[1, V]`` row of
+        logits, not ``[len(ids), V]``."""
         x = torch.tensor([ids], device=self.device)
-        return self.engine(input_ids=x).logits[0, -1].float().log_softmax(-1).cpu()
+        return self.engine(input_ids=x, logits_to_keep=1).logits[0, -1].float().log_softmax(-1).cpu()
