@@ -261,6 +261,24 @@ def test_the_dry_run_of_a_zoo_bundle_says_its_inert_clip_as_a_note_not_a_warning
     assert "warning: clip:" not in err
 
 
+def test_a_line_on_a_slot_the_user_changed_is_a_warning_the_zoo_bundles_own_a_note():
+    from policyzoo.equivalence import notes_and_warnings
+
+    def split(*overrides):
+        config = load_config(None, "grpo", list(overrides))
+        bundle = resolve_algorithm(config.algorithm)
+        return notes_and_warnings(config, bundle, run_warnings(config, bundle, [Binary]))
+
+    notes, warns = split("algorithm.sample.max_tokens=8")  # the sample slot changed; the clip is grpo's own
+    assert [n for n in notes if n.startswith("clip: ppo_clip acts only")] and not warns
+    notes, warns = split("algorithm.clip.eps_high=0.28")  # the clip itself changed: it does nothing here
+    assert [w for w in warns if w.startswith("clip: ppo_clip acts only")]
+    # a bf16 sampler with an fp32 trainer adds engine.rollout_correction (tis) as the ratio: the engine's choice,
+    # not the user's; the clip line stays a note
+    notes, warns = split("engine.rollout_dtype=bfloat16")
+    assert [n for n in notes if n.startswith("clip:")] and not [w for w in warns if w.startswith("clip:")]
+
+
 def test_the_probe_leaves_the_random_state_of_the_run_as_it_was():
     # the probe seeds the CPU generator inside torch.random.fork_rng(devices=[]): the run's draws after it are
     # the draws it would have made without it, and no CUDA context or CUDA seed is touched

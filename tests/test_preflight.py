@@ -36,7 +36,7 @@ CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", 
                  "lr_plan", "resume_schedule", "pre.rundir.claim", "encode_text",
                  "check_sampling_options", "dict", "filter_bias_warning", "pre.state.get", "local_world_size", "any",
                  "LengthCache", "cache_dir", "cache.wrap", "cache.save", "time.perf_counter", "run.components",
-                 "comp.notes", "run_warnings", "is_stock", "gpu_profile.on_gpu"}
+                 "comp.notes", "run_warnings", "notes_and_warnings", "gpu_profile.on_gpu"}
 # LengthCache and its wrap/save: an unreadable or unwritable cache is skipped, never refused;
 # run.components and comp.notes: the components' lines for the dry run (text; the sandbox's refusals
 # happen when it is built, in Run);

@@ -33,7 +33,7 @@ arXiv:2506.13585, eq. 4), GSPO's sequence ratio (arXiv:2507.18071, eq. 7).
 
 from .batches import ProbeBatch, Regime, probe_batches, regime, task_reward_classes
 from .gradient import ATOL, RTOL, Probe, gradient, probe, same
-from .verdict import NEUTRAL, equal_entries, inert_slots, is_stock, run_warnings
+from .verdict import NEUTRAL, equal_entries, inert_slots, notes_and_warnings, run_warnings
 
 __all__ = ["ATOL", "NEUTRAL", "RTOL", "Probe", "ProbeBatch", "Regime", "equal_entries", "gradient", "inert_slots",
-           "is_stock", "probe", "probe_batches", "regime", "run_warnings", "same", "task_reward_classes"]
+           "notes_and_warnings", "probe", "probe_batches", "regime", "run_warnings", "same", "task_reward_classes"]

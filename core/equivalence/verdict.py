@@ -176,12 +176,23 @@ def _base_name(config) -> str:
     return algo if isinstance(algo, str) else (algo or {}).get("base", DEFAULT_ALGORITHM)
 
 
-def is_stock(config, bundle: Bundle) -> bool:
-    """Whether the run's algorithm is its zoo bundle unchanged (no slot replaced, no parameter overridden)."""
+def notes_and_warnings(config, bundle: Bundle, lines: list[str]) -> tuple[list[str], list[str]]:
+    """``(notes, warnings)`` of :func:`run_warnings`' ``lines``: a line on a slot the run holds as its zoo
+    bundle does (with the ratio the engine adds for its sampler, ``engine.rollout_correction``) is a note,
+    the bundle's own design (grpo's clip at one update per batch is its paper's setting); a line on a slot
+    the user changed, the run equal to its base, or a probe that claims nothing is a warning."""
     try:
-        return get_catalog().bundle(_base_name(config)) == bundle
+        base = get_catalog().bundle(_base_name(config))
+        if getattr(config, "_correction_added", False):
+            base = base.replace(ratio=use(config.engine.rollout_correction))
     except Exception:  # noqa: BLE001 - an unknown base was refused before; no claim here
-        return False
+        return [], list(lines)
+    notes, warns = [], []
+    for line in lines:
+        slot = line.split(":", 1)[0]
+        own = slot in SLOTS and slot not in ("sample", "reward", "env") and getattr(bundle, slot) == getattr(base, slot)
+        (notes if own else warns).append(line)
+    return notes, warns
 
 
 def inert_slots(bundle: Bundle, r: Regime, run: Run | None = None, mine: list[Probe] | None = None) -> list[str]:

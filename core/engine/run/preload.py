@@ -29,7 +29,7 @@ from policyzoo.engine.rollout.server import connect as connect_servers
 from policyzoo.engine.rollout.tensor_parallel import check_heads, check_tensor_parallel, local_world_size
 from policyzoo.engine.rundir import ResumeError, RunDir
 from policyzoo.engine.trainer.dsconfig import check_engine
-from policyzoo.equivalence import is_stock, run_warnings
+from policyzoo.equivalence import notes_and_warnings, run_warnings
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm, resolved_view
 from policyzoo.run_config import reward_uses, step_settings
@@ -153,11 +153,10 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
                                 sampling_warning(getattr(sp, "temperature", 1.0), sp.n),
                                 filter_bias_warning(run, config.engine.overlap, config.engine.max_staleness))
                     if w] + pre.warnings
-    # equal to its base, or a slot inert at these settings: the zoo's own bundle says it as a note (grpo's clip at
-    # one update per batch is its paper's setting), a hybrid or an override as a warning
-    inert = run_warnings(config, bundle, run.reward)
-    pre.inert_notes = inert if is_stock(config, bundle) else []
-    pre.warnings += [] if pre.inert_notes else inert
+    # equal to its base, or a slot inert at these settings: a note on a slot the zoo's bundle holds as it is (grpo's
+    # clip at one update per batch is its paper's setting), a warning on a slot the user changed
+    pre.inert_notes, inert = notes_and_warnings(config, bundle, run_warnings(config, bundle, run.reward))
+    pre.warnings += inert
     pre.notes = [line for comp in run.components() for line in comp.notes()]
     _check_run_dir(pre, config, bundle.name, resume, force_resume, dry_run)
     return pre
