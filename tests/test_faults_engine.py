@@ -191,3 +191,4 @@ def test_sigterm_saves_a_checkpoint_like_ctrl_c(tmp_path):
     assert "stopped by SIGTERM; checkpoint of step" in " ".join(err.split()) and "Ctrl-C" not in err
     done = metrics(out)[-1]["step"]
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == done
+    assert not (out / "run.pid").exists()  # the run ended (was left behind after a signal)

@@ -134,6 +134,7 @@ def test_sigterm_during_a_resumed_runs_start_up_saves_nothing_and_says_so(tmp_pa
     assert "saved" not in err and "Ctrl-C" not in err and "nanobind" not in err and "Traceback" not in err
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 1
     assert sorted(x.name for x in (out / "checkpoints").iterdir()) == ["latest.json", "step-000001"]
+    assert not (out / "run.pid").exists()  # the run ended: its folder holds no live run
 
 
 def _parser_with(fn):

@@ -79,4 +79,6 @@ def main(config, resume: str | None = None, force_resume: bool = False, verbose:
                 quiet_teardown()
                 raise
     finally:
+        if seen:  # the run has ended, however: its folder holds no live run (run.pid names this process only)
+            seen[0][0].rundir.release()
         dist.close()
