@@ -120,7 +120,9 @@ def _nothing_kept(step: int, n: int, last: dict, reason: str, entropy: tuple[int
         fix = ("give the filter groups that differ: raise train.max_sample_rounds (dynamic sampling used "
                f"{rounds}), raise the sampling temperature (algorithm.sample.temperature), add an entropy bonus "
                "(algorithm.term=[{use: entropy, coef: 0.001}]) or use clip-higher (algorithm.clip.eps_high) with "
-               "train.updates_per_batch >= 2; an easier task also helps (lower train.lr or NaN checks do not)")
+               "train.updates_per_batch >= 2; if every step's groups are constant, the reward may not tell answers "
+               "apart at all (check it on a few completions) or the task may be too hard or too easy for the model "
+               "(a lower train.lr does not help here)")
     else:
         fix = (f"loosen the filters that dropped the rows (algorithm.filter) or raise train.max_sample_rounds "
                f"(used {rounds})")
