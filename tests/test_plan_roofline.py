@@ -54,6 +54,16 @@ def test_at_the_readme_recipe_decode_is_bandwidth_bound_and_training_compute_bou
     assert got["optimizer step"][1] == pytest.approx(30 * m.params / 8)
 
 
+def test_a_float32_plan_is_bounded_by_the_tf32_peak():
+    # fp32 matmuls run on TF32 tensor cores (the GPU profile's train.tf32): half the bf16 dense peak, 494.5 of 989
+    # TFLOP/s on an H100 SXM; the same FLOPs take twice the compute seconds of a bf16 plan's
+    m = Shape.from_config(SHAPES["qwen2.5-7b"][0])
+    s = Sizes(prompts=64, samples=8, response=1024, prompt=103)
+    o32 = Options(dtype="float32", share_prompt=False, max_tokens_per_micro_batch=2048)
+    fl, by, sec = roofline(m, s, o32, flops(m, s, o32), "h100-80gb", gpus=8, zero_stage=3)["training"]
+    assert sec == pytest.approx(fl / 494.5e12) and sec > by / 3.35e12
+
+
 def test_the_cli_prints_it_as_a_lower_bound(capsys):
     assert main(["plan", "--shape", "qwen2.5-7b", "--gpu", "h200-141gb"]) == 0
     out = " ".join(capsys.readouterr().out.split())

@@ -18,8 +18,10 @@ its ranks' prompts), per GPU:
   (``b``), for ``n / N`` parameters at ZeRO >= 1, ``n`` below.
 
 Peak FLOP/s are the dense bf16 tensor-core figures (no sparsity) and the bandwidths the HBM figures of NVIDIA's
-datasheets (:data:`SPEEDS`). No kernel reaches either peak, and communication (ZeRO gathers, the weight push)
-is not counted: the real step takes longer. A lower bound, said so where printed.
+datasheets (:data:`SPEEDS`); a float32 phase runs its matmuls as TF32 (the GPU profile's ``train.tf32``), whose
+dense peak is half the bf16 one on each of these parts (:func:`peak_for`). No kernel reaches either peak, and
+communication (ZeRO gathers, the weight push) is not counted: the real step takes longer. A lower bound, said
+so where printed.
 """
 
 from __future__ import annotations
@@ -42,13 +44,20 @@ def speeds(name: str) -> tuple[float, float, str]:
     return SPEEDS[name.lower()]
 
 
+def peak_for(gpu: str, dtype: str) -> float:
+    """Dense matmul FLOP/s of ``gpu`` in ``dtype``: the bf16 peak, or half of it for float32 (TF32 tensor cores:
+    494.7 of 989 TFLOP/s on an H100 SXM, 156 of 312 on an A100)."""
+    return speeds(gpu)[0] / (2 if dtype == "float32" else 1)
+
+
 def roofline(m: Shape, s: Sizes, o: Options, f: dict[str, int], gpu: str, gpus: int = 1, zero_stage: int = 0,
              rollout_dtype: str | None = None) -> dict[str, tuple[float, float, float]]:
     """Per phase (module docstring) on one of ``gpus`` GPUs named ``gpu``: ``(FLOPs, bytes, seconds)`` with
     seconds ``max(FLOPs / peak, bytes / bandwidth)``; ``f`` is :func:`~policyzoo.plan.flops`' answer for ``s``
     and ``o``. Raises :class:`~policyzoo.plan.PlanError` for an unknown GPU."""
-    peak, bandwidth, _ = speeds(gpu)
+    _, bandwidth, _ = speeds(gpu)
     b, r = DTYPE_BYTES[o.dtype], DTYPE_BYTES[rollout_dtype or o.dtype]
+    train_peak, rollout_peak = peak_for(gpu, o.dtype), peak_for(gpu, rollout_dtype or o.dtype)
     rows, kv = s.prompts * s.samples / gpus, 2 * m.layers * m.dkv * r
     steps = s.response - 1
     rollout_bytes = {"rollout prefill": m.params * r + kv * s.prompts / gpus * s.prompt,
@@ -64,17 +73,20 @@ def roofline(m: Shape, s: Sizes, o: Options, f: dict[str, int], gpu: str, gpus: 
               "rollout decode": (f["rollout decode"] / gpus, rollout_bytes["rollout decode"]),
               "training": (train_flops / gpus, passes * m.params * b),
               "optimizer step": (0.0, o.updates * per_param * state / (gpus if zero_stage >= 1 else 1))}
-    return {k: (fl, by, max(fl / peak, by / bandwidth)) for k, (fl, by) in phases.items()}
+    return {k: (fl, by, max(fl / (rollout_peak if k.startswith("rollout") else train_peak), by / bandwidth))
+            for k, (fl, by) in phases.items()}
 
 
-def print_roofline(out, phases: dict[str, tuple[float, float, float]], gpu: str, gpus: int) -> None:
+def print_roofline(out, phases: dict[str, tuple[float, float, float]], gpu: str, gpus: int,
+                   dtype: str = "bfloat16") -> None:
     """The table of :func:`roofline`'s phases and their total, labelled as a lower bound, to the rich console
-    ``out``."""
+    ``out``; ``dtype``: the training dtype (its peak is named in the title)."""
     from rich.table import Table
 
-    peak, bandwidth, source = speeds(gpu)
+    _, bandwidth, source = speeds(gpu)
+    peak = peak_for(gpu, dtype)
     t = Table(title=f"roofline lower bound of one step per GPU ({gpus} x {gpu}): max(FLOPs / {peak / 1e12:g} "
-              f"TFLOP/s, bytes / {bandwidth / 1e12:g} TB/s)")
+              f"TFLOP/s {'TF32' if dtype == 'float32' else 'bf16'}, bytes / {bandwidth / 1e12:g} TB/s)")
     for col in ("phase", "GFLOP", "GB moved", "compute s", "memory s", "bound s"):
         t.add_column(col, justify="right" if col != "phase" else "left")
     for name, (fl, by, sec) in phases.items():

@@ -71,7 +71,7 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
     if gpu:
         phases = roofline(shape, s, engine_path(opts, zero3_ranks), f, gpu, gpus or 1, config.engine.zero_stage,
                           config.engine.rollout_dtype)
-        print_roofline(out, phases, gpu, gpus or 1)
+        print_roofline(out, phases, gpu, gpus or 1, opts.dtype)
     if split:
         _print_split(out, config, split, f, from_run)
 
