@@ -67,6 +67,19 @@ def test_mechanism_metrics_by_hand(tmp_path):
     assert band["step"] == [1, 2, 3, 4, 5, 6] and band["mean"] == pytest.approx([5.0 * k for k in range(1, 7)])
 
 
+def test_a_filters_dropped_zero_std_rows_count_in_the_zero_std_fraction():
+    from policyzoo.compare.aggregate import with_clip_frac
+
+    # dapo's step: 16 rows sampled, its filter dropped 8 (zero-std groups), and of the 8 kept 0 are zero-std:
+    # (8 + 0 x 8) / 16 = 0.5, where the step's own figure (over the kept rows) reads 0
+    step = {"sampled_rows": 16, "rows": 8, "filtered/zero_std_group": 8, "zero_std_frac": 0.0}
+    assert with_clip_frac(step)["zero_std_frac"] == 0.5
+    # a skipped step (nothing kept, no zero_std_frac): 32 of 32 sampled rows dropped = 1.0
+    assert with_clip_frac({"sampled_rows": 32, "rows": 0, "filtered/zero_std_group": 32})["zero_std_frac"] == 1.0
+    # no such filter: the step's own figure stands
+    assert with_clip_frac({"sampled_rows": 32, "rows": 32, "zero_std_frac": 0.25})["zero_std_frac"] == 0.25
+
+
 def test_right_and_wrong_answer_lengths_of_a_batch_by_hand():
     from _engine_helpers import make_rollout
 

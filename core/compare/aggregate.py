@@ -108,9 +108,15 @@ def _mean(records: list[dict], key: str) -> float | None:
 
 def with_clip_frac(record: dict) -> dict:
     """``record`` with the derived ``clip_frac`` (low + high) and ``tokens_per_kept_row`` (rollout
-    tokens / rows) where their parts are there."""
+    tokens / rows) where their parts are there, and ``zero_std_frac`` over the rows *sampled* when a filter
+    dropped zero-std groups (dapo's ``filtered/zero_std_group``): the step's own figure is over the rows kept,
+    0 after such a filter whatever it dropped: (dropped + kept fraction x rows kept) / rows sampled."""
     parts = [record.get("clip_frac_low"), record.get("clip_frac_high")]
     out = dict(record)
+    dropped, sampled = record.get("filtered/zero_std_group"), record.get("sampled_rows")
+    if isinstance(dropped, (int, float)) and isinstance(sampled, (int, float)) and sampled > 0:
+        kept = (record.get("zero_std_frac") or 0.0) * (record.get("rows") or 0)
+        out["zero_std_frac"] = (dropped + kept) / sampled
     if any(p is not None for p in parts):
         out["clip_frac"] = sum(p or 0.0 for p in parts)
     if isinstance(record.get("rollout_tokens"), (int, float)) and isinstance(record.get("rows"), int) and \
