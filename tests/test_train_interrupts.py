@@ -170,7 +170,8 @@ def test_main_says_what_is_saved_before_and_after_the_first_step(monkeypatch, tm
     monkeypatch.setattr(train, "quiet_teardown", lambda: quiet.append(True))
     monkeypatch.setattr(dist, "close", lambda: None)
     step_1 = tmp_path / "checkpoints" / "step-000001"
-    session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: (step_1, {"step": 1})),
+    session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: (step_1, {"step": 1}),
+                                                     release=lambda: None),
                               state={"step": 0}, resume_from=None, loop=None,
                               config=SimpleNamespace(train=SimpleNamespace(steps=2)))
 

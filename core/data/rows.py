@@ -37,9 +37,6 @@ def check_rows(raw: list[dict], prompt_column: str, answer_column: str, answer_t
     if prompt_column not in raw[0]:
         raise missing_column(raw, prompt_column, "prompt_column", where)
     has_answer = any(answer_column in row for row in raw)
-    if not has_answer and answer_column != "answer" and any("answer" in row for row in raw):
-        # the rows' own ``answer`` column would stand in for the one named, unchecked and unnormalised
-        raise missing_column(raw, answer_column, "answer_column", where)
     out = []
     for i, row in enumerate(raw):
         if not has_answer:

@@ -176,6 +176,9 @@ def _load_rows(s: DataSettings, where: str, read: Callable[[str], list[dict]], s
     has_splits = s.path is None or Path(s.path).is_dir()
     train_where = f"{where}, split {s.split!r}" if has_splits else where
     raw = read(s.split)
+    if s.answer_column != "answer" and not any(s.answer_column in r for r in raw) and any("answer" in r for r in raw):
+        # the rows' own ``answer`` column would stand in for the one named, unchecked and unnormalised
+        raise missing_column(raw, s.answer_column, "answer_column", train_where)
     rows = check_rows(raw, pc, s.answer_column, s.answer_type, train_where)
     origin = {id(r): f"{train_where}, row {i}" for i, r in enumerate(rows)}  # the source's own row numbers
     warnings: list[str] = []
