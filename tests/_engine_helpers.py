@@ -108,3 +108,15 @@ def make_rollout(prompts: list[list[int]], responses: list[list[int]], temperatu
     return Rollout(prompt_ids=prompts, response_ids=ids, response_mask=mask,
                    rollout_logprobs=torch.zeros(ids.shape), group_ids=torch.arange(len(prompts)),
                    truncated=torch.zeros(len(prompts), dtype=torch.bool), temperature=temperature)
+
+
+def parser_with(fn):
+    """A ``build_parser`` stand-in for ``policyzoo.cli.main``: one ``zoo`` command that runs ``fn(args, out)``
+    (the CLI's exit handling around a command, without its real commands)."""
+    import argparse
+
+    def build():
+        p = argparse.ArgumentParser()
+        p.add_subparsers(dest="command").add_parser("zoo").set_defaults(fn=fn)
+        return p
+    return build

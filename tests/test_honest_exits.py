@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from _engine_helpers import tiny_model
+from _engine_helpers import parser_with, tiny_model
 
 from policyzoo.cli import main
 from policyzoo.engine.models import ModelError, resolve_model
@@ -21,21 +21,12 @@ def test_ctrl_c_exits_130_with_its_own_message_and_the_resume_command(monkeypatc
         raise Interrupted("step 3", "stopped by Ctrl-C; checkpoint of step 3 saved in runs/x/checkpoints/step-000003",
                           "policyzoo train --resume runs/x")
     monkeypatch.setattr(cli, "cmd_zoo", stopped)
-    monkeypatch.setattr(cli, "build_parser", _parser_with(stopped))
+    monkeypatch.setattr(cli, "build_parser", parser_with(stopped))
     assert main(["zoo"]) == 130  # the shell's code for SIGINT, not 2 (a user's mistake)
     err = capsys.readouterr().err
     assert " ".join(err.split()) == ("stopped at step 3: stopped by Ctrl-C; checkpoint of step 3 saved in "
                                      "runs/x/checkpoints/step-000003 to continue: policyzoo train --resume runs/x")
 
-
-def _parser_with(fn):
-    import argparse
-
-    def build():
-        p = argparse.ArgumentParser()
-        p.add_subparsers(dest="command").add_parser("zoo").set_defaults(fn=fn)
-        return p
-    return build
 
 
 @pytest.mark.parametrize("steps, every, logged", [

@@ -14,7 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from _engine_helpers import ROOT, engine_env, run_train
+from _engine_helpers import ROOT, engine_env, parser_with, run_train
 
 from policyzoo.cli import main
 from policyzoo.engine.run.interrupts import (
@@ -43,7 +43,7 @@ def test_a_signal_at_start_up_is_named_and_exits_128_plus_its_number(sig, name, 
 
     def stopped(args, out):
         raise stop
-    monkeypatch.setattr("policyzoo.cli.build_parser", _parser_with(stopped))
+    monkeypatch.setattr("policyzoo.cli.build_parser", parser_with(stopped))
     assert main(["zoo"]) == code
     err = " ".join(capsys.readouterr().err.split())
     assert err == f"stopped at start-up: interrupted during start-up ({name}): nothing to save (no step was taken) " \
@@ -54,7 +54,7 @@ def test_a_signal_at_start_up_is_named_and_exits_128_plus_its_number(sig, name, 
 def test_a_signal_that_stops_at_once_is_named_by_the_cli(sig, name, code, monkeypatch, capsys):
     def aborted(args, out):
         raise SignalReceived(sig)  # the loop's second signal, or one while the run finishes
-    monkeypatch.setattr("policyzoo.cli.build_parser", _parser_with(aborted))
+    monkeypatch.setattr("policyzoo.cli.build_parser", parser_with(aborted))
     assert main(["zoo"]) == code
     assert capsys.readouterr().err.strip() == f"interrupted ({name})"
 
@@ -136,15 +136,6 @@ def test_sigterm_during_a_resumed_runs_start_up_saves_nothing_and_says_so(tmp_pa
     assert sorted(x.name for x in (out / "checkpoints").iterdir()) == ["latest.json", "step-000001"]
     assert not (out / "run.pid").exists()  # the run ended: its folder holds no live run
 
-
-def _parser_with(fn):
-    import argparse
-
-    def build():
-        p = argparse.ArgumentParser()
-        p.add_subparsers(dest="command").add_parser("zoo").set_defaults(fn=fn)
-        return p
-    return build
 
 
 def test_the_start_up_message_of_a_resumed_run_names_its_checkpoint(tmp_path):
