@@ -205,6 +205,20 @@ def test_print_commands_prints_one_train_line_per_run_to_do(tmp_path, capsys):
     assert f"# {tmp_path / 'grpo' / 'seed0'}: done" in captured.err and FakeTrain.started == []
 
 
+def test_print_commands_leaves_out_a_run_that_stopped_early(tmp_path, capsys):
+    import json
+
+    spec = runs.plan(["grpo"], [0], tmp_path, ["train.steps=4"])[0]
+    write_planned(spec, steps=2)  # ended at step 2 of 4, and its summary says why (nothing to train on)
+    summary = spec.path / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "stopped_early": True,
+                                   "stop_reason": "nothing to train on for 3 steps in a row"}))
+    got = compare(algos="grpo", seeds=1, output_dir=str(tmp_path), print_commands=True, overrides=["train.steps=4"])
+    # the same run would stop the same way, and `policyzoo train` refuses its folder: no line for it
+    assert got["commands"] == []
+    assert f"# {spec.path}: stopped: stopped early at step 2: nothing to train on" in capsys.readouterr().err
+
+
 def test_print_commands_restart_line_clears_the_started_run_so_train_accepts_the_folder(tmp_path, capsys):
     import subprocess
 

@@ -144,7 +144,7 @@ def _print_commands(specs: list[runs.RunSpec]) -> list[str]:
     """One ``policyzoo train`` line per run still to do on stdout; notes for the others on stderr."""
     lines = []
     for s in specs:
-        if s.status in ("done", "blocked"):
+        if s.status in ("done", "stopped", "blocked"):  # a stopped run ended (its summary says why): not to do
             print(f"# {s.path}: {s.status}: {s.detail}", file=sys.stderr)
             continue
         line = s.command()
