@@ -165,6 +165,21 @@ def test_release_removes_only_this_process_pid_file(tmp_path):
     assert not (rd.path / "run.pid").exists()
 
 
+# ---------------------------------------------------------------------------- NaN values and TensorBoard
+def test_tensorboard_gets_the_finite_numbers_only(tmp_path, capsys):
+    from policyzoo.engine.report.tracking import Tracker
+
+    tracker = Tracker(tmp_path, ["tensorboard"], {})
+    got = []
+    tracker.tb.add_scalar = lambda k, v, step: got.append((k, v, step))
+    tracker.log({"step": 3, "kind": "train", "loss": math.nan, "reward_mean": 0.5, "grad_norm": math.inf,
+                 "skipped": True, "skip_reason": "no rows kept by the filters"})
+    # loss NaN and grad_norm inf are left out (a gap); the bool is 1.0; the text stays in metrics.jsonl only
+    assert got == [("reward_mean", 0.5, 3), ("skipped", 1.0, 3)]
+    assert "NaN or Inf" not in capsys.readouterr().err
+    tracker.close()
+
+
 # ---------------------------------------------------------------------------- unscorable rows, said
 def test_unscorable_rows_on_the_step_line_and_summed_for_the_summary():
     m = {"reward_mean": 0.5, "response_length_mean": 12, "rollout_tokens_per_s": 100, "unscorable_rows": 3,
@@ -172,6 +187,11 @@ def test_unscorable_rows_on_the_step_line_and_summed_for_the_summary():
     assert summary_text(m, None) == "reward 0.5  len 12  100 tok/s  unscorable 3 (math_verify)"
     assert "unscorable" not in summary_text(dict(m, unscorable_rows=0), None)
     assert summary_text(dict(NOTHING, reward_mean=math.nan), None).endswith("skipped (nothing kept)")
+    # nothing kept: 16 rows sampled, 4 right (reward 1) and 12 wrong: 4 / 16 = 0.25 over the rows sampled;
+    # no row trained, so no length (not ``len 0``) and no ``nan``
+    skipped = dict(NOTHING, reward_mean=math.nan, reward_mean_sampled=0.25, rows=0, response_length_mean=0.0,
+                   rollout_tokens_per_s=80)
+    assert summary_text(skipped, None) == "reward 0.25 (sampled)  80 tok/s  skipped (nothing kept)"
     records = [{"kind": "eval", "unscorable_rows": 9}, {"kind": "train", "unscorable_rows": 3, "unscorable/a": 3},
                {"kind": "train", "unscorable_rows": 2, "unscorable/a": 1, "unscorable/b": 2}, {"kind": "train"}]
     # train records only: 3 + 2 = 5 rows; a: 3 + 1 = 4, b: 2 (a row NaN in both counts under each)

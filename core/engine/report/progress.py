@@ -27,11 +27,19 @@ def summary_text(m: dict, accuracy: float | None, label: str = "accuracy", at: i
     latest evaluation (``label``) and its step ``at`` (left out before any evaluation or when None); then
     ``unscorable 2 (math_verify)`` when rows got a NaN reward (``unscorable_rows``, with the components
     whose ``unscorable/<label>`` counts them) and ``skipped`` (``skipped (nothing kept)`` when the filters
-    kept no row)."""
-    parts = [f"reward {m.get('reward_mean', math.nan):.3g}"]
+    kept no row: then the reward is the sampled rows' mean, ``reward 0.5 (sampled)``, and no length is shown,
+    since no row was trained on)."""
+    reward = m.get("reward_mean", math.nan)
+    if not math.isfinite(reward) and math.isfinite(m.get("reward_mean_sampled", math.nan)):
+        # nothing kept (no row trained): the mean over the rows sampled, said as such (not ``nan``)
+        parts = [f"reward {m['reward_mean_sampled']:.3g} (sampled)"]
+    else:
+        parts = [f"reward {reward:.3g}"]
     if accuracy is not None and math.isfinite(accuracy):
         parts.append(f"{label} {accuracy:.2f}" + (f" (last eval, step {at})" if at is not None else ""))
-    parts += [f"len {m.get('response_length_mean', 0):.0f}", f"{m.get('rollout_tokens_per_s', 0):.0f} tok/s"]
+    if m.get("rows", 1):  # the kept rows' mean length: none kept, none to show (not ``len 0``)
+        parts.append(f"len {m.get('response_length_mean', 0):.0f}")
+    parts.append(f"{m.get('rollout_tokens_per_s', 0):.0f} tok/s")
     if m.get("unscorable_rows"):  # NaN rewards: those rows train on nothing; the reward components that gave them
         named = [k.removeprefix("unscorable/") for k in m if k.startswith("unscorable/") and m[k]]
         parts.append(f"unscorable {m['unscorable_rows']:.0f}" + (f" ({', '.join(named)})" if named else ""))

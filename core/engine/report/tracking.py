@@ -3,7 +3,8 @@
 ``train.report_to`` names the trackers (``tensorboard``, ``wandb``; ``[]`` for none). Every
 record written to ``metrics.jsonl`` goes to each tracker too, under the same keys (``reward_mean``,
 ``reward/<function>``, ``lr``, ``tokens_seen``, ``epoch``, ``eval_accuracy`` ...) at its ``step``;
-non-numeric values (``eval_example``, ``skip_reason``) stay in the file only.
+non-numeric values (``eval_example``, ``skip_reason``) stay in the file only; NaN and inf go to W&B
+as they are and are left out of TensorBoard (a gap at that step).
 
 * TensorBoard: ``tensorboardX`` (or ``torch.utils.tensorboard`` when only ``tensorboard`` is
   installed) writes event files to ``RUN_DIR/tensorboard/`` (``tensorboard --logdir RUN_DIR``).
@@ -112,8 +113,9 @@ class Tracker:
             return
         step, values = int(record.get("step", 0)), scalars(record)
         if self.tb is not None:
-            for k, v in values.items():
-                self.tb.add_scalar(k, v, step)
+            for k, v in values.items():  # NaN/inf (a skipped step's loss, a metric with no rows): a gap in the
+                if math.isfinite(v):      # chart (metrics.jsonl keeps null), not TensorBoard's NaN warning
+                    self.tb.add_scalar(k, v, step)
             self.tb.flush()
         if self.wandb is not None:
             self.wandb.log(values, step=step)
