@@ -215,6 +215,17 @@ def test_inert_slots_names_every_identity_of_gspo_at_one_update():
     assert [w.split(":")[0] for w in lines] == ["ratio", "clip"]
 
 
+def test_an_equal_pair_inert_for_two_reasons_names_each_reason_and_each_fix():
+    # gspo vs grpo with beta 0 at one update: grpo's k3 KL is inert (beta 0) and gspo's sequence ratio and its
+    # clip are inert (every ratio is 1); the fix of the KL alone would leave the ratio and clip inert
+    with pytest.raises(ConfigError) as e:
+        equal_entries(entries("gspo", "grpo+kl.beta=0"))
+    assert ("(a KL with beta 0 adds nothing to the loss or the rewards; every ratio is 1 on the first update)"
+            in e.value.why)
+    assert e.value.fix.startswith("set algorithm.kl.beta > 0 for the kl to act; or set train.updates_per_batch >= 2 "
+                                  "(or engine.max_staleness >= 1) for the ratio and clip to act; or drop one")
+
+
 # ------------------------------------------------------------------------------------------- the commands
 def test_compare_refuses_the_equal_pair_in_seconds_and_accepts_it_at_four_updates(tmp_path, capsys):
     args = ["compare", "--algos", "grpo,grpo+clip=cispo", "--seeds", "1", "--output-dir", str(tmp_path),

@@ -105,16 +105,24 @@ def why_inert(slot: str, r: Regime, runs: tuple[Run, ...] = ()) -> tuple[str, st
 
 
 def equal_message(a: str, b: str, ra: Run, rb: Run, r: Regime) -> tuple[str, str]:
-    """``(why, fix)`` for two equal algorithms named ``a`` and ``b`` (``a`` the later one)."""
+    """``(why, fix)`` for two equal algorithms named ``a`` and ``b`` (``a`` the later one): each differing
+    slot's reason once (slots inert for the same reason named together: "the ratio and clip"), and each
+    reason's fix (gspo vs grpo+kl.beta=0 at one update: the KL's beta and the updates per batch)."""
     slots = differing_slots(ra, rb)
-    named = [s for s, _, _ in slots]
-    first = why_inert(named[0], r, (ra, rb)) if named else ("they give the same gradient", "")
-    if len(named) > 1 and all(s in NEUTRAL for s in named):  # a ratio and a clip, inert for the same reason
-        first = (first[0], first[1].replace(f"the {named[0]} to act", f"the {' and '.join(named)} to act"))
+    reasons: dict[str, tuple[str, list[str]]] = {}  # why -> (the first slot's fix, the slots it covers)
+    for s, _, _ in slots:
+        why, fix = why_inert(s, r, (ra, rb))
+        reasons.setdefault(why, (fix, []))[1].append(s)
+    whys, fixes = list(reasons) or ["they give the same gradient"], []
+    for fix, named in reasons.values():
+        names = " and ".join(named)
+        if fix:
+            fixes.append(fix.replace(f"the {named[0]} to act", f"the {names} to act")
+                         .replace("for it to act", f"for the {names} to act"))
     detail = "; ".join(f"{s}: {x} vs {y}" for s, x, y in slots)
-    why = (f"{a} equals {b} at {r.keys} ({first[0]}): {detail} give the same gradient d(loss)/d(logprobs) "
+    why = (f"{a} equals {b} at {r.keys} ({'; '.join(whys)}): {detail} give the same gradient d(loss)/d(logprobs) "
            f"(to {RTOL:g}, relative) on {len(probe_batches(r))} synthetic batches of these settings")
-    return why, first[1]
+    return why, "; or ".join(fixes)
 
 
 def equal_entries(entries: dict[str, Any], allow_equal: bool = False) -> list[str]:
