@@ -298,6 +298,9 @@ def test_a_dry_run_records_the_profile_and_plans_with_torchs_gpu_memory(qwen7b, 
     assert pre.resolved["gpu_profile"]["model.dtype"]["value"] == "bfloat16"
     assert pre.resolved["engine"]["vllm_sleep"] == 2 and pre.resolved["train"]["tf32"] is True
     assert pre.plan_lines[0].endswith(f"GiB of {H100 / GiB:.1f} GiB per GPU (NVIDIA H100 80GB HBM3): fits")
+    # the line names the phase it sums (the training step's peak) and what it holds at once
+    assert ": the training step's peak, the trainer's state and the training step's activations, with vLLM's " \
+           "copy and KV cache counted as held at once" in pre.plan_lines[0]
 
 
 def test_a_real_run_of_a_planned_gpu_on_a_cpu_is_refused(monkeypatch):

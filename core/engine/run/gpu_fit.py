@@ -174,9 +174,14 @@ def plan_and_check(config, step: Step) -> tuple[list[Choice], list[str]]:
         raise ConfigError("train (memory per GPU, policyzoo plan)", why + f" ({describe(step.place)})",
                           "; or ".join(fixes(config, step)) or "plan a smaller model, or train a LoRA adapter "
                           "(model.lora={r: 16})")
-    total = sum(step.parts(config).values())
-    return out, [f"plan: {describe(step.place)}: {total / GiB:.1f} GiB of {step.budget / GiB:.1f} GiB per GPU "
-                 f"({step.gpu}): fits"]
+    parts = step.parts(config)
+    total, big = sum(parts.values()), sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    held = "the trainer's state and the training step's activations" + (
+        ", with vLLM's copy and KV cache counted as held at once (an upper bound: asleep, vLLM frees them)"
+        if config.engine.rollout == "vllm" else "")
+    return out, [f"plan: {describe(step.place)}: the training step's peak, {held}; largest "
+                 f"{', '.join(f'{k} {v / GiB:.1f}' for k, v in big)} GiB: {total / GiB:.1f} GiB of "
+                 f"{step.budget / GiB:.1f} GiB per GPU ({step.gpu}): fits"]
 
 
 def fixes(config, step: Step) -> list[str]:
