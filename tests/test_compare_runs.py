@@ -205,6 +205,19 @@ def test_print_commands_prints_one_train_line_per_run_to_do(tmp_path, capsys):
     assert f"# {tmp_path / 'grpo' / 'seed0'}: done" in captured.err and FakeTrain.started == []
 
 
+def test_a_single_entry_is_a_seed_study_and_the_plan_says_so(tmp_path):
+    from rich.console import Console
+
+    console = Console(record=True, width=400)
+    runs.print_plan(console, runs.plan(["grpo"], [0, 1], tmp_path, ["train.steps=2"]), tmp_path, 1, None)
+    text = console.export_text()
+    assert "policyzoo compare: 1 algorithm x 2 seeds = 2 runs in" in text
+    assert "one algorithm (grpo): the table gives its spread over seeds, no paired difference" in text
+    console = Console(record=True, width=400)
+    runs.print_plan(console, runs.plan(["grpo", "dr_grpo"], [0], tmp_path, ["train.steps=2"]), tmp_path, 1, None)
+    assert "one algorithm" not in console.export_text()
+
+
 def test_print_commands_leaves_out_a_run_that_stopped_early(tmp_path, capsys):
     import json
 

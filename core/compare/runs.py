@@ -269,8 +269,13 @@ def print_plan(console: Console, specs: list[RunSpec], output_dir, parallel: int
     counts = {k: sum(s.status == k for s in specs) for k in ("done", "stopped", "resume", "restart", "new",
                                                              "blocked")}
     told = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    console.print(f"policyzoo compare: {len(algos)} algorithms x {len(seeds)} seeds = {len(specs)} runs in "
+    plural = lambda n, word: f"{n} {word}" + ("" if n == 1 else "s")  # noqa: E731
+    console.print(f"policyzoo compare: {plural(len(algos), 'algorithm')} x {plural(len(seeds), 'seed')} = "
+                  f"{plural(len(specs), 'run')} in "
                   f"{output_dir} ({told})", highlight=False, soft_wrap=True)
+    if len(algos) == 1:  # a seed study: allowed, and said, since nothing is compared
+        console.print(f"one algorithm ({algos[0]}): the table gives its spread over seeds, no paired difference; "
+                      "name two or more entries in --algos to compare them", highlight=False, soft_wrap=True)
     n = cores()
     if parallel == 1:
         console.print(f"one run at a time: this machine gives {n} core(s) and each run uses them all "
