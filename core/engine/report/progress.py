@@ -93,7 +93,7 @@ def progress_bar(console, total: int, done: int):
         yield _Bar(progress, task)
 
 
-#: what the held-out value is (summary.json's ``eval_metric_definition``, README, ``--help``)
+#: what the held-out value is (summary.json's ``eval_metric_definition``, docs/usage.md, ``--help``)
 EVAL_DEFINITION = ("the mean over the held-out rows of the task's summed reward (sum of weight x reward over the "
                    "task's reward functions) of one greedy completion per row")
 

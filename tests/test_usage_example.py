@@ -1,7 +1,7 @@
-"""README's Python example runs as pasted, at tiny size: the ```python block is read from README.md and
+"""docs/usage.md's Python example runs as pasted, at tiny size: the ```python block is read from the page and
 run in a fresh process in an empty folder. Only its size changes: the tiny model is passed to both
 calls (the default model's steps take minutes here) and the step counts shrink; each edit must match
-exactly once, so a README change that this test no longer follows fails it instead of passing
+exactly once, so a change of the page that this test no longer follows fails it instead of passing
 untested."""
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import sys
 from _engine_helpers import ROOT, engine_env, tiny_model
 
 
-def readme_python_block() -> str:
-    text = (ROOT / "README.md").read_text()
+def usage_python_block() -> str:
+    text = (ROOT / "docs" / "usage.md").read_text()
     return text.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_readme_python_example_runs_as_pasted(tmp_path):
-    code, tiny = readme_python_block(), str(tiny_model())
+def test_usage_python_example_runs_as_pasted(tmp_path):
+    code, tiny = usage_python_block(), str(tiny_model())
     for old, new in (('"steps": 20', '"steps": 2'), ("range(10)", "range(2)"),
                      ('policyzoo.train(algo="grpo",', f'policyzoo.train(algo="grpo", model={tiny!r},'),
                      ('policyzoo.Trainer(algo="grpo",', f'policyzoo.Trainer(algo="grpo", model={tiny!r},')):
-        assert code.count(old) == 1, f"README's example no longer has {old!r}: update this test's edits"
+        assert code.count(old) == 1, f"docs/usage.md's example no longer has {old!r}: update this test's edits"
         code = code.replace(old, new)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=engine_env(), capture_output=True,
                           text=True, timeout=1500)
