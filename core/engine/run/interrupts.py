@@ -9,6 +9,9 @@
   message names the last checkpoint on disk (:func:`stopped_at_once`).
 * The exit status is 128 + the signal's number, the shells' convention: 130 for SIGINT, 143 for
   SIGTERM (:attr:`policyzoo.errors.Interrupted.exit_code`).
+* After the end (``summary.json`` written, ``done:`` printed): nothing is left to save, so a signal during the
+  clean-up (the engines' teardown at exit, seconds) ends the process at once with status 0, the run's
+  (:func:`finished_signals`), not 143.
 * The process leaves quietly: libraries built with nanobind (triton's ``libtriton``, which vLLM and
   torch import) print a ``nanobind: leaked ...`` report of ~30 lines at interpreter exit when their
   objects are still alive, as they are after an interrupt. nanobind prints it from its ``Py_AtExit``
@@ -133,6 +136,22 @@ def _stderr_to_devnull() -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 2)
     os.close(null)
+
+
+def finished_signals() -> None:
+    """The handler once a run has finished: SIGINT or SIGTERM flush stdout and stderr and end the process
+    at once with status 0 (``os._exit``: the run's files are complete; what is left is freeing memory, and
+    vLLM runs in this process, with no child to leave behind). Outside the main thread a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+    for sig in SIGNALS:
+        signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from policyzoo.errors import Interrupted
 from policyzoo.host import rollout_dtype_notes
 
 from .gpu_profile import check_planned_gpu, console_lines, set_tf32
-from .interrupts import SignalReceived, quiet_teardown, raising_signals, signal_stop
+from .interrupts import SignalReceived, finished_signals, quiet_teardown, raising_signals, signal_stop
 from .session import Session
 
 
@@ -65,19 +65,22 @@ def main(config, resume: str | None = None, force_resume: bool = False, verbose:
 
     A SIGINT or SIGTERM before the first step (the checks, the models loading, the first evaluation)
     raises :class:`~policyzoo.errors.Interrupted` saying that nothing was saved; during the steps the
-    loop saves a checkpoint first (:mod:`.interrupts`). Either way the exit is quiet."""
+    loop saves a checkpoint first (:mod:`.interrupts`). Either way the exit is quiet. Once the run has finished
+    a signal during the clean-up ends the process with status 0 (:func:`.interrupts.finished_signals`)."""
     seen: list = []  # (the session, its step) once the checks passed
     try:
         with raising_signals():
             try:
-                return open_session(config, resume, force_resume, verbose,
-                                    lambda s: seen.append((s, s.state["step"]))).train()
+                summary = open_session(config, resume, force_resume, verbose,
+                                       lambda s: seen.append((s, s.state["step"]))).train()
             except SignalReceived as e:
                 quiet_teardown()
                 raise signal_stop(e.signum, *(seen[0] if seen else (None, None)), resume) from None
             except Interrupted:  # the loop's stop after a step, with its checkpoint
                 quiet_teardown()
                 raise
+        finished_signals()  # done: a signal during the clean-up exits 0 at once (nothing left to save)
+        return summary
     finally:
         if seen:  # the run has ended, however: its folder holds no live run (run.pid names this process only)
             seen[0][0].rundir.release()
