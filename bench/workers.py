@@ -139,10 +139,11 @@ def trl_worker(a) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from policyzoo.assembly import Run, resolve_algorithm, reward_uses
+    from policyzoo.assembly import Run, reward_uses
     from policyzoo.contract import Rollout
     from policyzoo.data import batch_at, load_task
     from policyzoo.engine.models import resolve_model
+    from policyzoo.resolve import resolve_algorithm
     from policyzoo.step import dispatch
 
     cfg = build_config(a)

@@ -13,7 +13,7 @@ here). Where things are: ``docs/engine.md`` ("Where things are").
 """
 
 from .api import Trainer, train
-from .assembly import Run, assemble, resolve_algorithm
+from .assembly import Run, assemble
 from .catalog import get_catalog, load_catalog
 from .compare import compare  # after this the name is the function (a submodule import sets it only once)
 from .contract import (
@@ -44,6 +44,7 @@ from .contract import (
                        use,
 )
 from .errors import ConfigError, DataError, PluginError, UserError
+from .resolve import resolve_algorithm
 from .trl_port import from_trl
 
 __version__ = "0.1.0"

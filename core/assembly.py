@@ -4,8 +4,9 @@ Each component's parameters are validated into its typed ``Params`` here, once (
 component receives that object. The run manager registers only the chosen components, one per single
 slot, and is checked (slot counts and each component's cross-slot ``check``) before anything loads a model.
 pluggy's ``firstresult`` would silently take the last registered implementation, so which component runs
-is decided here, never by hook order. Resolving a spec is :mod:`policyzoo.resolve`; what a run takes
-from its config besides the algorithm is :mod:`policyzoo.run_config` (both re-exported here).
+is decided here, never by hook order. Resolving a spec is :mod:`policyzoo.resolve`. What a run takes
+from its config besides the algorithm is here too: the task's reward uses (``rewards:``, :func:`reward_uses`)
+and the step's settings (``train.*`` over the filters' own budget, :func:`step_settings`).
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ from .contract import (
     Spec,
     Term,
     Use,
+    use,
     validate_params,
 )
 from .errors import ConfigError
-from .resolve import DEFAULT_ALGORITHM, resolve_algorithm, resolved_view
-from .run_config import reward_uses, step_settings
+from .resolve import override, resolve_algorithm
+from .step import StepSettings
 
-__all__ = ["DEFAULT_ALGORITHM", "Run", "assemble", "build", "resolve_algorithm", "resolved_view", "reward_uses",
-           "step_settings"]
+__all__ = ["Run", "assemble", "build", "reward_uses", "step_settings"]
 SINGLE = [s for s, kind in SLOTS.items() if kind == "single"]
 COLLECT = [s for s, kind in SLOTS.items() if kind == "collect"]
 OPTIONAL = [s for s, kind in SLOTS.items() if kind == "optional"]
@@ -189,3 +190,25 @@ def assemble(spec: str | dict | Bundle, rewards: tuple[Use, ...] = (), catalog: 
     """Resolve ``spec`` and build a checked :class:`Run` (no model is loaded)."""
     catalog = catalog or get_catalog()
     return Run(resolve_algorithm(spec, catalog), catalog, rewards)
+
+
+# ----------------------------------------------------------------------------- what a run takes from its config
+def step_settings(config, run) -> StepSettings:
+    """The step's settings: the config's ``train`` values over the run's filters' own budget."""
+    return StepSettings.for_run(run, max_sample_rounds=config.train.max_sample_rounds,
+                                updates_per_batch=config.train.updates_per_batch,
+                                micro_batches=config.train.micro_batches, on_shortfall=config.train.on_shortfall,
+                                reward_nan=config.train.reward_nan,
+                                max_tokens_per_micro_batch=config.train.max_tokens_per_micro_batch)
+
+
+def reward_uses(config, default: list, has_env: bool = False) -> tuple:
+    """``rewards:`` entries as :class:`~policyzoo.contract.Use`; when not given, the task's ``default`` --
+    or, in a run with an environment (``has_env``), the episode reward ``env_reward``."""
+    if config.rewards is None:
+        return (use("env_reward"),) if has_env else tuple(default)
+    if not config.rewards:
+        raise ConfigError("rewards", "the list is empty: every advantage would be 0 and nothing would be learned",
+                          "name at least one reward, e.g. `rewards: [{use: answer_match}]`, or drop the key "
+                          "for the task's default")
+    return tuple(override(None, r, f"rewards[{i}]") for i, r in enumerate(config.rewards))

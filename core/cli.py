@@ -18,8 +18,7 @@ from .cli_catalog import cmd_components, cmd_explain, cmd_plugins, cmd_zoo
 from .contract.ground import SLOTS
 from .errors import Interrupted, UserError
 
-__all__ = ["build_parser", "main", "cmd_zoo", "cmd_components", "cmd_plugins", "cmd_explain", "cmd_train",
-           "cmd_serve", "cmd_plan", "cmd_compare", "cmd_plot", "cmd_doctor"]
+__all__ = ["build_parser", "main", "cmd_train", "cmd_serve", "cmd_plan", "cmd_compare", "cmd_plot", "cmd_doctor"]
 
 
 def cmd_train(args, out: Console) -> None:

@@ -20,7 +20,9 @@ from policyzoo.engine.models import resolve_model  # noqa: E402
 from policyzoo.engine.policy import LMPolicy  # noqa: E402
 from policyzoo.engine.rollout.engines import VLLMRollout  # noqa: E402
 from policyzoo.engine.rollout.hf import HFRollout  # noqa: E402
-from policyzoo.engine.trainer.deepspeed_trainer import Trainer, pack, token_logprobs  # noqa: E402
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
+from policyzoo.engine.trainer.modeling import pack  # noqa: E402
+from policyzoo.engine.trainer.prefix import token_logprobs  # noqa: E402
 from policyzoo.step import StepSettings, micro_loss, prepare, step_totals, train_step  # noqa: E402
 from policyzoo.step.episodes import run_episodes  # noqa: E402
 

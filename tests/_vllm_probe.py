@@ -14,7 +14,9 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from policyzoo.engine.models import resolve_model  # noqa: E402
 from policyzoo.engine.rollout.engines import VLLMRollout  # noqa: E402
-from policyzoo.engine.trainer.deepspeed_trainer import Trainer, pack, token_logprobs  # noqa: E402
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
+from policyzoo.engine.trainer.modeling import pack  # noqa: E402
+from policyzoo.engine.trainer.prefix import token_logprobs  # noqa: E402
 
 info = resolve_model(sys.argv[1])
 engine = VLLMRollout(info, "float32", max_model_len=256, seed=0)

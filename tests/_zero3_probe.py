@@ -16,7 +16,9 @@ from transformers.integrations import is_deepspeed_zero3_enabled  # noqa: E402
 from policyzoo.contract import Rollout  # noqa: E402
 from policyzoo.engine import dist  # noqa: E402
 from policyzoo.engine.models import resolve_model  # noqa: E402
-from policyzoo.engine.trainer.deepspeed_trainer import Trainer, pack, token_logprobs  # noqa: E402
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
+from policyzoo.engine.trainer.modeling import pack  # noqa: E402
+from policyzoo.engine.trainer.prefix import token_logprobs  # noqa: E402
 
 path = sys.argv[1]
 dist.init()

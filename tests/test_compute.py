@@ -12,8 +12,9 @@ from _engine_helpers import make_rollout, tiny_model
 from policyzoo.config import load_config
 from policyzoo.engine.trainer import lora
 from policyzoo.engine.trainer.compute import autocast, enable_gradient_checkpointing
-from policyzoo.engine.trainer.deepspeed_trainer import pack, token_logprobs
 from policyzoo.engine.trainer.dsconfig import ds_config, merge, read_user_config, zero_stage
+from policyzoo.engine.trainer.modeling import pack
+from policyzoo.engine.trainer.prefix import token_logprobs
 from policyzoo.errors import ConfigError
 
 PAD = 2

@@ -6,8 +6,9 @@ import sys
 import pytest
 
 from policyzoo import ConfigError, assemble
-from policyzoo.assembly import Run, resolve_algorithm, step_settings
+from policyzoo.assembly import Run, step_settings
 from policyzoo.config import load_config
+from policyzoo.resolve import resolve_algorithm
 
 NO_PLUGINS = {"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"}
 

@@ -15,7 +15,8 @@ from policyzoo.engine.models import ModelError, resolve_model
 from policyzoo.engine.policy import LMPolicy, SyncError, run_with_timeout
 from policyzoo.engine.rollout.engines import build_rollout, request_seed
 from policyzoo.engine.rundir import RunDir
-from policyzoo.engine.trainer.deepspeed_trainer import pack, token_logprobs
+from policyzoo.engine.trainer.modeling import pack
+from policyzoo.engine.trainer.prefix import token_logprobs
 
 EOS = PAD = 2  # as SmolLM2: the pad id is the end-of-sequence id
 

@@ -9,13 +9,15 @@ import pytest
 import torch
 from _engine_helpers import make_rollout, tiny_model
 
-from policyzoo.engine.trainer.deepspeed_trainer import Trainer, pack, token_logprobs
+from policyzoo.engine.trainer.deepspeed_trainer import Trainer
+from policyzoo.engine.trainer.modeling import pack
 from policyzoo.engine.trainer.prefix import (
     CALL_OVERHEAD,
     _cache_layers,
     distinct_prompts,
     length_buckets,
     shared_prompt_logprobs,
+    token_logprobs,
 )
 
 PAD = 2

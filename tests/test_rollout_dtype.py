@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from policyzoo import host
-from policyzoo.assembly import Run, resolve_algorithm
+from policyzoo.assembly import Run
 from policyzoo.config import load_config
 from policyzoo.engine.policy import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
 from policyzoo.errors import ConfigError
+from policyzoo.resolve import resolve_algorithm
 
 BF16 = "engine.rollout_dtype=bfloat16"
 

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from policyzoo.config import EngineSettings
 from policyzoo.engine.rollout.engines import VLLMRollout
 from policyzoo.engine.rollout.tensor_parallel import (
     GroupRollout,
@@ -26,6 +25,7 @@ from policyzoo.engine.rollout.tensor_parallel import (
     tp_groups,
 )
 from policyzoo.errors import ConfigError
+from policyzoo.settings import EngineSettings
 
 
 class FakeShard(torch.nn.Module):

@@ -245,8 +245,9 @@ def test_rloo_with_dapos_resampling_filter_resamples(catalog):
 
 
 def test_the_filters_budget_shows_in_the_resolved_config():
-    from policyzoo.assembly import assemble, resolved_view
+    from policyzoo.assembly import assemble
     from policyzoo.config import load_config
+    from policyzoo.resolve import resolved_view
 
     cfg = load_config(algo="rloo", overrides=["algorithm.filter=[{use: nonconstant_groups}]"])
     view = resolved_view(cfg, assemble(cfg.algorithm))
@@ -272,7 +273,8 @@ def test_dapo_filled_in_one_round_logs_the_true_reward_mean():
     # Every group is [1,0,0,1,1,0,0,0]: none constant, so round 1 of DAPO's 3 fills the batch and
     # every sampled row is kept. reward/pattern = 3/8 = 0.375 (the old code divided by the 3-round
     # budget: 0.125); reward/overlong_penalty = 0.
-    from policyzoo.assembly import Run, resolve_algorithm
+    from policyzoo.assembly import Run
+    from policyzoo.resolve import resolve_algorithm
 
     cat = catalog_with(Pattern)
     dapo = resolve_algorithm({"base": "dapo", "sample": {"max_tokens": 32},

@@ -6,7 +6,7 @@ pytest.importorskip("trl")
 
 import policyzoo  # noqa: E402
 from policyzoo.trl_port import TrlConfig, port_trl  # noqa: E402
-from policyzoo.trl_port.port import NO_EVAL  # noqa: E402
+from policyzoo.trl_port.train_keys import NO_EVAL  # noqa: E402
 
 
 def test_from_trl_returns_the_config_with_its_provenance():

@@ -19,7 +19,7 @@ from policyzoo.errors import DataError, UserError
 
 
 def test_lr_schedules_warm_up_without_a_zero_step_then_follow_transformers_shapes():
-    from policyzoo.engine.trainer.deepspeed_trainer import lr_schedule
+    from policyzoo.engine.trainer.modeling import lr_schedule
 
     def factors(name, warmup, total, k):
         opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -43,7 +43,7 @@ def test_lr_schedules_warm_up_without_a_zero_step_then_follow_transformers_shape
 
 
 def test_optimizer_settings_reach_deepspeed():
-    from policyzoo.engine.trainer.deepspeed_trainer import ds_config
+    from policyzoo.engine.trainer.dsconfig import ds_config
 
     cfg = ds_config(0, 1e-5, 0.1, 0.5, "float32", betas=(0.8, 0.95), eps=1e-6)
     assert cfg["optimizer"]["params"]["betas"] == [0.8, 0.95] and cfg["optimizer"]["params"]["eps"] == 1e-6

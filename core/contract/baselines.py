@@ -27,7 +27,7 @@ from torch import Tensor
 from policyzoo.errors import ConfigError
 
 from .ground import Advantages
-from .loss_slots import Baseline
+from .slots import Baseline
 
 
 def valid_scores(rewards: Tensor, response_mask: Tensor, token_rewards: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from policyzoo.engine.policy import SYNC_TOLERANCE
-from policyzoo.engine.trainer.deepspeed_trainer import SHARE_PROMPT_TOLERANCE
+from policyzoo.engine.trainer.scoring import SHARE_PROMPT_TOLERANCE
 
 FULL_BUDGET_S, SUBSET_BUDGET_S = 600, 480
 

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from policyzoo.assembly import Run
+from policyzoo.assembly import Run, reward_uses
 from policyzoo.catalog import get_catalog
 from policyzoo.contract import Bundle, Rollout
 from policyzoo.data import load_task
-from policyzoo.run_config import reward_uses
 
 WIDTH = 8  # response tokens of a probe batch (at most the run's limit)
 PROMPTS = 4  # prompts of a probe batch (G rows each; 8 rows at least)

@@ -9,7 +9,7 @@ import os
 from rich.console import Console
 from rich.table import Table
 
-from policyzoo.assembly import Run, resolve_algorithm
+from policyzoo.assembly import Run
 from policyzoo.plan import (
     GiB,
     PlanError,
@@ -26,6 +26,7 @@ from policyzoo.plan.gpu import DEFAULT_GPU, Vllm, gpu_bytes, print_gpu_plan
 from policyzoo.plan.placement import placement_for, print_placement
 from policyzoo.plan.roofline import print_roofline, roofline
 from policyzoo.plan.shapes import shape_config
+from policyzoo.resolve import resolve_algorithm
 
 
 def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt: int | None,

@@ -34,6 +34,9 @@ score it). It is registered with ``load_catalog(extra=[policyzoo.testing.bandit]
 does both steps. This keeps the reward a pure function of the rollout (no reference to the
 policy object) and needs no change to the built-in reward components.
 
+Training: :func:`train` runs the real step N times in-process; :func:`step_settings` builds its
+settings.
+
 Reproducibility: the initial logits, the prompt stream and every ``generate`` call are seeded
 (``seed`` argument and the ``generate`` seed), so two bandits built alike give identical runs.
 """
@@ -41,6 +44,7 @@ Reproducibility: the initial logits, the prompt stream and every ``generate`` ca
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -49,8 +53,7 @@ from policyzoo.assembly import assemble
 from policyzoo.catalog import load_catalog
 from policyzoo.contract import LOCAL, Reward, Rollout, hookimpl, use
 from policyzoo.errors import ConfigError, DataError
-
-from .step_loop import step_settings, train
+from policyzoo.step import StepSettings, train_step
 
 __all__ = ["Bandit", "BanditCorrect", "bandit_catalog", "bandit_run", "step_settings", "train"]
 
@@ -278,3 +281,34 @@ def bandit_catalog():
 def bandit_run(algorithm, catalog=None):
     """``assemble(algorithm)`` with ``bandit_correct`` as the task reward."""
     return assemble(algorithm, rewards=(use("bandit_correct"),), catalog=catalog or bandit_catalog())
+
+
+# ----------------------------------------------------------------------------- the real step, N times
+def step_settings(run, **overrides):
+    """:class:`~policyzoo.step.StepSettings` from the run's components plus ``overrides``."""
+    return StepSettings.for_run(run, **overrides)
+
+
+def train(run, bandit, steps: int, prompts_per_step: int = 8, seed: int = 0, settings=None,
+          on_step: Callable[[int, dict], None] | None = None, threads: int | None = 1) -> list[dict]:
+    """Run ``steps`` calls of :func:`policyzoo.step.train_step` on ``bandit`` (a
+    :class:`~policyzoo.testing.bandit.Bandit`; step i uses seed ``seed * 1_000_000 + i``); returns each
+    step's metrics plus ``accuracy`` and ``expected_reward`` after the step. ``threads``: torch intra-op
+    threads for the run, restored after (default 1: the tensors are tiny and extra threads only add
+    overhead, ~8x slower on 2 busy cores); None leaves the setting alone."""
+    settings = settings or step_settings(run)
+    saved = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    history = []
+    try:
+        for i in range(steps):
+            m = train_step(run, bandit, lambda: bandit.prompts(prompts_per_step), seed=seed * 1_000_000 + i,
+                           settings=settings)
+            m.update(accuracy=bandit.accuracy(), expected_reward=bandit.expected_reward())
+            history.append(m)
+            if on_step is not None:
+                on_step(i, m)
+    finally:
+        torch.set_num_threads(saved)
+    return history

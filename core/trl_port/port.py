@@ -23,7 +23,7 @@ import yaml
 from ..errors import ConfigError, did_you_mean
 from .algorithm import algorithm
 from .keys import DEFAULTS, IGNORED, LEGACY, LEGACY_REFUSED, REFUSED, TRL_VERSION
-from .train_keys import NO_EVAL, batch_keys, bookkeeping_keys, schedule_keys  # noqa: F401  (NO_EVAL: its old path)
+from .train_keys import batch_keys, bookkeeping_keys, schedule_keys
 
 
 @dataclass

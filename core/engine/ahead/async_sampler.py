@@ -26,6 +26,10 @@ the thread's sampling, the trainer's own sampling, the push (which therefore wai
 sampling in flight, as vLLM's weights must not change under a running generation) and, through
 :meth:`AsyncSampler.exclusive`, the held-out evaluation.
 
+The step's side. :class:`AsyncAhead` is ``engine.max_staleness`` as the step's ``Ahead``; what a
+checkpoint records of the batches sampled ahead of it is :func:`merge_in_flight` (over the ranks) and
+what a resumed run discards of them :func:`discarded_at_resume`.
+
 Any rollout backend plugs in: the inner policy needs ``generate(prompts, n, max_tokens,
 temperature, seed, **options) -> Rollout`` (whole groups, ``rollout_logprobs`` of the sampling
 policy), ``sync()`` (push the trained weights; returns metrics) and an optional ``stats`` dict of
@@ -46,7 +50,7 @@ import torch
 from policyzoo.contract import Rollout
 from policyzoo.engine.device import on_device
 
-from .async_ahead import AsyncAhead, discarded_at_resume, merge_in_flight
+from .passthrough import PassThrough
 
 __all__ = ["AsyncAhead", "AsyncSampler", "Batch", "discarded_at_resume", "merge_in_flight"]
 
@@ -70,9 +74,10 @@ class Batch:
         return sum(len(r) for _, r, _ in self.calls)
 
 
-class AsyncSampler:
-    """A Policy that delegates to ``inner`` and serves each step's first round from a queue
-    sampled ahead, at most ``max_staleness`` versions stale (see the module docstring).
+class AsyncSampler(PassThrough):
+    """A Policy over ``inner`` that serves each step's first round from a queue sampled ahead, at most
+    ``max_staleness`` versions stale (see the module docstring): ``generate`` and ``sync`` are its own,
+    every other method of the protocol passes to ``inner`` (:class:`PassThrough`).
 
     ``sample(policy, prompts, seed)`` runs the ``sample`` component with ``policy``;
     ``plan(step, cursor)`` returns that step's ``(prompts, seed)`` when the prompt stream stands at
@@ -84,7 +89,8 @@ class AsyncSampler:
                  version: int = 0, background: bool = True):
         if max_staleness < 1:
             raise ValueError("AsyncSampler needs max_staleness >= 1 (0 is the synchronous step)")
-        self.inner, self.s, self._sample, self._plan = inner, max_staleness, sample, plan
+        super().__init__(inner)
+        self.s, self._sample, self._plan = max_staleness, sample, plan
         self.stride, self.last_step, self.version = stride, last_step, version
         self.queue: dict[int, Batch] = {}
         self.step, self.cursor = None, 0  # the trainer's step (the thread never starts it) and its stream position
@@ -99,13 +105,6 @@ class AsyncSampler:
         if background:
             self._thread = threading.Thread(target=on_device(self._run), name="policyzoo-async-sampler", daemon=True)
             self._thread.start()
-
-    @property
-    def sampling_options(self) -> frozenset:
-        return getattr(self.inner, "sampling_options", frozenset())
-
-    def __getattr__(self, name):  # the rest of the Policy protocol: the inner policy's
-        return getattr(self.inner, name)
 
     # ------------------------------------------------------------------ the trainer's side
     def begin(self, step: int, cursor: int) -> None:
@@ -243,16 +242,13 @@ class AsyncSampler:
             self.stats[k] += v
 
 
-class _Recorder:
-    """The policy the ``sample`` component sees in the thread: records each ``generate`` call with
-    its rollout (sampled by the engine's current weights) into ``batch``."""
+class _Recorder(PassThrough):
+    """The policy the ``sample`` component sees in the thread: the sampler's inner policy, with each
+    ``generate`` call recorded with its rollout (sampled by the engine's current weights) into ``batch``."""
 
     def __init__(self, sampler: AsyncSampler, batch: Batch):
+        super().__init__(sampler.inner)
         self._sampler, self._batch = sampler, batch
-        self.sampling_options = sampler.sampling_options
-
-    def __getattr__(self, name):
-        return getattr(self._sampler.inner, name)
 
     def generate(self, prompts, n, max_tokens, temperature, seed, **options):
         s = self._sampler
@@ -265,3 +261,49 @@ def _stamp(out: Rollout, version: int, lag: int) -> Rollout:
     out.policy_version = torch.full((len(out),), version, dtype=torch.long)
     out.policy_lag = torch.full((len(out),), lag, dtype=torch.long)
     return out
+
+
+# ---------------------------------------------------------------------- the step's side, and checkpoints
+def merge_in_flight(ranks: list[dict]) -> dict:
+    """What every rank had sampled ahead (``AsyncSampler.in_flight()`` per rank): the batches (each rank
+    holds its share of the same steps: the max) and their rows (summed)."""
+    return {"batches": max(a["batches"] for a in ranks), "rows": sum(a["rows"] for a in ranks)}
+
+
+def discarded_at_resume(state: dict) -> tuple[dict, str | None]:
+    """For a run resumed from a checkpoint with ``state`` (its ``state.json``): the metrics of what
+    was sampled ahead of it and is discarded (``async_discarded_batches`` / ``_rows``) and the line
+    saying so; ``({}, None)`` for a new run or when nothing was ahead. Removes the record from ``state``."""
+    lost = state.pop("async_in_flight", None) if state.get("step") else None
+    if not lost or not lost.get("batches"):
+        return {}, None
+    return ({"async_discarded_batches": lost["batches"], "async_discarded_rows": lost["rows"]},
+            f"engine.max_staleness: {lost['batches']} batch(es) ({lost['rows']} rows sampled) were ahead of the "
+            "checkpoint and are discarded; those steps are sampled again")
+
+
+class AsyncAhead:
+    """``engine.max_staleness`` as the step's :class:`~policyzoo.step.learn.Ahead`: before step
+    ``step`` collects, the sampler is told which step it is and where the prompt stream stands
+    (``cursor``), so the step's first round comes from the queue when it was sampled ahead; the
+    thread samples on while the step trains. Adds ``stale_dropped`` / ``stale_dropped_rows`` (this
+    step's). ``policy`` is the
+    :class:`~policyzoo.engine.ahead.async_sampler.AsyncSampler` the step samples from."""
+
+    def __init__(self, policy):
+        self.policy, self.step, self.cursor, self._dropped = policy, 0, 0, (0, 0)
+
+    def begin(self, step: int, cursor: int) -> "AsyncAhead":
+        self.step, self.cursor = step, cursor
+        return self
+
+    def before(self) -> None:
+        self._dropped = (self.policy.stale_dropped, self.policy.stale_dropped_rows)
+        self.policy.begin(self.step, self.cursor)
+
+    def collected(self) -> None:
+        pass
+
+    def learned(self) -> dict:
+        return {"stale_dropped": self.policy.stale_dropped - self._dropped[0],
+                "stale_dropped_rows": self.policy.stale_dropped_rows - self._dropped[1]}

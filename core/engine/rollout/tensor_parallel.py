@@ -47,7 +47,7 @@ from policyzoo import rules
 from policyzoo.engine import dist
 from policyzoo.errors import ConfigError
 
-from .engines import VLLMRollout
+from .engines import NEXT_TOP_K, VLLMRollout
 
 
 def tp_groups(world: int, k: int) -> list[list[int]]:
@@ -169,9 +169,11 @@ class RankGroup:
 
 
 class GroupRollout:
-    """One rank's view of a vLLM engine its group shares (the module docstring): ``generate`` and
-    ``greedy`` gather the group's requests and sample them together; the rest passes through to
-    ``engine`` (a :class:`VLLMRollout` started with ``tensor_parallel_size=k``)."""
+    """One rank's view of a vLLM engine its group shares (the module docstring), a
+    :class:`~policyzoo.engine.rollout.engines.RolloutEngine`: ``generate`` and ``greedy`` gather the group's
+    requests and sample them together; ``load_weights``, ``score``, ``score_next`` (same arguments on every
+    rank already) and ``info``, ``tokenizer``, ``sleeper``, ``kv_cache_gib`` pass to ``engine`` (a
+    :class:`VLLMRollout` started with ``tensor_parallel_size=k``)."""
 
     def __init__(self, engine, group):
         self.engine, self.group = engine, group
@@ -183,10 +185,36 @@ class GroupRollout:
         return [f"vLLM tensor parallel: groups of {self.group.k} ranks share one engine; this rank's shard holds "
                 f"{self.shard_params:,} parameters"]
 
-    def __getattr__(self, name):  # info, tokenizer, sleeper, kv_cache_gib, score, score_next, load_weights
-        if name == "engine":  # not set yet (e.g. while unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.engine, name)
+    @property
+    def info(self):
+        return self.engine.info
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def sleeper(self):
+        """vLLM's sleep mode around training (:class:`~policyzoo.engine.rollout.vllm_options.Sleeper`)."""
+        return self.engine.sleeper
+
+    @property
+    def kv_cache_gib(self) -> float | None:
+        """GiB vLLM gave its KV cache on this GPU (None on CPU)."""
+        return self.engine.kv_cache_gib
+
+    def load_weights(self, named_tensors) -> None:
+        """As :meth:`VLLMRollout.load_weights`: every rank feeds the full weights to its own worker, whose
+        layers keep this shard's slice (the module docstring)."""
+        self.engine.load_weights(named_tensors)
+
+    def score(self, ids: list[int]):
+        """As :meth:`VLLMRollout.score` (every rank of the group calls it with the same ``ids``)."""
+        return self.engine.score(ids)
+
+    def score_next(self, ids: list[int], k: int = NEXT_TOP_K) -> dict[int, float]:
+        """As :meth:`VLLMRollout.score_next` (every rank of the group calls it with the same ``ids``)."""
+        return self.engine.score_next(ids, k)
 
     def _together(self, request: dict):
         mine = run_requests(self.engine, self.group.gather(request))[self.group.position]

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from policyzoo import rules
-from policyzoo.assembly import Run
+from policyzoo.assembly import Run, reward_uses, step_settings
 from policyzoo.catalog import get_catalog
 from policyzoo.contract.untrusted import encode_text
 from policyzoo.data import load_task
@@ -32,7 +32,6 @@ from policyzoo.engine.trainer.dsconfig import check_engine
 from policyzoo.equivalence import notes_and_warnings, run_warnings
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm, resolved_view
-from policyzoo.run_config import reward_uses, step_settings
 from policyzoo.step.episodes import encode_prompt
 
 from . import gpu_fit, gpu_profile

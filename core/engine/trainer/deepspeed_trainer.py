@@ -37,12 +37,10 @@ from .checkpoint_io import TrainerIO
 from .compute import enable_gradient_checkpointing
 from .dsconfig import BETAS, check_stage, ds_config, initialize, merge, read_user_config
 from .dsconfig import zero_stage as stage_of
-from .modeling import ValueModel, lr_schedule, pack
-from .prefix import token_logprobs
-from .scoring import SHARE_PROMPT_TOLERANCE, Scoring
+from .modeling import ValueModel, lr_schedule
+from .scoring import Scoring
 
-__all__ = ["BETAS", "SHARE_PROMPT_TOLERANCE", "Trainer", "ValueModel", "ds_config", "lr_schedule", "pack",
-           "token_logprobs"]
+__all__ = ["Trainer"]
 
 
 class Trainer(TrainerIO, Scoring):
