@@ -29,7 +29,7 @@ BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyz
          "policyzoo.host", "policyzoo.conformance", "policyzoo.equivalence")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
                   "loss_slots": 1.5, "slots": 2, "baselines": 2, "hookspecs": 3, "": 4}
-ROOMS = ("rollout", "ahead", "trainer", "run", "report")
+ROOMS = ("rollout", "ahead", "trainer", "sync", "run", "report")
 
 
 @dataclass(frozen=True)

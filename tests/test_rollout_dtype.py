@@ -9,7 +9,7 @@ import pytest
 from policyzoo import host
 from policyzoo.assembly import Run, resolve_algorithm
 from policyzoo.config import load_config
-from policyzoo.engine.policy import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
+from policyzoo.engine.sync.check import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
 from policyzoo.errors import ConfigError
 
 BF16 = "engine.rollout_dtype=bfloat16"

@@ -90,6 +90,7 @@ class RunLoop:
         mean@k) at the current step (rank 0; ``{}`` without held-out rows), logged to
         ``metrics.jsonl`` and the trackers."""
         s, step, ev = self.session, self.state["step"], self.config.eval
+        s.policy.weight_sync.before_sampling()  # every rank: a level-2 vLLM without its weights gets them first
         if dist.rank() != 0:  # held-out accuracy is measured once, by rank 0's rollout engine
             follow_evaluation(s.rollout, bool(s.task.eval_rows), ev.n, s.turn_tokens, ev.temperature,
                               self.config.train.seed)  # rank 0's engine is shared with its TP group

@@ -9,13 +9,15 @@ from rich.console import Console
 
 from policyzoo.catalog import get_catalog
 from policyzoo.engine import dist
-from policyzoo.engine.policy import LMPolicy, sync_mean_tolerance, sync_tolerance
+from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import captured_output
 from policyzoo.engine.report.tracking import Tracker
 from policyzoo.engine.rollout.engines import VLLMRollout
 from policyzoo.engine.rollout.hf import HFRollout
 from policyzoo.engine.rollout.server import ServerRollout
 from policyzoo.engine.rollout.tensor_parallel import start_rollout
+from policyzoo.engine.sync.check import sync_mean_tolerance, sync_tolerance
+from policyzoo.engine.sync.push import WeightSync, cached_prefix
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 from policyzoo.step import needs_reference
 
@@ -157,11 +159,12 @@ class Session:
         rollout = self.rollout
         for line in getattr(rollout, "notes", list)():  # vLLM sharded over ranks: its layout
             self.console.print(line, markup=False, highlight=False)
-        cached = (self.check_ids * (self.max_model_len // len(self.check_ids) + 1))[:self.max_model_len - 1]
-        self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check,
-                               tolerance=sync_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
-                               mean_tolerance=sync_mean_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
-                               timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids, cached_ids=cached)
+        weight_sync = WeightSync(self.rollout, self.trainer, check=c.engine.sync_check,
+                                 tolerance=sync_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
+                                 mean_tolerance=sync_mean_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
+                                 timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids,
+                                 cached_ids=cached_prefix(self.check_ids, self.max_model_len))
+        self.policy = LMPolicy(self.rollout, self.trainer, weight_sync)
         self.policy.first_index = dist.rank() * self.share
 
     def _restore(self) -> None:
