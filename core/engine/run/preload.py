@@ -1,7 +1,7 @@
 """The pre-load phase: every check a run makes before any weights load (config against the ranks,
 plugin catalog, data, rewards, sampling options, trackers, DeepSpeed and device settings, model folder
 and tokenizer, prompt lengths, run directory, checkpoint to resume and the components' saved state).
-``Session.prepare`` and ``policyzoo train --dry-run`` both call :func:`preload`, so a dry run refuses
+``session.prepare`` and ``policyzoo train --dry-run`` both call :func:`preload`, so a dry run refuses
 exactly what the run refuses before its models load (``tests/test_preflight.py`` enumerates them)."""
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def _fit_model(config, task, run, model) -> ModelFit:
 def _device_profile(config) -> list:
     """GPUs torch cannot see refused (device.py); on a GPU (or one ``engine.plan_gpu`` plans) the profile's
     device choices (:func:`gpu_profile.apply_device`), returned. A real run of ``engine.plan_gpu`` on a CPU
-    is refused before this, where it starts (``train.open_session``): a dry run plans it."""
+    is refused before this, where it starts (``train.open_run``): a dry run plans it."""
     check_gpu_visible()
     chosen = gpu_profile.apply_device(config)
     if chosen:
