@@ -144,7 +144,7 @@ def evict_page_cache(roots) -> int:
 
 def start_once(scratch: str, name: str) -> tuple[float, dict]:
     """Seconds from launching a policyzoo worker (bench/workers.py, step_vs_trl's settings) to
-    ready for its first step, and the worker's own account (``startup_s``: from ``Session.prepare``
+    ready for its first step, and the worker's own account (``startup_s``: from ``session.prepare``
     to ready, so the launch minus it is the interpreter, the imports and the config; ``startup_parts``);
     the worker is stopped again."""
     import step_vs_trl
@@ -213,8 +213,8 @@ def execute(a, steps: list[dict]) -> None:
         for key, values, name in (("startup_cold_s", cold, "cold"), ("startup_warm_s", warm, "warm")):
             bench_summary.record(key, round(statistics.median(values), 1), detail={
                 **pairs, "per_pair": values, "worker_parts_per_pair": start_parts[name], "parts_are": "startup_s: "
-                "Session.prepare to ready (the launch minus it: interpreter, imports, config); preload_s: "
-                "Session.prepare (the checks before weights load; prompt_counts_s of it: the prompt-length "
+                "session.prepare to ready (the launch minus it: interpreter, imports, config); preload_s: "
+                "session.prepare (the checks before weights load; prompt_counts_s of it: the prompt-length "
                 "count), then trainer_s, share_prompt_check_s, rollout_engine_s (vLLM: its imports and its "
                 "start), resume_and_run_dir_s"})
     if a.only is not None:

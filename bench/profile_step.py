@@ -124,7 +124,7 @@ def main(argv=None) -> str:
         recs = [t.step() for _ in range(a.steps)]
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             last = t.step()
-        t.session.tracker.close()
+        t.loop.part.tracker.close()
     timed = {"rollout": statistics.median(r["time_rollout"] for r in recs),
              "reward": statistics.median(r["time_reward"] for r in recs),
              "train (score + backward + optimizer)": statistics.median(r["time_train"] for r in recs),

@@ -77,12 +77,11 @@ def run_points(a) -> dict:
                       + list(a.override or []))
     setup_process(cfg.engine.threads, cfg.engine.kv_cache_gb)
     from policyzoo.data import batch_at
-    from policyzoo.engine.run.session import Session
+    from policyzoo.engine.run.session import prepare, start
     from policyzoo.step import train_step
 
     t0 = time.perf_counter()
-    s = Session.prepare(cfg, None)
-    s.start()
+    s = start(prepare(cfg, None))
     res = {"args": vars(a), "startup_s": time.perf_counter() - t0, "points": []}
     batches, step = 0, 0
     for varied, P, G, L in points(a):

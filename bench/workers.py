@@ -6,7 +6,7 @@ each with one line ``@@BENCH {json}`` on stdout (anything else on stdout is libr
 ignored). The first answer, after the models are loaded, is ``{"ready": ...}``. Between commands a
 worker blocks on stdin, so it uses no CPU while the other framework steps.
 
-* ``policyzoo``: ``Session.prepare`` + ``Session.start`` (DeepSpeed trainer + vLLM rollout, as
+* ``policyzoo``: ``session.prepare`` + ``session.start`` (DeepSpeed trainer + vLLM rollout, as
   ``policyzoo train`` does), then ``policyzoo.step.train_step`` per command.
 * ``trl``: ``GRPOTrainer.train()`` with a callback that waits for the command before each step and
   reports after it; generation and reward time are measured by wrapping the trainer's own
@@ -75,13 +75,12 @@ def policyzoo_worker(a) -> None:
     cfg = build_config(a)
     setup_process(cfg.engine.threads, cfg.engine.kv_cache_gb)
     from policyzoo.data import batch_at
-    from policyzoo.engine.run.session import Session
+    from policyzoo.engine.run.session import prepare, start
     from policyzoo.step import step_seed, train_step
 
     mem = PeakRSS()
     t0 = time.perf_counter()
-    s = Session.prepare(cfg, None)
-    s.start()
+    s = start(prepare(cfg, None))
     batches = 0
 
     def next_prompts():
@@ -91,7 +90,7 @@ def policyzoo_worker(a) -> None:
         return rows
 
     emit({"ready": True, "startup_s": time.perf_counter() - t0, "rss_gib": mem.window(),
-          "startup_parts": s.startup_parts, "preload_s": s.preload_s,
+          "startup_parts": s.startup.parts, "preload_s": s.startup.preload_s,
           "prompt_counts_s": s.prompt_counts.get("seconds")})
     step = 0
     while wait_command() == "step":

@@ -161,43 +161,43 @@ class Trainer:
     checkpoint -> its folder), :meth:`train` (the remaining steps up to ``train.steps``, then
     export and summary -> the summary dict), :meth:`close` (export, ``summary.json`` and close the
     trackers, if :meth:`train` did not). ``run_dir`` is the run directory, ``global_step`` the steps
-    done, ``session`` the engine's :class:`~policyzoo.engine.run.session.Session`."""
+    done, ``loop`` the engine's :class:`~policyzoo.engine.run.loop.RunLoop` (its ``part``: the run's parts)."""
 
     def __init__(self, algo: str | dict | None = None, model: str | dict | None = None, dataset: Any = None,
                  rewards: Any = None, output_dir: str | None = None, *, eval_dataset: Any = None,
                  config: str | dict | None = None, resume: str | None = None, force_resume: bool = False,
                  verbose: bool = False, **overrides: Any):
-        from policyzoo.engine.run.train import open_session
+        from policyzoo.engine.run.train import open_run
 
         cfg = build_config(algo, model, dataset, rewards, output_dir, eval_dataset, config, resume, **overrides)
-        self.session = open_session(cfg, resume=resume, force_resume=force_resume, verbose=verbose)
+        self.loop = open_run(cfg, resume=resume, force_resume=force_resume, verbose=verbose)
         self.config = cfg
         self.summary: dict | None = None
 
     @property
     def run_dir(self) -> Path:
-        return self.session.rundir.path
+        return self.loop.part.rundir.path
 
     @property
     def global_step(self) -> int:
-        return self.session.state["step"]
+        return self.loop.state["step"]
 
     def step(self) -> dict:
-        return self.session.step()
+        return self.loop.step()
 
     def evaluate(self) -> dict:
-        return self.session.evaluate()
+        return self.loop.evaluate()
 
     def save(self) -> Path:
-        return self.session.save()
+        return self.loop.save()
 
     def train(self) -> dict:
-        self.summary = self.session.train()
+        self.summary = self.loop.train()
         return self.summary
 
     def close(self) -> dict:
         if self.summary is None:
-            self.summary = self.session.finish()
+            self.summary = self.loop.finish()
         return self.summary
 
     def __enter__(self) -> "Trainer":
@@ -207,7 +207,7 @@ class Trainer:
         if exc_type is None:
             self.close()
         else:
-            self.session.tracker.close()
+            self.loop.part.tracker.close()
 
 
 def train(algo: str | dict | None = "grpo", model: str | dict | None = None, dataset: Any = None,

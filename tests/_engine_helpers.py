@@ -120,3 +120,19 @@ def parser_with(fn):
         p.add_subparsers(dest="command").add_parser("zoo").set_defaults(fn=fn)
         return p
     return build
+
+
+def stand_in_part(config, console, pre, **parts):
+    """A :class:`~policyzoo.engine.run.session.RunPart` without a model: ``pre`` stands in for what the checks
+    made (its ``task``, ``run``, ``model``, ``rundir``, ``state``, ``task_rewards_n``, ``prompt_counts``), ``parts``
+    for the started parts (``trainer``, ``tracker``, ``policy``, ``rollout``); the start took 0 s."""
+    from types import SimpleNamespace
+
+    from policyzoo.engine.run.session import RunPart, Startup, Warnings
+
+    return RunPart(config=config, console=console, task=getattr(pre, "task", None), run=pre.run, settings=None,
+                   model=pre.model, rundir=pre.rundir, state=pre.state, trainer=parts.get("trainer"),
+                   rollout=parts.get("rollout"), policy=parts.get("policy", SimpleNamespace()),
+                   tracker=parts.get("tracker"), share=config.train.prompts_per_step, fingerprint={},
+                   task_rewards_n=pre.task_rewards_n, turn_tokens=0, prompt_counts=pre.prompt_counts,
+                   warnings=Warnings(console, pre.rundir), startup=Startup(None, 0.0, {}, 0.0))

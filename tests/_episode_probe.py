@@ -20,6 +20,7 @@ from policyzoo.engine.models import resolve_model  # noqa: E402
 from policyzoo.engine.policy import LMPolicy  # noqa: E402
 from policyzoo.engine.rollout.engines import VLLMRollout  # noqa: E402
 from policyzoo.engine.rollout.hf import HFRollout  # noqa: E402
+from policyzoo.engine.sync.push import WeightSync  # noqa: E402
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
 from policyzoo.engine.trainer.modeling import pack  # noqa: E402
 from policyzoo.engine.trainer.prefix import token_logprobs  # noqa: E402
@@ -82,7 +83,7 @@ def trainer_logprobs(rollout, grad=False):
 def episodes(engine):
     EPISODES.clear()
     CALLS.clear()
-    policy = Recording(engine, None, check=False, tolerance=1.0, timeout_s=60.0, check_ids=[])
+    policy = Recording(engine, None, WeightSync(engine, None, check=False, tolerance=1.0, timeout_s=60.0, check_ids=[]))
     env = Scripted(max_turns=3, max_total_tokens=200)
     r = run_episodes(policy, env, rows, n=2, max_tokens=6, temperature=T, seed=3)
     seen = [e.seen for e in EPISODES]
@@ -121,7 +122,8 @@ out["grad_env_max"] = float(grad[~m].abs().max())
 out["grad_model_nonzero"] = int((grad[m] != 0).sum())
 out["model_tokens"] = int(m.sum())
 # One training step on the episodes through the real path: DeepSpeed update, weight sync, sync check.
-policy = LMPolicy(vllm_engine, trainer, check=True, tolerance=1e-4, timeout_s=300.0, check_ids=r.prompt_ids[0])
+policy = LMPolicy(vllm_engine, trainer, WeightSync(vllm_engine, trainer, check=True, tolerance=1e-4, timeout_s=300.0,
+                                                   check_ids=r.prompt_ids[0]))
 step = train_step(run, policy, lambda: rows, seed=1, settings=StepSettings())
 out["step"] = {k: v for k, v in step.items() if isinstance(v, (int, float))}
 _, out["hf"] = episodes(HFRollout(info, "float32"))

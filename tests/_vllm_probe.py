@@ -85,7 +85,8 @@ print("RESULT " + json.dumps({
 # the cached block holds keys/values of the old weights and the check must fail.
 import contextlib  # noqa: E402
 
-from policyzoo.engine.policy import LMPolicy, SyncError  # noqa: E402
+from policyzoo.engine.sync.check import SyncError  # noqa: E402
+from policyzoo.engine.sync.push import WeightSync  # noqa: E402
 
 
 class HFTrainer:
@@ -98,7 +99,7 @@ class HFTrainer:
 
 
 long_ids = (seq * (250 // len(seq) + 1))[:250]
-policy = LMPolicy(engine, HFTrainer(), check=True, tolerance=1e-4, timeout_s=120, check_ids=seq, cached_ids=long_ids)
+policy = WeightSync(engine, HFTrainer(), check=True, tolerance=1e-4, timeout_s=120, check_ids=seq, cached_ids=long_ids)
 first_check = policy.check_now()  # in sync; leaves the prefix's first block in the cache
 with torch.no_grad():
     for p in hf.parameters():

@@ -162,11 +162,11 @@ def _finished_session(tmp_path, overrides: list[str]):
     trainer records the exports and checkpoints asked of it: the end of a run without a model."""
     from types import SimpleNamespace
 
+    from _engine_helpers import stand_in_part
     from rich.console import Console
 
     from policyzoo.config import load_config
     from policyzoo.engine.run.loop import RunLoop
-    from policyzoo.engine.run.session import Session
     from policyzoo.engine.rundir import RunDir
 
     asked = []
@@ -174,30 +174,29 @@ def _finished_session(tmp_path, overrides: list[str]):
     pre = SimpleNamespace(rundir=RunDir(tmp_path / "run"), state={"step": 2, "tokens_seen": 0, "batches": 2},
                           rows_drawn=0, run=SimpleNamespace(bundle=SimpleNamespace(name="grpo"), reward=()),
                           model=SimpleNamespace(path=tmp_path), task_rewards_n=0, prompt_counts={})
-    s = Session(load_config(None, "grpo", overrides), Console(file=open(tmp_path / "console.txt", "w"), width=300),
-                pre)
+    trainer = SimpleNamespace(export=asked.append, models_loaded=lambda: 1, trainable_params=1, stage=0,
+                              share_prompt=False, share_prompt_check=None)
+    console = Console(file=open(tmp_path / "console.txt", "w"), width=300)
+    s = stand_in_part(load_config(None, "grpo", overrides), console, pre, trainer=trainer,
+                      tracker=SimpleNamespace(close=lambda: None))
     (s.rundir.ckpt / "step-000001").mkdir(parents=True)
     (s.rundir.ckpt / "latest.json").write_text('{"step": 1, "path": "step-000001"}')
-    s.trainer = SimpleNamespace(export=asked.append, models_loaded=lambda: 1, trainable_params=1, stage=0,
-                                share_prompt=False, share_prompt_check=None)
-    s.tracker = SimpleNamespace(close=lambda: None)
-    s.startup_s, s.startup_parts, s.process_to_ready_s = 0.0, {}, 0.0
-    s.loop = RunLoop(s)
-    s.loop.last_saved, s.loop.last_eval = 1, {"step": 2, "eval_accuracy": 0.5}
-    s.loop.first_eval = lambda: None
-    s.loop.save = lambda export=False: asked.append("checkpoint of step 2")
-    return s, asked
+    loop = RunLoop(s)
+    loop.last_saved, loop.last_eval = 1, {"step": 2, "eval_accuracy": 0.5}
+    loop.first_eval = lambda: None
+    loop.save = lambda export=False: asked.append("checkpoint of step 2")
+    return s, loop, asked
 
 
 def test_a_lean_run_ends_with_its_summary_and_no_checkpoint_or_export(tmp_path):
-    s, asked = _finished_session(tmp_path, ["engine.delete_checkpoints_at_end=true", "train.export_final=false"])
-    s.finish()
+    s, loop, asked = _finished_session(tmp_path, ["engine.delete_checkpoints_at_end=true", "train.export_final=false"])
+    loop.finish()
     s.console.file.flush()
     assert asked == []  # no checkpoint of the last step (deleted at once anyway), no final/ export
     assert json.loads((s.rundir.path / "summary.json").read_text())["eval_accuracy_after"] == 0.5
     assert not s.rundir.ckpt.exists()
     assert "no export (train.export_final: false)" in (tmp_path / "console.txt").read_text()
-    s, asked = _finished_session(tmp_path / "default", [])  # the defaults: both kept
-    s.finish()
+    s, loop, asked = _finished_session(tmp_path / "default", [])  # the defaults: both kept
+    loop.finish()
     assert asked == ["checkpoint of step 2", str(s.rundir.path / "final")]
     assert (s.rundir.ckpt / "step-000001").is_dir()

@@ -32,7 +32,7 @@ def test_a_run_leaves_the_group_when_it_ends_or_fails(monkeypatch, fails):
                 raise UserError("here", "why", "fix")
             return {"steps": 2}
 
-    monkeypatch.setattr(train, "open_session", lambda *a, **k: Done())
+    monkeypatch.setattr(train, "open_run", lambda *a, **k: Done())
     monkeypatch.setattr(dist, "close", lambda: closed.append(True))
     if fails:
         with pytest.raises(UserError):

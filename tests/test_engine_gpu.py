@@ -13,9 +13,12 @@ import torch
 
 from policyzoo.engine import device
 from policyzoo.engine.dist import merge_metrics
-from policyzoo.engine.policy import LMPolicy, run_with_timeout, sync_tolerance
-from policyzoo.engine.rollout.vllm_options import Sleeper, llm_kwargs
+from policyzoo.engine.policy import LMPolicy
+from policyzoo.engine.rollout.vllm_options import llm_kwargs
 from policyzoo.engine.run.startup import Background
+from policyzoo.engine.sync.check import run_with_timeout, sync_tolerance
+from policyzoo.engine.sync.push import WeightSync
+from policyzoo.engine.sync.sleep import Sleeper
 from policyzoo.errors import ConfigError
 
 
@@ -145,7 +148,8 @@ class Trainer:
 
 def _policy(level):
     r = Rollout(level)
-    return LMPolicy(r, Trainer(), check=False, tolerance=1e-3, timeout_s=5, check_ids=[1, 2]), r.llm.calls
+    t = Trainer()
+    return LMPolicy(r, t, WeightSync(r, t, check=False, tolerance=1e-3, timeout_s=5, check_ids=[1, 2])), r.llm.calls
 
 
 @pytest.mark.parametrize("level", [1, 2])
@@ -215,7 +219,7 @@ def test_tolerances_follow_the_dtype_and_the_check_logs_max_and_mean():
 
         def next_logprobs(self, ids):
             return torch.full((9,), -0.5)
-    p = LMPolicy(Engine(), Scorer(), check=True, tolerance=sync_tolerance("bfloat16"), timeout_s=5, check_ids=[1, 2])
+    p = WeightSync(Engine(), Scorer(), check=True, tolerance=sync_tolerance("bfloat16"), timeout_s=5, check_ids=[1, 2])
     # differences 0.5, 0.5 (prompt path) and 0 (cached path): max 0.5 > 0.25 fails, mean 1/3
     with pytest.raises(Exception, match=r"up to 0.5 nats \(mean 0.333\)"):
         p.check_now()

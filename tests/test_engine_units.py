@@ -12,9 +12,10 @@ import torch
 from _engine_helpers import make_rollout, tiny_model
 
 from policyzoo.engine.models import ModelError, resolve_model
-from policyzoo.engine.policy import LMPolicy, SyncError, run_with_timeout
 from policyzoo.engine.rollout.engines import build_rollout, request_seed
 from policyzoo.engine.rundir import RunDir
+from policyzoo.engine.sync.check import SyncError, run_with_timeout
+from policyzoo.engine.sync.push import WeightSync
 from policyzoo.engine.trainer.modeling import pack
 from policyzoo.engine.trainer.prefix import token_logprobs
 
@@ -188,30 +189,30 @@ def test_sync_guard_times_out_and_checks():
         def next_logprobs(self, ids):
             return torch.full((9,), -3.0).index_fill(0, torch.tensor([7]), -0.5)
 
-    ok = LMPolicy(Engine(5e-5), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
+    ok = WeightSync(Engine(5e-5), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
     assert ok.check_now() == pytest.approx(5e-5, abs=1e-7)  # float32 rounding of -2 + 5e-5
-    bad = LMPolicy(Engine(0.3), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
+    bad = WeightSync(Engine(0.3), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
     with pytest.raises(SyncError, match="differ from the trainer's by up to 0.3"):
         bad.check_now()
-    nan = LMPolicy(Engine(float("nan")), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
+    nan = WeightSync(Engine(float("nan")), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
     with pytest.raises(SyncError):
         nan.check_now()
     # the prompt path agrees, the cached path is off by 0.2 nats (a stale prefix cache): it fails
-    stale = LMPolicy(Engine(0.0, 0.2), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
+    stale = WeightSync(Engine(0.0, 0.2), Trainer(), check=True, tolerance=1e-4, timeout_s=5, check_ids=[1, 2, 3])
     with pytest.raises(SyncError, match="differ from the trainer's by up to 0.2"):
         stale.check_now()
-    stale_nan = LMPolicy(Engine(0.0, float("nan")), Trainer(), check=True, tolerance=1e-4, timeout_s=5,
-                         check_ids=[1, 2, 3])
+    stale_nan = WeightSync(Engine(0.0, float("nan")), Trainer(), check=True, tolerance=1e-4, timeout_s=5,
+                           check_ids=[1, 2, 3])
     with pytest.raises(SyncError):
         stale_nan.check_now()
     # bf16-sized rounding: the prompt tokens off by 0.2 and 0.2, the cached token by 0 -> max 0.2, mean
     # (0.2 + 0.2 + 0) / 3 = 0.1333: within max 1.5 / mean 0.15; a push that left every token 0.2 off fails the mean
-    rounding = LMPolicy(Engine(0.2), Trainer(), check=True, tolerance=1.5, mean_tolerance=0.15, timeout_s=5,
-                        check_ids=[1, 2, 3])
+    rounding = WeightSync(Engine(0.2), Trainer(), check=True, tolerance=1.5, mean_tolerance=0.15, timeout_s=5,
+                          check_ids=[1, 2, 3])
     assert rounding.check_now() == pytest.approx(0.2, abs=1e-6)
     assert rounding.last_mean_diff == pytest.approx(0.4 / 3, abs=1e-6)
-    everywhere = LMPolicy(Engine(0.2, 0.2), Trainer(), check=True, tolerance=1.5, mean_tolerance=0.15, timeout_s=5,
-                          check_ids=[1, 2, 3])
+    everywhere = WeightSync(Engine(0.2, 0.2), Trainer(), check=True, tolerance=1.5, mean_tolerance=0.15,
+                            timeout_s=5, check_ids=[1, 2, 3])
     with pytest.raises(SyncError, match="mean 0.2.*of the mean 0.15"):
         everywhere.check_now()
 

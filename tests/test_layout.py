@@ -37,7 +37,7 @@ BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyz
          "policyzoo.equivalence")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
                   "slots": 2, "baselines": 2.5, "hookspecs": 3, "": 4}
-ROOMS = ("rollout", "ahead", "trainer", "run", "report")
+ROOMS = ("rollout", "ahead", "trainer", "sync", "run", "report")
 
 
 @dataclass(frozen=True)

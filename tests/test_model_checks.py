@@ -42,10 +42,10 @@ def _copy(tmp_path, template: str | None = "keep", eos=None):
 
 
 def _prepare(tmp_path, model, *extra):
-    from policyzoo.engine.run.session import Session
+    from policyzoo.engine.run.session import prepare
 
     cfg = load_config(None, "grpo", [*TINY_OVERRIDES, f"model.path={model}", f"output_dir={tmp_path / 'run'}", *extra])
-    return Session.prepare(cfg, None)
+    return prepare(cfg, None).checked
 
 
 def test_a_tokenizer_without_chat_template_is_refused_before_loading(tmp_path):

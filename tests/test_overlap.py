@@ -137,12 +137,12 @@ def test_overlap_with_an_env_is_refused_before_any_model_loads(tmp_path):
     from _engine_helpers import TINY_OVERRIDES, tiny_model
 
     from policyzoo.config import load_config
-    from policyzoo.engine.run.session import Session
+    from policyzoo.engine.run.session import prepare
     from policyzoo.errors import ConfigError
 
     config = load_config(None, "grpo", [f"model.path={tiny_model()}", *TINY_OVERRIDES, f"output_dir={tmp_path / 'r'}",
                                         "algorithm.env.use=calculator", "engine.overlap=one_step"])
     with pytest.raises(ConfigError) as e:
-        Session.prepare(config, None)
+        prepare(config, None)
     assert e.value.where == "engine.overlap" and "engine.overlap=none" in e.value.fix
     assert not (tmp_path / "r").exists()  # nothing written

@@ -1,6 +1,6 @@
 """``policyzoo train --dry-run`` refuses everything the real run refuses before its weights load.
 
-The real run's pre-load phase is ``Session.prepare``; it raises nothing itself and calls
+The real run's pre-load phase is ``session.prepare``; it raises nothing itself and calls
 ``checks.preload``, which the dry run calls too. The refusal sites of ``preload`` (its ``raise``
 statements and the checks it calls) are enumerated from its source: each must have a case below
 (or be listed as unable to refuse), and each case must be refused by both, with the same ``where``."""
@@ -21,20 +21,21 @@ from policyzoo.cli import main
 from policyzoo.config import load_config
 from policyzoo.engine import device, dist
 from policyzoo.engine.run import preload as checks  # the pre-load phase
-from policyzoo.engine.run.session import Session
+from policyzoo.engine.run import session
 from policyzoo.errors import UserError
 
 PARTS = (checks.preload, checks._preload, checks._fit_model, checks._check_run_dir)
 #: calls in PARTS that cannot refuse a run (they build values or warnings from checked input)
 CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", "encode_prompt", "tok", "list",
                  "len", "min", "max", "getattr", "resolved_view", "system_turn_warning", "sampling_warning",
-                 "old_train_settings", "rows_drawn", "optimizer_notes", "PreLoad", "env.env", "count",
-                 "pre.rundir.latest", "row.get", "_fit_model", "_check_run_dir", "str", "ConfigError", "ResumeError",
+                 "old_train_settings", "rows_drawn", "optimizer_notes", "PreLoad", "ModelFit", "RunPlace", "_warnings",
+                 "env.env", "count",
+                 "rundir.latest", "row.get", "_fit_model", "_check_run_dir", "str", "ConfigError", "ResumeError",
                  "get_catalog", "warnings.catch_warnings", "warnings.simplefilter", "Path", "w.message",
                  "Path(w.filename).resolve", "str(Path(w.filename).resolve()).startswith", "issubclass",
                  "pre.warnings.append", "warnings.warn_explicit", "_preload", "Path(__file__).resolve",
-                 "lr_plan", "resume_schedule", "pre.rundir.claim", "encode_text",
-                 "check_sampling_options", "dict", "filter_bias_warning", "pre.state.get", "local_world_size", "any",
+                 "lr_plan", "resume_schedule", "rundir.claim", "encode_text",
+                 "check_sampling_options", "dict", "filter_bias_warning", "state.get", "local_world_size", "any",
                  "LengthCache", "cache_dir", "cache.wrap", "cache.save", "time.perf_counter", "run.components",
                  "comp.notes", "run_warnings", "notes_and_warnings", "gpu_profile.on_gpu"}
 # LengthCache and its wrap/save: an unreadable or unwritable cache is skipped, never refused;
@@ -92,9 +93,11 @@ CASES = {
                                                                 m.delenv("CUDA_VISIBLE_DEVICES", raising=False),
                                                                 [])[2], "torch")],
     # a step too large for the GPU: tests/test_gpu_profile.py (a 7B shape; the tiny model fits any GPU)
-    "_plan_profile": [("a GPU the planner does not know", lambda t, m: ["engine.plan_gpu=tpu-v5"], "engine.plan_gpu"),
-                      ("vLLM's batched tokens below the context on CPU",
-                       lambda t, m: ["engine.vllm_max_num_batched_tokens=8"], "engine.vllm_max_num_batched_tokens")],
+    "gpu_fit.plan_profile": [("a GPU the planner does not know", lambda t, m: ["engine.plan_gpu=tpu-v5"],
+                              "engine.plan_gpu"),
+                             ("vLLM's batched tokens below the context on CPU",
+                              lambda t, m: ["engine.vllm_max_num_batched_tokens=8"],
+                              "engine.vllm_max_num_batched_tokens")],
     "check_vllm_threads": [("threads against OMP", lambda t, m: (m.setenv("OMP_NUM_THREADS", "1"),
                                                                    ["engine.rollout=vllm", "engine.threads=3"])[1],
                             "engine.threads")],
@@ -145,14 +148,14 @@ CASES = {
     "raise:str(resume)": [("resume without checkpoint", lambda t, m: ([], str((t / "empty-run").mkdir() or
                                                                             t / "empty-run"))[0:2], "empty-run")],
     "check_resume": [("resume past train.steps", lambda t, m: (["train.steps=2"], str(_checkpoint(t))), "step-2")],
-    "pre.run.load_state_dict": [("adaptive KL resumed from a checkpoint without its state",
+    "run.load_state_dict": [("adaptive KL resumed from a checkpoint without its state",
                                  lambda t, m: (m.setattr(checks, "check_resume", lambda *a: []),
                                                ["algorithm.kl.use=adaptive"], str(_checkpoint(t)))[1:],
                                  "step-2.components")],
     "raise:out": [("output dir holds a run", lambda t, m: [f"output_dir={_checkpoint(t)}"], "old-run")],
-    "pre.rundir.check_live": [("output dir of a live run", lambda t, m: [f"output_dir={_live(t)}"], "live-run"),
+    "rundir.check_live": [("output dir of a live run", lambda t, m: [f"output_dir={_live(t)}"], "live-run"),
                                ("resume of a live run", lambda t, m: ([], str(_live(t))), "live-run")],
-    "pre.rundir.check_new": [("output dir is a file", lambda t, m: [f"output_dir={_rows(t, [], 'a-file')}"],
+    "rundir.check_new": [("output dir is a file", lambda t, m: [f"output_dir={_rows(t, [], 'a-file')}"],
                               "output_dir"),
                              ("output dir where no file can be made", lambda t, m: ["output_dir=/proc/pz_run"],
                               "output_dir /proc/pz_run")],
@@ -215,8 +218,8 @@ def _no_template(tmp_path):
 
 
 def test_every_refusal_site_of_the_pre_load_phase_has_a_case():
-    # Session.prepare refuses only through preload: it raises nothing of its own
-    prepare = ast.parse(textwrap.dedent(inspect.getsource(Session.prepare.__func__)))
+    # session.prepare refuses only through preload: it raises nothing of its own
+    prepare = ast.parse(textwrap.dedent(inspect.getsource(session.prepare)))
     assert not [n for n in ast.walk(prepare) if isinstance(n, ast.Raise)]
     assert "preload" in {_name(n.func) for n in ast.walk(prepare) if isinstance(n, ast.Call)}
     found = refusal_sites()
@@ -240,7 +243,7 @@ def test_the_real_run_and_the_dry_run_refuse_alike(site, label, setup, where, tm
     get_catalog.cache_clear()
     try:
         with pytest.raises(UserError) as real:
-            Session.prepare(load_config(None, "grpo", args), resume)
+            session.prepare(load_config(None, "grpo", args), resume)
         get_catalog.cache_clear()
         cli = ["train", "--algo", "grpo", "--dry-run", *args] + (["--resume", resume] if resume else [])
         assert main(cli) == 2, f"the dry run accepted what the real run refused: {real.value}"
@@ -291,6 +294,7 @@ def test_dropped_long_prompts_are_named_by_their_file_row(tmp_path, monkeypatch)
 def test_every_run_warning_reaches_the_console_startup_log_and_summary(tmp_path):
     from types import SimpleNamespace
 
+    from _engine_helpers import stand_in_part
     from rich.console import Console
 
     from policyzoo.engine.run.loop import RunLoop
@@ -300,22 +304,21 @@ def test_every_run_warning_reaches_the_console_startup_log_and_summary(tmp_path)
                           run=SimpleNamespace(bundle=SimpleNamespace(name="grpo"), reward=()),
                           model=SimpleNamespace(path=tmp_path), task_rewards_n=0, prompt_counts={})
     console = Console(file=open(tmp_path / "console.txt", "w"), width=300)
-    s = Session(load_config(None, "grpo", []), console, pre)
+    trainer = SimpleNamespace(export=lambda path: None, models_loaded=lambda: 1, trainable_params=1, stage=0,
+                              share_prompt=False, share_prompt_check=None)
+    s = stand_in_part(load_config(None, "grpo", []), console, pre, trainer=trainer,
+                      tracker=SimpleNamespace(close=lambda: None))
     s.rundir.path.mkdir()
-    s.warn("first")
-    s.warn("step 3: second")
+    s.warnings.warn("first")
+    s.warnings.warn("step 3: second")
     s.console.file.flush()
     assert (tmp_path / "console.txt").read_text().splitlines() == ["warning: first", "warning: step 3: second"]
     assert (s.rundir.path / "startup.log").read_text().splitlines() == ["warning: first", "warning: step 3: second"]
     # finish() writes them into summary.json
-    s.trainer = SimpleNamespace(export=lambda path: None, models_loaded=lambda: 1, trainable_params=1, stage=0,
-                                share_prompt=False, share_prompt_check=None)
-    s.tracker = SimpleNamespace(close=lambda: None)
-    s.startup_s, s.startup_parts, s.process_to_ready_s = 0.0, {}, 0.0
-    s.loop = RunLoop(s)
-    s.loop.last_saved, s.loop.last_eval = 2, {"step": 2}
-    s.loop.first_eval = lambda: None
-    s.finish()
+    loop = RunLoop(s)
+    loop.last_saved, loop.last_eval = 2, {"step": 2}
+    loop.first_eval = lambda: None
+    loop.finish()
     assert json.loads((s.rundir.path / "summary.json").read_text())["warnings"] == ["first", "step 3: second"]
 
 

@@ -22,9 +22,9 @@ def _config(out, *extra):
 
 
 def _prepare(config, resume=None, force=False):
-    from policyzoo.engine.run.session import Session
+    from policyzoo.engine.run.session import prepare
 
-    return Session.prepare(config, str(resume) if resume else None, force)
+    return prepare(config, str(resume) if resume else None, force).checked
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 from policyzoo import host
 from policyzoo.assembly import Run
 from policyzoo.config import load_config
-from policyzoo.engine.policy import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
+from policyzoo.engine.sync.check import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm
 
@@ -130,9 +130,10 @@ def test_the_start_up_console_says_what_auto_chose(monkeypatch, tmp_path, capsys
     monkeypatch.setenv("POLICYZOO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(train, "setup_process", lambda *a: 1)  # the process as it is
     monkeypatch.setattr(train, "quiet_libraries", lambda *a: None)
-    monkeypatch.setattr(train.Session, "start", lambda self: None)  # no model loads
+    monkeypatch.setattr(train, "start", lambda prepared, verbose: None)  # no model loads
+    monkeypatch.setattr(train, "RunLoop", lambda part, rows_drawn: None)
     cfg = load_config(None, "grpo", [f"model.path={tiny_model()}", *TINY_OVERRIDES, "engine.rollout_dtype=auto",
                                      f"output_dir={tmp_path / 'run'}"])
-    train.open_session(cfg)
+    train.open_run(cfg)
     err = " ".join(capsys.readouterr().err.split())
     assert "rollout dtype: float32 (engine.rollout_dtype auto: POLICYZOO_NATIVE_BF16=0)" in err

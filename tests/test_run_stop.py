@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from _engine_helpers import metrics, run_bounded, train_cmd
+from _engine_helpers import metrics, run_bounded, stand_in_part, train_cmd
 
 from policyzoo.config import load_config
 from policyzoo.engine.report.progress import summary_text
@@ -76,24 +76,20 @@ def _session(tmp_path: Path, skip_from: int, **train):
     ``calls`` records saves, evaluations and exports."""
     from rich.console import Console
 
-    from policyzoo.engine.run.session import Session
-
     overrides = [f"train.{k}={v}" for k, v in {"steps": 10, "max_consecutive_skips": 2, **train}.items()]
     pre = SimpleNamespace(rundir=RunDir(tmp_path / "run"), state={"step": 0, "tokens_seen": 0, "batches": 0},
                           rows_drawn=0, run=SimpleNamespace(bundle=SimpleNamespace(name="dapo"), reward=()),
                           model=SimpleNamespace(path=tmp_path), task_rewards_n=0, prompt_counts={},
                           task=SimpleNamespace(train_rows=[{}] * 8, eval_rows=[]))
     console = Console(file=open(tmp_path / "console.txt", "w"), width=400)
-    s = Session(load_config(None, "dapo", overrides), console, pre)
+    calls: list = []
+    trainer = SimpleNamespace(export=lambda path: calls.append(("export", path)), models_loaded=lambda: ["policy"],
+                              trainable_params=1, stage=0, share_prompt=False, share_prompt_check=None)
+    s = stand_in_part(load_config(None, "dapo", overrides), console, pre, trainer=trainer,
+                      tracker=SimpleNamespace(close=lambda: None, log=lambda rec: None))
     s.rundir.path.mkdir()
     s.rundir.claim()  # run.pid of this process
-    calls: list = []
-    s.trainer = SimpleNamespace(export=lambda path: calls.append(("export", path)), models_loaded=lambda: ["policy"],
-                                trainable_params=1, stage=0, share_prompt=False, share_prompt_check=None)
-    s.tracker = SimpleNamespace(close=lambda: None, log=lambda rec: None)
-    s.startup_s, s.startup_parts, s.process_to_ready_s = 0.0, {}, 0.0
-    s.policy = None
-    loop = s.loop = RunLoop(s)
+    loop = RunLoop(s)
     loop.eval_before = {"step": 0, "eval_accuracy": 0.25}
 
     def step():  # a step's record as RunLoop.step logs it, then the loop's own skip count
@@ -117,13 +113,13 @@ def _session(tmp_path: Path, skip_from: int, **train):
         return loop.last_eval
 
     loop.step, loop.save, loop.evaluate = step, save, evaluate
-    return s, calls
+    return s, loop, calls
 
 
 def test_a_run_stopped_by_skips_checkpoints_evaluates_and_writes_its_summary(tmp_path):
-    s, calls = _session(tmp_path, skip_from=4)
+    s, loop, calls = _session(tmp_path, skip_from=4)
     with pytest.raises(RunStopped) as e:
-        s.train()
+        loop.train()
     # steps 1-3 train, steps 4-5 keep nothing: 2 = max_consecutive_skips, so the run stops after step 5
     assert calls == [("save", 5, True), ("eval", 5)]  # the checkpoint with its hf/ export; no final/ export
     summary = json.loads((s.rundir.path / "summary.json").read_text())
@@ -145,8 +141,8 @@ def test_a_run_stopped_by_skips_checkpoints_evaluates_and_writes_its_summary(tmp
 
 
 def test_a_finished_run_says_it_did_not_stop_and_releases_its_pid(tmp_path):
-    s, calls = _session(tmp_path, skip_from=99, steps=3)
-    s.train()
+    s, loop, calls = _session(tmp_path, skip_from=99, steps=3)
+    loop.train()
     assert calls == [("save", 3, False), ("eval", 3), ("export", str(s.rundir.path / "final"))]
     summary = json.loads((s.rundir.path / "summary.json").read_text())
     assert (summary["stopped_early"], summary["stop_reason"], summary["unscorable_rows"]) == (False, None, 0)

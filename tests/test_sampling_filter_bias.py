@@ -1,5 +1,5 @@
 """Sampling filters and the ratios that read the sampler's log-probs: the bias by hand, and the
-warning given before any model loads (Session.prepare and --dry-run)."""
+warning given before any model loads (session.prepare and --dry-run)."""
 
 import math
 

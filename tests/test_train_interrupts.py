@@ -64,7 +64,7 @@ def test_the_loops_stop_names_the_signal_it_got_and_exits_with_its_code(tmp_path
     loop = RunLoop.__new__(RunLoop)  # the loop's signal handling alone: no model, no session
     loop.stop_requested, loop.state = 0, {"step": 3}
     loop.config = SimpleNamespace(train=SimpleNamespace(steps=10, export_every=0, save_every=0, eval_every=0))
-    loop.session = SimpleNamespace(console=SimpleNamespace(print=printed.append), rundir=SimpleNamespace(path=tmp_path))
+    loop.part = SimpleNamespace(console=SimpleNamespace(print=printed.append), rundir=SimpleNamespace(path=tmp_path))
     loop.save = lambda export: tmp_path / "checkpoints" / "step-000003"
     before = signal.getsignal(signal.SIGTERM)  # SIG_DFL, or a library's (verifiers' Environment sets one)
     with deferred_signals(loop):
@@ -130,7 +130,7 @@ def test_main_hands_the_signals_to_the_finished_handler_after_the_end(monkeypatc
         def train(self):
             order.append("trained")
             return {"steps": 2}
-    monkeypatch.setattr(train, "open_session", lambda *a: Finished())
+    monkeypatch.setattr(train, "open_run", lambda *a: Finished())
     assert train.main(object()) == {"steps": 2}
     # trained, then (raising_signals' handlers restored: the one found before) the finished handler, then closed
     assert order == ["trained", ("finished", before), "closed"]
@@ -200,20 +200,22 @@ def test_main_says_what_is_saved_before_and_after_the_first_step(monkeypatch, tm
     monkeypatch.setattr(train, "quiet_teardown", lambda: quiet.append(True))
     monkeypatch.setattr(dist, "close", lambda: None)
     step_1 = tmp_path / "checkpoints" / "step-000001"
-    session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: (step_1, {"step": 1}),
+    checked = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: (step_1, {"step": 1}),
                                                      release=lambda: None),
-                              state={"step": 0}, resume_from=None, loop=None,
-                              config=SimpleNamespace(train=SimpleNamespace(steps=2)))
+                              state={"step": 0}, resume_from=None)
+    prepared = SimpleNamespace(checked=checked, config=SimpleNamespace(train=SimpleNamespace(steps=2)))
 
     class Started:
+        stop_requested = 0  # the second signal came at once (the first during step 2 is not modelled here)
+
         def train(self):  # the first evaluation (no step yet), or the second step's signal
-            session.state["step"] = 1 if step_taken else 0
+            checked.state["step"] = 1 if step_taken else 0
             raise SignalReceived(signal.SIGTERM)
 
-    def opened(config, resume, force_resume, verbose, prepared):
-        prepared(session)  # the checks passed
+    def opened(config, resume, force_resume, verbose, prepared_hook):
+        prepared_hook(prepared)  # the checks passed
         return Started()
-    monkeypatch.setattr(train, "open_session", opened)
+    monkeypatch.setattr(train, "open_run", opened)
     with pytest.raises(Interrupted) as stop:
         train.main(object())
     assert stop.value.exit_code == 143  # 128 + 15
@@ -229,7 +231,7 @@ def test_main_says_what_is_saved_before_and_after_the_first_step(monkeypatch, tm
 def test_a_second_signal_with_no_checkpoint_yet_says_there_is_none(tmp_path):
     session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: None), state={"step": 3},
                               config=SimpleNamespace(train=SimpleNamespace(steps=3)))  # all 3 steps done: the end
-    stop = stopped_at_once(signal.SIGINT, session)
+    stop = stopped_at_once(signal.SIGINT, session, session.config.train.steps)
     assert (stop.where, stop.exit_code) == ("the end of the run", 130)
     assert stop.why == f"interrupted at once (SIGINT) during the end of the run: it was not saved; {tmp_path} holds " \
                        "no checkpoint"
@@ -237,11 +239,12 @@ def test_a_second_signal_with_no_checkpoint_yet_says_there_is_none(tmp_path):
 
 
 def test_a_second_signal_during_the_first_step_is_no_start_up_interrupt(tmp_path):
-    loop = SimpleNamespace(stop_requested=0)  # the first evaluation: no step asked to stop yet
-    session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: None), state={"step": 0},
-                              loop=loop, config=SimpleNamespace(train=SimpleNamespace(steps=5)))
-    assert signal_stop(signal.SIGINT, session, 0, None).why.startswith("interrupted during start-up (SIGINT)")
-    loop.stop_requested = signal.SIGTERM  # the first signal came during step 1, this second one too
-    stop = signal_stop(signal.SIGTERM, session, 0, None)
+    prepared = SimpleNamespace(checked=SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: None),
+                                                       state={"step": 0}),
+                               config=SimpleNamespace(train=SimpleNamespace(steps=5)))
+    # the first evaluation: no step asked to stop yet (the loop's stop_requested 0)
+    assert signal_stop(signal.SIGINT, prepared, 0, None, 0).why.startswith("interrupted during start-up (SIGINT)")
+    # the first signal came during step 1 (stop_requested SIGTERM), this second one too
+    stop = signal_stop(signal.SIGTERM, prepared, 0, None, signal.SIGTERM)
     assert (stop.where, stop.exit_code) == ("step 1", 143)
     assert stop.why == f"interrupted at once (SIGTERM) during step 1: it was not saved; {tmp_path} holds no checkpoint"

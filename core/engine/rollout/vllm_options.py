@@ -1,4 +1,4 @@
-"""How vLLM is started in the training process, per platform, and its sleep mode.
+"""How vLLM is started in the training process, per platform.
 
 **Start** (:func:`llm_kwargs`; read against vLLM's ``v1/executor/uniproc_executor.py`` and TRL's colocate mode):
 
@@ -18,15 +18,7 @@
   on CPU too (vLLM's TP groups are consecutive ranks of the launcher's process group; gloo on CPU), each
   rank's worker holds one shard; see ``policyzoo.engine.rollout.tensor_parallel``.
 
-**Sleep** (:class:`Sleeper`; ``engine.vllm_sleep``, TRL's ``vllm_enable_sleep_mode``, verl's
-``free_cache_engine``, OpenRLHF's ``--vllm_enable_sleep``): level 1 offloads the weights to host memory
-and drops the KV cache, level 2 drops both (the next push refills the weights; vLLM keeps the buffers).
-The order per step, as TRL's colocate generation and verl's rollout manager do it:
-
-1. before sampling (and before the sync check, which samples): ``wake_up(tags=["kv_cache"])``;
-2. when the trainer first runs after sampling: ``sleep(level)``;
-3. before the weight push: ``empty_cache`` then ``wake_up(tags=["weights"])`` (weights written into
-   unmapped memory are lost).
+Its sleep mode (``engine.vllm_sleep``) is the weight sync's: :mod:`policyzoo.engine.sync.sleep`.
 """
 
 from __future__ import annotations
@@ -134,38 +126,3 @@ def compile_note(how: str | None) -> list[str]:
                 "model, dtype and lengths load it"]
     return []
 
-
-class Sleeper:
-    """The sleep state of one ``vllm.LLM`` (``llm``): calls ``sleep``/``wake_up`` only on a change of
-    state, so the engine may ask at every call site. ``level`` 0: never sleeps (every method a no-op).
-    ``release``: returns the allocator's cached blocks before the weights wake (``torch.cuda.empty_cache``);
-    ``repush``: pushes the trainer's weights (after :meth:`for_push`), for a level-2 engine asked to sample
-    with its weights dropped and no push since (e.g. after a skipped update)."""
-
-    def __init__(self, llm, level: int, release=lambda: None, repush=None):
-        self.llm, self.level, self.release, self.repush = llm, level, release, repush
-        self.weights_awake = self.kv_awake = True
-
-    def for_sampling(self) -> None:
-        """Before vLLM samples: the KV cache back (the weights were woken for the last push)."""
-        if self.level and not self.kv_awake:
-            if not self.weights_awake and self.level == 2 and self.repush is not None:
-                self.repush()  # level 2 dropped the weights: waking alone would sample from garbage
-            elif not self.weights_awake:
-                self.llm.wake_up(tags=["weights"])
-                self.weights_awake = True
-            self.llm.wake_up(tags=["kv_cache"])
-            self.kv_awake = True
-
-    def for_training(self) -> None:
-        """The trainer is about to run: vLLM's weights and KV cache leave the GPU."""
-        if self.level and (self.kv_awake or self.weights_awake):
-            self.llm.sleep(level=self.level)
-            self.weights_awake = self.kv_awake = False
-
-    def for_push(self) -> None:
-        """Before the weights are pushed: their memory mapped again (the KV cache stays asleep)."""
-        if self.level and not self.weights_awake:
-            self.release()
-            self.llm.wake_up(tags=["weights"])
-            self.weights_awake = True

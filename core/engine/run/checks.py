@@ -219,3 +219,15 @@ def check_teacher(config, run, student) -> object | None:
                           "teacher would score other tokens than the student sampled",
                           "distil from a teacher with the student's tokenizer (the same model family)")
     return teacher
+
+
+def check_ranks(prompts: int, ranks: int) -> None:
+    """ConfigError when ``prompts`` (``train.prompts_per_step``) cannot be shared out among ``ranks``, naming
+    the nearest multiples of ``ranks`` (below and above; the first two when none is below)."""
+    if prompts % ranks == 0:
+        return
+    below = prompts // ranks * ranks
+    near = [below, below + ranks] if below else [ranks, 2 * ranks]
+    raise ConfigError("train.prompts_per_step", f"{prompts} prompts cannot be shared out in whole groups among "
+                      f"{ranks} data-parallel ranks", f"use {near[0]} or {near[1]} (a multiple of {ranks}), or "
+                      "launch another number of ranks")

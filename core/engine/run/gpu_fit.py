@@ -12,7 +12,9 @@ planned (RAM is not).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import torch
 
@@ -21,8 +23,9 @@ from policyzoo.errors import ConfigError
 from policyzoo.plan import GiB, Shape, Sizes, options_for
 from policyzoo.plan.gpu import GPUS, Vllm, describe, gpu_bytes, per_gpu, same_gpus_fits, smallest_fits
 from policyzoo.plan.placement import placement_for
+from policyzoo.resolve import resolved_view
 
-from .gpu_profile import Choice, choose, free_key
+from .gpu_profile import Choice, choose, free_key, on_gpu
 
 #: left free on each GPU beside the plan (CUDA context, NCCL buffers, allocator slack: ~1-3 GiB, plan/gpu.py)
 HEADROOM = 3 * GiB
@@ -257,3 +260,24 @@ def check_vllm_limits(engine, max_model_len: int, on_gpu: bool) -> None:
     if seqs is not None and tokens < seqs:
         raise ConfigError(where, f"{tokens} tokens per forward is less than engine.vllm_max_num_seqs={seqs}: "
                           "every sequence takes one token of a decode forward", f"set it >= {seqs}")
+
+
+def plan_profile(config, run, model_path, fit, profile: list[Choice], stage: int,
+                 ranks: int) -> tuple[list[Choice], list[str], dict]:
+    """On a GPU: the planner's choices and the fit (:func:`plan_and_check`, which refuses a step
+    that does not fit), the resolved view made again with every choice and its ``gpu_profile`` section; on
+    every device vLLM's batch limits against the context (:func:`check_vllm_limits`). ``run``: the assembled
+    components; ``model_path``: the checked model folder; ``fit``: the model against the data
+    (:class:`~policyzoo.engine.run.preload.ModelFit`). Returns the profile's choices and the
+    planner's (none on a CPU), the plan's lines and the resolved view."""
+    gpu = on_gpu(config)
+    chosen, plan_lines, resolved = [], [], fit.resolved
+    if gpu:
+        model_config = json.loads((Path(model_path) / "config.json").read_text())
+        step = make_step(config, run, model_config, fit.prompt_lengths, ranks, stage)
+        planned, plan_lines = plan_and_check(config, step)
+        chosen = profile + planned
+        resolved = resolved_view(config, run)
+        resolved["gpu_profile"] = {c.key: {"value": c.value, "why": c.why} for c in chosen}
+    check_vllm_limits(config.engine, fit.max_model_len, gpu)
+    return chosen, plan_lines, resolved

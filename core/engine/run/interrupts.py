@@ -72,45 +72,48 @@ def raising_signals():
             signal.signal(sig, old)
 
 
-def signal_stop(signum: int, session, start: int | None, resume: str | None) -> Interrupted:
+def signal_stop(signum: int, prepared, start: int | None, resume: str | None, asked: int = 0) -> Interrupted:
     """The :class:`Interrupted` of a signal that stopped ``policyzoo train`` at once: at start-up (no
-    session yet, or still at the step ``start`` it began from, no step asked to stop, steps to do)
-    :func:`startup_interrupted`, else :func:`stopped_at_once`."""
-    asked = getattr(getattr(session, "loop", None), "stop_requested", 0)  # a first signal during a step
-    if session is None or (session.state["step"] == start < session.config.train.steps and not asked):
-        return startup_interrupted(signum, session, resume)
-    return stopped_at_once(signum, session)
+    checked run yet, or still at the step ``start`` it began from, no step asked to stop (``asked``: the
+    loop's ``stop_requested``), steps to do) :func:`startup_interrupted`, else :func:`stopped_at_once`.
+    ``prepared``: the :class:`~policyzoo.engine.run.session.Prepared` run once its checks passed, else None."""
+    pre = None if prepared is None else prepared.checked
+    steps = None if prepared is None else prepared.config.train.steps
+    if pre is None or (pre.state["step"] == start < steps and not asked):
+        return startup_interrupted(signum, pre, resume)
+    return stopped_at_once(signum, pre, steps)
 
 
-def startup_interrupted(signum: int, session, resume: str | None) -> Interrupted:
+def startup_interrupted(signum: int, pre, resume: str | None) -> Interrupted:
     """The :class:`Interrupted` of a signal received before the first step: nothing saved, said with
-    the signal's name, what is on disk and how to go on. ``session``: the
-    :class:`~policyzoo.engine.run.session.Session` once its checks passed (its run directory and the
-    checkpoint it resumes), else None (the checks were still running)."""
+    the signal's name, what is on disk and how to go on. ``pre``: what the checks made
+    (:class:`~policyzoo.engine.run.preload.PreLoad`: its run directory and the checkpoint it resumes)
+    once they passed, else None (the checks were still running)."""
     name = signal_name(signum)
     why = f"interrupted during start-up ({name}): nothing to save"
-    folder = session.rundir.path if session is not None else (resume and str(resume))
+    folder = pre.rundir.path if pre is not None else (resume and str(resume))
     if resume:
-        step = session.state["step"] if session is not None else None
-        kept = f"the checkpoint of step {step} ({session.resume_from})" if step is not None else "its checkpoint"
+        step = pre.state["step"] if pre is not None else None
+        kept = f"the checkpoint of step {step} ({pre.resume_from})" if step is not None else "its checkpoint"
         return Interrupted(f"start-up of {folder}", f"{why}; {kept} is unchanged",
                            f"policyzoo train --resume {folder}", signum)
-    if session is not None and (session.rundir.path / "config.yaml").exists():  # a new run with a folder
+    if pre is not None and (pre.rundir.path / "config.yaml").exists():  # a new run with a folder
         return Interrupted(f"start-up of {folder}", f"{why}; {folder} holds no checkpoint",
                            f"delete {folder}, then run the same command again", signum)
     return Interrupted("start-up" if folder is None else f"start-up of {folder}", f"{why} (no step was taken)",
                        "run the same command again", signum)
 
 
-def stopped_at_once(signum: int, session) -> Interrupted:
+def stopped_at_once(signum: int, pre, steps: int) -> Interrupted:
     """The :class:`Interrupted` of a signal after the first step that stops the run at once (a second
-    one while the loop finishes its step, or one while the run ends): what it was doing was not saved,
-    and the message names the last complete checkpoint on disk (``RUN_DIR/checkpoints/latest.json``),
-    or says there is none, instead of the first signal's promise of one."""
-    name, folder, step = signal_name(signum), session.rundir.path, session.state["step"]
-    at = f"step {step + 1}" if step < session.config.train.steps else "the end of the run"
+    one while the loop finishes its step, or one while the run ends; ``steps``: ``train.steps``): what
+    it was doing was not saved, and the message names the last complete checkpoint on disk
+    (``RUN_DIR/checkpoints/latest.json``) of ``pre``'s run directory, or says there is none, instead of
+    the first signal's promise of one."""
+    name, folder, step = signal_name(signum), pre.rundir.path, pre.state["step"]
+    at = f"step {step + 1}" if step < steps else "the end of the run"
     try:
-        found = session.rundir.latest()
+        found = pre.rundir.latest()
     except Exception:  # noqa: BLE001 - a latest.json naming a missing folder: as if none
         found = None
     why = f"interrupted at once ({name}) during {at}: it was not saved"
@@ -169,7 +172,7 @@ def deferred_signals(loop):
         if loop.stop_requested:
             raise SignalReceived(signum)
         loop.stop_requested = signum
-        loop.session.console.print(f"{signal_name(signum)}: stopping after this step and saving a checkpoint "
+        loop.part.console.print(f"{signal_name(signum)}: stopping after this step and saving a checkpoint "
                                    "(a second SIGINT or SIGTERM stops at once, without one)")
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -1,6 +1,6 @@
-"""The training loop a started :class:`~policyzoo.engine.run.session.Session` holds: one step,
-held-out evaluation, checkpoints, the whole run and its end. ``policyzoo.Trainer`` calls these
-methods one by one (through the session)."""
+"""The training loop over a started run's parts (a :class:`~policyzoo.engine.run.session.RunPart`): one
+step, held-out evaluation, checkpoints, the whole run and its end. ``policyzoo.Trainer`` calls these
+methods one by one."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from policyzoo.step import step_seed, train_step
 from .checks import ZeroSignalWatch
 from .interrupts import deferred_signals, signal_name
 from .resume import write_checkpoint
+from .session import RunPart, phase
 from .sources import batch_source
 from .startup import peak_rss_gib, rss_gib, trim_heap
 from .stop import RunStopped, SkipWatch
@@ -42,9 +43,10 @@ def logs_completions(step: int, steps: int, every: int) -> bool:
 
 
 class RunLoop:
-    """The loop of a started session (``session``: its ``config``, ``task``, ``run``, ``policy``,
-    ``trainer``, ``rollout``, ``rundir``, ``tracker``, ``console`` ... and ``state``, the run's counters
-    ``{step, batches, tokens_seen}``, which the loop advances in place).
+    """The loop of a started run (``part``: its ``config``, ``task``, ``run``, ``policy``, ``trainer``,
+    ``rollout``, ``rundir``, ``tracker``, ``console`` ... and ``state``, the run's counters
+    ``{step, batches, tokens_seen}``, which the loop advances in place). ``rows_drawn``: the training rows
+    drawn before it (a resumed checkpoint's position; 0 for a new run).
 
     It owns, made here and nowhere else: ``rows_drawn`` (training rows drawn so far), ``source`` (where
     a step's batch comes from, see :mod:`~policyzoo.engine.run.sources`; ended by :meth:`close`),
@@ -53,10 +55,10 @@ class RunLoop:
     ``eval_before`` (the step-0 evaluation record), ``last_eval`` / ``last_accuracy`` (the latest
     evaluation) and ``watch``."""
 
-    def __init__(self, session, rows_drawn: int = 0):
-        self.session, self.config, self.state = session, session.config, session.state
+    def __init__(self, part: RunPart, rows_drawn: int = 0):
+        self.part, self.config, self.state = part, part.config, part.state
         self.rows_drawn = rows_drawn
-        self.source = batch_source(session)
+        self.source = batch_source(part)
         self.skips, self.last_saved, self.stop_requested = SkipWatch(self.config.train), self.state["step"], 0
         self.eval_before: dict = {}
         self.last_eval: dict = {}
@@ -70,16 +72,16 @@ class RunLoop:
     # ------------------------------------------------------------------ the loop
     def epoch(self) -> float:
         """Passes over the training rows drawn so far (rows drawn / training rows)."""
-        return self.rows_drawn / max(len(self.session.task.train_rows), 1)
+        return self.rows_drawn / max(len(self.part.task.train_rows), 1)
 
     def eval_name(self) -> str:
         """``accuracy`` or ``held-out reward``: what ``eval_accuracy`` is for this task's rewards."""
-        return eval_metric_name(self.session.run.reward[:self.session.task_rewards_n])
+        return eval_metric_name(self.part.run.reward[:self.part.task_rewards_n])
 
     def next_prompts(self, peek: bool = False) -> list[dict]:
         """This rank's share of the next ``train.prompts_per_step`` rows (P / N whole prompts, the same
         slice every round); drawn (``batches`` and ``rows_drawn`` advance) unless ``peek``."""
-        s, P = self.session, self.config.train.prompts_per_step
+        s, P = self.part, self.config.train.prompts_per_step
         rows = rows_at(s.task.train_rows, s.task.seed, self.rows_drawn, P)
         if not peek:
             self.state["batches"], self.rows_drawn = self.state["batches"] + 1, self.rows_drawn + P
@@ -89,7 +91,8 @@ class RunLoop:
         """Held-out accuracy (``eval.n`` responses per prompt at ``eval.temperature``; pass@k, maj@k,
         mean@k) at the current step (rank 0; ``{}`` without held-out rows), logged to
         ``metrics.jsonl`` and the trackers."""
-        s, step, ev = self.session, self.state["step"], self.config.eval
+        s, step, ev = self.part, self.state["step"], self.config.eval
+        s.policy.weight_sync.before_sampling()  # every rank: a level-2 vLLM without its weights gets them first
         if dist.rank() != 0:  # held-out accuracy is measured once, by rank 0's rollout engine
             follow_evaluation(s.rollout, bool(s.task.eval_rows), ev.n, s.turn_tokens, ev.temperature,
                               self.config.train.seed)  # rank 0's engine is shared with its TP group
@@ -121,7 +124,7 @@ class RunLoop:
         runstate.update(step - 1, t.steps, self.epoch())
         seen: list = []
         counters = self.source.counters()  # sampled ahead: booked to the step that trains on the batch
-        t0, lr, stats0 = time.perf_counter(), self.session.trainer.lr(), dict(counters)
+        t0, lr, stats0 = time.perf_counter(), self.part.trainer.lr(), dict(counters)
         on_batch = seen.append if logs_completions(step, t.steps, t.log_completions_every) else None
         m = self._train_step(step, on_batch)
         delta = {k: counters.get(k, 0) - stats0.get(k, 0) for k in ("tokens", "prompt_tokens", "seconds")}
@@ -136,7 +139,7 @@ class RunLoop:
 
     def _train_step(self, step: int, on_batch) -> dict:
         """``train_step`` on the source's batch; errors name the step."""
-        s = self.session
+        s = self.part
         ahead = self.source.begin(step, self)
         try:
             m = train_step(s.run, s.policy if ahead is None else ahead.policy, self.next_prompts,
@@ -166,7 +169,7 @@ class RunLoop:
                  stop_requested=int(self.stop_requested), rss_gib=rss_gib(), peak_rss_gib=peak_rss_gib(),
                  **gpu_memory_metrics(),
                  rollout_tokens_per_s=delta["tokens"] / delta["seconds"] if delta["seconds"] > 0 else 0.0)
-        rollout = self.session.rollout
+        rollout = self.part.rollout
         kv = getattr(rollout, "kv_cache_gib", None)  # vLLM on a GPU
         if kv is not None:
             m["gpu_kv_cache_gib"] = kv
@@ -177,21 +180,21 @@ class RunLoop:
         self.state["step"] = step
         self.state["tokens_seen"] += int(m["rollout_tokens"] + m["prompt_tokens"])
         m.update(lr=lr, tokens_seen=self.state["tokens_seen"], epoch=self.epoch())
-        self.session.rundir.log(m)
-        self.session.tracker.log(m)
+        self.part.rundir.log(m)
+        self.part.tracker.log(m)
 
     def _log_completions(self, step: int, seen: list) -> None:
         """Every rank's rows of ``seen`` (this rank's batch, if any), in rank order, to the trackers."""
-        rows = completion_rows(seen[0], self.session.run.reward_labels) if seen else []
+        rows = completion_rows(seen[0], self.part.run.reward_labels) if seen else []
         with dist.phase(f"step {step}, gathering the completions"):
             rows = [dict(row, rank=r) if dist.world_size() > 1 else row
                     for r, part in enumerate(dist.gather(rows)) for row in part]
-        self.session.tracker.log_completions(step, rows)
+        self.part.tracker.log_completions(step, rows)
 
     def _check_skips(self, m: dict, step: int) -> None:
         """Warn on zero signal; raise :class:`RunStopped` at ``train.max_consecutive_skips`` skips in a row."""
         if (w := self.watch.update(m)) is not None:
-            self.session.warn(f"step {step}: {w}")
+            self.part.warnings.warn(f"step {step}: {w}")
         if (stop := self.skips.update(m, step)) is not None:
             raise stop
 
@@ -201,10 +204,10 @@ class RunLoop:
         :class:`RunStopped` is raised after :meth:`finish` has kept the work."""
         steps = self.config.train.steps
         if self.state["step"] == 0 and not self.eval_before:
-            self.session.phase("first evaluation (held-out, greedy)")
+            phase(self.part.console, "first evaluation (held-out, greedy)")
             self.evaluate()
         try:
-            with progress_bar(self.session.console, steps, self.state["step"]) as bar, deferred_signals(self), \
+            with progress_bar(self.part.console, steps, self.state["step"]) as bar, deferred_signals(self), \
                     self._closed():
                 while self.state["step"] < steps:
                     m = self.step()
@@ -212,7 +215,7 @@ class RunLoop:
                     self._after_step(self.state["step"])
         except RunStopped as stop:  # the stopping step's line (the bar ended with the exception), then why
             line = f"step {self.state['step']}/{steps}  {summary_text(stop.metrics, None)}\nstopping: {stop.reason}"
-            self.session.console.print(f"{line}; keeping the work", markup=False, highlight=False)
+            self.part.console.print(f"{line}; keeping the work", markup=False, highlight=False)
             self.finish(stop)
             raise
         return self.finish()
@@ -225,7 +228,7 @@ class RunLoop:
             folder = self.save(export=True)
             raise Interrupted(f"step {step}", f"stopped by {signal_name(self.stop_requested)}; checkpoint of step "
                               f"{step} saved in {folder}, with a save_pretrained export of its weights in "
-                              f"{folder / 'hf'}", f"policyzoo train --resume {self.session.rundir.path}",
+                              f"{folder / 'hf'}", f"policyzoo train --resume {self.part.rundir.path}",
                               self.stop_requested)
         export = bool(t.export_every) and step % t.export_every == 0
         if (export or t.save_every and step % t.save_every == 0) and step < steps:
@@ -239,7 +242,7 @@ class RunLoop:
         (``engine.delete_checkpoints_at_end``), remove ``run.pid``, close the trackers; returns the summary.
         After a ``stop``: a checkpoint with its ``hf/`` export, kept whatever the settings, no ``final/``, and
         :meth:`RunStopped.kept`."""
-        s, step = self.session, self.state["step"]
+        s, step = self.part, self.state["step"]
         lean = self.config.engine.delete_checkpoints_at_end and stop is None
         self.close()
         # (a lean run's last checkpoint is not written: a kill during the last evaluation resumes from an earlier one)
@@ -263,7 +266,7 @@ class RunLoop:
 
     def first_eval(self) -> float | None:
         """The step-0 held-out accuracy of ``metrics.jsonl`` (a resumed run's); None without one."""
-        for r in self.session.rundir.read_metrics():
+        for r in self.part.rundir.read_metrics():
             if r.get("kind") == "eval" and r.get("step") == 0:
                 return r.get("eval_accuracy")
         return None  # nothing held out: null in summary.json, like eval_accuracy_after
@@ -273,7 +276,7 @@ class RunLoop:
         in its ``hf/`` folder); returns its folder."""
         step = self.state["step"]
         with dist.phase(f"checkpoint of step {step}"):
-            folder = write_checkpoint(self.session, step, self.state["batches"], self.rows_drawn,
+            folder = write_checkpoint(self.part, step, self.state["batches"], self.rows_drawn,
                                       self.state.get("tokens_seen", 0), self.source.in_flight(), export)
         self.last_saved = step
         return folder

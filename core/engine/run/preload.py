@@ -1,12 +1,11 @@
 """The pre-load phase: every check a run makes before any weights load (config against the ranks,
 plugin catalog, data, rewards, sampling options, trackers, DeepSpeed and device settings, model folder
 and tokenizer, prompt lengths, run directory, checkpoint to resume and the components' saved state).
-``Session.prepare`` and ``policyzoo train --dry-run`` both call :func:`preload`, so a dry run refuses
+``session.prepare`` and ``policyzoo train --dry-run`` both call :func:`preload`, so a dry run refuses
 exactly what the run refuses before its models load (``tests/test_preflight.py`` enumerates them)."""
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -18,13 +17,14 @@ from policyzoo.assembly import Run, reward_uses, step_settings
 from policyzoo.catalog import get_catalog
 from policyzoo.contract.untrusted import encode_text
 from policyzoo.data import load_task
-from policyzoo.data.task import env_task
+from policyzoo.data.task import Task, env_task
 from policyzoo.engine import dist
 from policyzoo.engine.device import check_device_options, check_gpu_visible
-from policyzoo.engine.models import cache_dir, resolve_model
+from policyzoo.engine.models import ModelInfo, cache_dir, resolve_model
 from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import check_vllm_threads
 from policyzoo.engine.report.tracking import check_trackers
+from policyzoo.engine.rollout.server import Server
 from policyzoo.engine.rollout.server import connect as connect_servers
 from policyzoo.engine.rollout.tensor_parallel import check_heads, check_tensor_parallel, local_world_size
 from policyzoo.engine.rundir import ResumeError, RunDir
@@ -32,12 +32,14 @@ from policyzoo.engine.trainer.dsconfig import check_engine
 from policyzoo.equivalence import notes_and_warnings, run_warnings
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm, resolved_view
+from policyzoo.step import StepSettings
 from policyzoo.step.episodes import encode_prompt
 
 from . import gpu_fit, gpu_profile
 from .checks import (
     check_answers,
     check_chat_template,
+    check_ranks,
     check_sampling_options,
     check_teacher,
     filter_bias_warning,
@@ -45,6 +47,7 @@ from .checks import (
     sampling_warning,
     system_turn_warning,
 )
+from .gpu_profile import Choice
 from .prompt_lengths import LengthCache
 from .resume import (
     FINGERPRINT_KEYS,
@@ -57,14 +60,55 @@ from .resume import (
 )
 
 
+@dataclass(frozen=True)
+class ModelFit:
+    """The model against the data (:func:`_fit_model`): ``max_tokens`` (response tokens; the whole trajectory
+    with an env), ``max_model_len`` (the context a sequence needs, tokens), ``check_ids`` (the sync check's
+    sequence), the resolved view and its checkpoint ``fingerprint``, the prompt-length count's ``prompt_counts``
+    (seconds, prompts counted, prompts remembered) and every prompt's tokens (``prompt_lengths``)."""
+
+    max_tokens: int
+    max_model_len: int
+    check_ids: list[int]
+    resolved: dict
+    fingerprint: dict
+    prompt_counts: dict
+    prompt_lengths: list[int]
+
+
+@dataclass(frozen=True)
+class RunPlace:
+    """Where the run writes and what it resumes (:func:`_check_run_dir`): its ``rundir``, the checkpoint
+    folder ``resume_from`` (None: a new run) with its ``state`` (the run's counters ``{step, batches, ...}``),
+    the training rows drawn so far, the console lines of the resume checks and the optimizer notes, and the
+    learning-rate plan."""
+
+    rundir: RunDir
+    resume_from: Path | None = None
+    state: dict = field(default_factory=lambda: {"step": 0, "batches": 0})
+    rows_drawn: int = 0
+    resume_notes: list[str] = field(default_factory=list)
+    resume_lines: list[str] = field(default_factory=list)
+    lr_plan: dict = field(default_factory=dict)
+
+
 @dataclass
 class PreLoad:
-    """What the checks made before any weights load (the attributes ``Session`` keeps)."""
+    """What the checks made before any weights load (:func:`preload`), built once from their results:
+    the ``task`` (its rows), the assembled ``run`` (components), the step's ``settings``, the checked
+    ``model`` folder (and ``teacher``: None without ``model.teacher``), the number of the task's own
+    rewards, response tokens per turn and samples per prompt; the model against the data
+    (:class:`ModelFit`'s fields); where the run writes and what it resumes (:class:`RunPlace`'s fields);
+    the rollout ``servers`` (``engine.rollout: server``), the GPU profile's choices and the plan's lines;
+    and the lines for the console: ``warnings`` (the ``warning:`` block; :func:`preload` adds the Python
+    warnings the checks issued), ``notes`` (the components' own, for the dry run) and ``inert_notes``
+    (the gradient probe's lines on a zoo bundle, at start-up)."""
 
-    task: object
+    task: Task
     run: Run
-    settings: object
-    model: object
+    settings: StepSettings
+    model: ModelInfo
+    teacher: ModelInfo | None
     task_rewards_n: int
     turn_tokens: int
     n: int
@@ -73,24 +117,21 @@ class PreLoad:
     check_ids: list[int]
     resolved: dict
     fingerprint: dict
+    prompt_counts: dict
+    prompt_lengths: list[int]
     rundir: RunDir
-    resume_from: object = None
-    state: dict = field(default_factory=lambda: {"step": 0, "batches": 0})
-    rows_drawn: int = 0
-    resume_notes: list[str] = field(default_factory=list)
-    resume_lines: list[str] = field(default_factory=list)
-    lr_plan: dict = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # the components' own lines for the dry run
-    inert_notes: list[str] = field(default_factory=list)  # the gradient probe's lines on a zoo bundle (start-up)
-    teacher: object = None
-    servers: list = field(default_factory=list)  # engine.rollout: server, checked at connect
-    #: the prompt-length count: seconds, prompts counted, prompts remembered from earlier runs (prompt_lengths.py)
-    prompt_counts: dict = field(default_factory=dict)
-    prompt_lengths: list[int] = field(default_factory=list)  # every prompt's tokens (train and held-out rows)
-    #: the GPU profile's choices (gpu_profile.Choice; none on CPU) and the plan's verdict, for the console
-    gpu_profile: list = field(default_factory=list)
-    plan_lines: list[str] = field(default_factory=list)
+    resume_from: Path | None
+    state: dict
+    rows_drawn: int
+    resume_notes: list[str]
+    resume_lines: list[str]
+    lr_plan: dict
+    servers: list[Server]
+    gpu_profile: list[Choice]
+    plan_lines: list[str]
+    warnings: list[str]
+    notes: list[str]
+    inert_notes: list[str]
 
 
 def preload(config, resume: str | None = None, force_resume: bool = False, dry_run: bool = False) -> PreLoad:
@@ -138,30 +179,43 @@ def _preload(config, resume: str | None, force_resume: bool, dry_run: bool) -> P
     check_tensor_parallel(config.engine, ws, env=run.env is not None, local_world=local_world_size(),
                           resamples=any(f.params.resample for f in run.filter))
     settings = step_settings(config, run)
-    sp = run.sample.params
     model = resolve_model(config.model.path, config.model.trust_remote_code)  # folder, config, tokenizer
     check_heads(config.engine, model.path)  # vLLM TP k must divide the attention heads
-    pre = _fit_model(config, task, run, model)
-    _plan_profile(pre, config, profile, stage, ws)  # on a GPU: the plan's choices, then the fit (refused: exit 2)
-    pre.teacher = check_teacher(config, run, model)  # same vocabulary, someone reads it
-    if config.engine.rollout == "server":  # reachable, same versions, model and tokenizer: before any weights load
-        pre.servers = connect_servers(config.engine.servers, model, config.engine.rollout_dtype or config.model.dtype,
-                                      pre.max_model_len, token_file=config.engine.server_token_file)
-    pre.settings, pre.task_rewards_n, pre.turn_tokens, pre.n = settings, len(rewards), sp.max_tokens, sp.n
-    pre.warnings = [w for w in (system_turn_warning(model.tokenizer, task.train_rows),
-                                sampling_warning(getattr(sp, "temperature", 1.0), sp.n),
-                                filter_bias_warning(run, config.engine.overlap, config.engine.max_staleness))
-                    if w] + pre.warnings
+    fit = _fit_model(config, task, run, model)
+    # on a GPU: the plan's choices, then the fit (refused: exit 2)
+    chosen, plan_lines, resolved = gpu_fit.plan_profile(config, run, model.path, fit, profile, stage, ws)
+    teacher = check_teacher(config, run, model)  # same vocabulary, someone reads it
+    servers = [] if config.engine.rollout != "server" else connect_servers(  # reachable, same versions, model and
+        config.engine.servers, model, config.engine.rollout_dtype or config.model.dtype,  # tokenizer: before any
+        fit.max_model_len, token_file=config.engine.server_token_file)  # weights load
+    warned, inert_notes = _warnings(config, task, run, bundle, model)
+    notes = [line for comp in run.components() for line in comp.notes()]
+    place = _check_run_dir(config, bundle.name, run, fit.fingerprint, resume, force_resume, dry_run)
+    sp = run.sample.params
+    return PreLoad(task=task, run=run, settings=settings, model=model, teacher=teacher, task_rewards_n=len(rewards),
+                   turn_tokens=sp.max_tokens, n=sp.n, max_tokens=fit.max_tokens, max_model_len=fit.max_model_len,
+                   check_ids=fit.check_ids, resolved=resolved, fingerprint=fit.fingerprint,
+                   prompt_counts=fit.prompt_counts, prompt_lengths=fit.prompt_lengths, rundir=place.rundir,
+                   resume_from=place.resume_from, state=place.state, rows_drawn=place.rows_drawn,
+                   resume_notes=place.resume_notes, resume_lines=place.resume_lines, lr_plan=place.lr_plan,
+                   servers=servers, gpu_profile=chosen, plan_lines=plan_lines, warnings=warned, notes=notes,
+                   inert_notes=inert_notes)
+
+
+def _warnings(config, task, run, bundle, model) -> tuple[list[str], list[str]]:
+    """The run's warnings found before load (the data's, a system turn the template drops, sampling, a
+    filter's bias, slots inert at these settings) and the notes on the zoo bundle's inert slots."""
+    sp = run.sample.params
+    warned = [w for w in (system_turn_warning(model.tokenizer, task.train_rows),
+                          sampling_warning(getattr(sp, "temperature", 1.0), sp.n),
+                          filter_bias_warning(run, config.engine.overlap, config.engine.max_staleness)) if w]
     # equal to its base, or a slot inert at these settings: a note on a slot the zoo's bundle holds as it is (grpo's
     # clip at one update per batch is its paper's setting), a warning on a slot the user changed
-    pre.inert_notes, inert = notes_and_warnings(config, bundle, run_warnings(config, bundle, run.reward))
-    pre.warnings += inert
-    pre.notes = [line for comp in run.components() for line in comp.notes()]
-    _check_run_dir(pre, config, bundle.name, resume, force_resume, dry_run)
-    return pre
+    inert_notes, inert = notes_and_warnings(config, bundle, run_warnings(config, bundle, run.reward))
+    return warned + list(task.warnings) + inert, inert_notes
 
 
-def _fit_model(config, task, run, model) -> PreLoad:
+def _fit_model(config, task, run, model) -> ModelFit:
     """The context budget, the chat template and every prompt's length against the model."""
     max_tokens = run.max_response_tokens  # the whole trajectory with an env
     budget = model.max_context - max_tokens
@@ -190,26 +244,14 @@ def _fit_model(config, task, run, model) -> PreLoad:
     fingerprint["algorithm"] = dict(fingerprint["algorithm"]["slots"])
     if not fingerprint["algorithm"]["term"]["components"]:  # as checkpoints from before the term slot
         del fingerprint["algorithm"]["term"]
-    return PreLoad(task, run, None, model, 0, 0, 0, max_tokens, max_model_len, check_ids, resolved, fingerprint,
-                   None, warnings=list(task.warnings), prompt_counts=counts, prompt_lengths=list(lengths))
-
-
-def check_ranks(prompts: int, ranks: int) -> None:
-    """ConfigError when ``prompts`` (``train.prompts_per_step``) cannot be shared out among ``ranks``, naming
-    the nearest multiples of ``ranks`` (below and above; the first two when none is below)."""
-    if prompts % ranks == 0:
-        return
-    below = prompts // ranks * ranks
-    near = [below, below + ranks] if below else [ranks, 2 * ranks]
-    raise ConfigError("train.prompts_per_step", f"{prompts} prompts cannot be shared out in whole groups among "
-                      f"{ranks} data-parallel ranks", f"use {near[0]} or {near[1]} (a multiple of {ranks}), or "
-                      "launch another number of ranks")
+    return ModelFit(max_tokens=max_tokens, max_model_len=max_model_len, check_ids=check_ids, resolved=resolved,
+                    fingerprint=fingerprint, prompt_counts=counts, prompt_lengths=list(lengths))
 
 
 def _device_profile(config) -> list:
     """GPUs torch cannot see refused (device.py); on a GPU (or one ``engine.plan_gpu`` plans) the profile's
     device choices (:func:`gpu_profile.apply_device`), returned. A real run of ``engine.plan_gpu`` on a CPU
-    is refused before this, where it starts (``train.open_session``): a dry run plans it."""
+    is refused before this, where it starts (``train.open_run``): a dry run plans it."""
     check_gpu_visible()
     chosen = gpu_profile.apply_device(config)
     if chosen:
@@ -217,50 +259,35 @@ def _device_profile(config) -> list:
     return chosen
 
 
-def _plan_profile(pre: PreLoad, config, profile: list, stage: int, ranks: int) -> None:
-    """On a GPU: the planner's choices and the fit (:func:`gpu_fit.plan_and_check`, which refuses a step
-    that does not fit), the resolved view made again with every choice and its ``gpu_profile`` section; on
-    every device vLLM's batch limits against the context (:func:`gpu_fit.check_vllm_limits`)."""
-    on_gpu = gpu_profile.on_gpu(config)
-    if on_gpu:
-        model_config = json.loads((Path(pre.model.path) / "config.json").read_text())
-        step = gpu_fit.make_step(config, pre.run, model_config, pre.prompt_lengths, ranks, stage)
-        chosen, pre.plan_lines = gpu_fit.plan_and_check(config, step)
-        pre.gpu_profile = profile + chosen
-        pre.resolved = resolved_view(config, pre.run)
-        pre.resolved["gpu_profile"] = {c.key: {"value": c.value, "why": c.why} for c in pre.gpu_profile}
-    gpu_fit.check_vllm_limits(config.engine, pre.max_model_len, on_gpu)
-
-
-def _check_run_dir(pre: PreLoad, config, algo: str, resume, force_resume: bool, dry_run: bool) -> None:
-    """The checkpoint to resume (and whether the config may continue it), or a new run folder."""
+def _check_run_dir(config, algo: str, run: Run, fingerprint: dict, resume, force_resume: bool,
+                   dry_run: bool) -> RunPlace:
+    """The checkpoint to resume (and whether the config may continue it; the components' saved state is
+    loaded into ``run``), or a new run folder."""
     if resume:
-        pre.rundir = RunDir(resume)
-        pre.rundir.check_live()
-        found = pre.rundir.latest()
+        rundir = RunDir(resume)
+        rundir.check_live()
+        found = rundir.latest()
         if found is None:
             raise ResumeError(str(resume), "no complete checkpoint in this run directory",
                               "start a new run (drop --resume) in another --output-dir, or delete this folder "
                               "first; set train.save_every to save checkpoints")
-        pre.resume_from, pre.state = found
-        pre.resume_lines = check_resume(str(pre.resume_from), pre.state, config, pre.fingerprint,
-                                        dist.world_size(), force_resume, str(resume))
-        old_train = old_train_settings(pre.state, pre.rundir.path)
-        pre.rows_drawn = rows_drawn(pre.state, old_train, config.train.prompts_per_step)
-        pre.resume_notes = optimizer_notes(old_train, config)
-        pre.run.load_state_dict(pre.state.get("components", {}), str(pre.resume_from))  # controllers' state
-        pre.lr_plan, lines = resume_schedule(pre.state, config)
-        pre.resume_lines += lines
+        resume_from, state = found
+        resume_lines = check_resume(str(resume_from), state, config, fingerprint, dist.world_size(), force_resume,
+                                    str(resume))
+        old_train = old_train_settings(state, rundir.path)
+        run.load_state_dict(state.get("components", {}), str(resume_from))  # controllers' state
+        plan, lines = resume_schedule(state, config)
         if not dry_run:
-            pre.rundir.claim()
-        return
-    pre.lr_plan = lr_plan(config)
+            rundir.claim()
+        return RunPlace(rundir, resume_from, state, rows_drawn(state, old_train, config.train.prompts_per_step),
+                        optimizer_notes(old_train, config), resume_lines + lines, plan)
     out = dist.broadcast(config.output_dir or f"runs/{algo}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
-    pre.rundir = RunDir(out)
-    pre.rundir.check_live()
-    if pre.rundir.latest() is not None:
+    rundir = RunDir(out)
+    rundir.check_live()
+    if rundir.latest() is not None:
         raise ResumeError(out, "this run directory already holds a run",
                           "pass --resume to continue it, or choose another --output-dir")
-    pre.rundir.check_new(create=not dry_run)
+    rundir.check_new(create=not dry_run)
     if not dry_run:
-        pre.rundir.claim()
+        rundir.claim()
+    return RunPlace(rundir, lr_plan=lr_plan(config))

@@ -16,7 +16,7 @@
                       KL coefficient), restored exactly on resume (``Run.load_state_dict``)
     rollout_dtype     the dtype it sampled in (engine.rollout_dtype, else model.dtype)
 
-All checks run in ``Session.prepare``, before DeepSpeed or vLLM start, and raise
+All checks run in ``session.prepare``, before DeepSpeed or vLLM start, and raise
 :class:`~policyzoo.engine.rundir.ResumeError` naming the real reason:
 
 * train.steps not above the checkpoint's step (resuming would rewind the run);
@@ -74,26 +74,26 @@ def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, conf
                       "critic_lr": config.engine.critic_lr or 10 * t.lr}}
 
 
-def write_checkpoint(pieces, step: int, batches: int, rows: int, tokens_seen: int = 0, in_flight: dict | None = None,
+def write_checkpoint(part, step: int, batches: int, rows: int, tokens_seen: int = 0, in_flight: dict | None = None,
                      export: bool = False) -> Path:
     """Write the checkpoint of ``step`` (``batches`` drawn, ``rows`` prompts drawn; ``in_flight``: what
-    was sampled ahead, see :func:`~policyzoo.engine.run.sources.async_sampler`) with ``pieces``'
+    was sampled ahead, see :func:`~policyzoo.engine.run.sources.async_sampler`) with ``part``'
     ``trainer``, ``rundir``, ``config``, ``fingerprint`` and ``run`` (its components' state, e.g. an
     adaptive KL coefficient); with ``export`` also a save_pretrained export in its ``hf/`` folder.
     Returns the checkpoint folder. Raises :class:`~policyzoo.errors.TrainingError` when the weights
     hold NaN/inf (nothing is written over the last good checkpoint)."""
-    if not pieces.trainer.weights_finite():  # never write NaN/inf weights over a good checkpoint
-        latest = pieces.rundir.latest()
+    if not part.trainer.weights_finite():  # never write NaN/inf weights over a good checkpoint
+        latest = part.rundir.latest()
         raise TrainingError(f"step {step}", "the trained weights hold NaN or inf values; no checkpoint was "
                             f"written (last complete checkpoint: {latest[0] if latest else 'none'})",
                             "lower train.lr or train.grad_clip, then resume from the last checkpoint")
-    state = checkpoint_state(step, rows, batches, pieces.fingerprint, pieces.config, dist.world_size(),
-                             pieces.trainer.schedule_state())
+    state = checkpoint_state(step, rows, batches, part.fingerprint, part.config, dist.world_size(),
+                             part.trainer.schedule_state())
     state["tokens_seen"] = tokens_seen
-    state["components"] = pieces.run.state_dict()
+    state["components"] = part.run.state_dict()
     if in_flight is not None:  # sampled ahead, on every rank: not in the checkpoint
         state["async_in_flight"] = in_flight
-    return pieces.rundir.save_checkpoint(pieces.trainer, step, state, pieces.config.engine.keep_checkpoints, export)
+    return part.rundir.save_checkpoint(part.trainer, step, state, part.config.engine.keep_checkpoints, export)
 
 
 def flatten(tree, prefix: str = "") -> dict:

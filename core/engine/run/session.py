@@ -1,231 +1,275 @@
-"""One training run from checks to export (used by :func:`policyzoo.engine.run.train.main`)."""
+"""One training run's parts, checked (:func:`prepare`: no model loaded) and then started (:func:`start`: the
+models loaded, a :class:`RunPart`, which :class:`~policyzoo.engine.run.loop.RunLoop` runs)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from policyzoo.catalog import get_catalog
 from policyzoo.engine import dist
-from policyzoo.engine.policy import LMPolicy, sync_mean_tolerance, sync_tolerance
+from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import captured_output
 from policyzoo.engine.report.tracking import Tracker
 from policyzoo.engine.rollout.engines import VLLMRollout
 from policyzoo.engine.rollout.hf import HFRollout
 from policyzoo.engine.rollout.server import ServerRollout
-from policyzoo.engine.rollout.tensor_parallel import start_rollout
+from policyzoo.engine.rollout.tensor_parallel import GroupRollout, start_rollout
+from policyzoo.engine.sync.check import sync_mean_tolerance, sync_tolerance
+from policyzoo.engine.sync.push import WeightSync, cached_prefix
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 from policyzoo.step import needs_reference
 
-from .loop import RunLoop
-from .preload import preload
+from .preload import PreLoad, preload
 from .startup import Background, freeze_heap, process_age_s
 
+if TYPE_CHECKING:
+    from policyzoo.assembly import Run
+    from policyzoo.config import Config
+    from policyzoo.data.task import Task
+    from policyzoo.engine.models import ModelInfo
+    from policyzoo.engine.rundir import RunDir
+    from policyzoo.step import StepSettings
 
-class Session:
-    """The checked pieces of a run and the loop that runs it.
+#: the rollout engines ``engine.rollout`` names (vLLM: one per rank, or a rank's share of a tensor-parallel group)
+RolloutEngine = VLLMRollout | GroupRollout | ServerRollout | HFRollout
 
-    After :meth:`prepare`: ``config``, ``console``, ``verbose`` and what the checks made (the fields of
-    :class:`~policyzoo.engine.run.preload.PreLoad`: ``task``, ``run`` (components), ``settings``, ``model``
-    (a checked folder), ``rundir``, ``state`` (the run's counters), ...; ``preload_s`` their seconds).
-    After :meth:`start` also ``trainer``, ``rollout``, ``policy``, ``tracker``, ``share`` (this rank's
-    prompts per step), the start-up times and ``loop`` (a :class:`~policyzoo.engine.run.loop.RunLoop`),
-    which :meth:`step`, :meth:`evaluate`, :meth:`save`, :meth:`train` and :meth:`finish` drive.
-    ``verbose`` False sends library output while models load to ``RUN_DIR/startup.log``."""
 
-    def __init__(self, config, console: Console, pre, preload_s: float | None = None, verbose: bool = False):
-        self.config, self.console, self.preload_s, self.verbose = config, console, preload_s, verbose
-        vars(self).update({k: v for k, v in vars(pre).items() if k not in ("resume_lines", "rows_drawn")})
-        self.rows_at_start: int = pre.rows_drawn  # the loop's rows_drawn when it is made
-        self.state.setdefault("tokens_seen", 0)
-        self.trainer = self.rollout = self.policy = self.tracker = self.loop = None
-        self.share = config.train.prompts_per_step // dist.world_size()
-        self.warned: list[str] = []
-        self.startup_parts: dict = {}
-        self.startup_s = self.process_to_ready_s = None
+@dataclass(frozen=True)
+class Prepared:
+    """A run whose every check passed and no model is loaded yet: its ``config``, the ``console`` (rank 0
+    prints), what the checks made (``checked``) and their seconds (``preload_s``)."""
 
-    @classmethod
-    def prepare(cls, config, resume: str | None, force_resume: bool = False) -> "Session":
-        """Join the launcher's process group and run every check before weights load (``preload``;
-        raises its :class:`~policyzoo.errors.UserError`); no model is loaded yet."""
-        freeze_heap()  # the imports' objects: out of every later full collection's scan
-        console = Console(stderr=True, quiet=dist.rank() != 0, soft_wrap=True)
-        dist.init(config.engine.collective_timeout_s)  # join the launcher's process group (no-op for one rank)
-        t0 = time.perf_counter()
-        pre = preload(config, resume, force_resume)  # every check before weights load (also --dry-run's)
-        preload_s = time.perf_counter() - t0
-        for line in pre.resume_lines:
-            console.print(line, markup=False, highlight=False)
-        return cls(config, console, pre, preload_s)
+    config: Config
+    console: Console
+    checked: PreLoad
+    preload_s: float
 
-    # ------------------------------------------------------------------ start-up, in phases
-    def start(self) -> None:
-        """Load the models (DeepSpeed first, then the rollout engine in the same process), restore the
-        checkpoint when resuming, open the run directory and the trackers, and make the loop."""
-        for w in self.warnings:
-            self.warn(w)
-        freeze_heap()  # what the checks loaded (transformers, the tokenizer, the data)
-        t0 = time.perf_counter()
-        log = self.rundir.path / "startup.log"
-        early = self._start_trainer(log, t0)
-        self._start_rollout(log, early)
-        self._part("rollout_engine_s", t0)
-        if self.resume_from is None and self.config.engine.rollout == "server":  # a server may hold other weights
-            self.policy.sync()
-        if self.resume_from is not None:
-            self._restore()
-        self._open_run_dir()
-        now = time.perf_counter()  # one reading: the parts add up to startup_s exactly
-        self.startup_parts["resume_and_run_dir_s"] = now - t0 - sum(self.startup_parts.values())
-        self.startup_s = now - t0
-        self.process_to_ready_s = process_age_s()
-        self.loop = RunLoop(self, self.rows_at_start)
 
-    def _part(self, name: str, t0: float) -> None:
-        """Book the seconds since ``t0`` not booked yet to the start-up part ``name``."""
-        self.startup_parts[name] = time.perf_counter() - t0 - sum(self.startup_parts.values())
+class Warnings:
+    """The one channel of a run's warnings: the ``warning:`` block on the console (rank 0), a line in
+    ``RUN_DIR/startup.log`` and an entry of ``summary.json``'s ``warnings`` list (:attr:`given`)."""
 
-    def _rollout_dtype(self) -> str:
-        return self.config.engine.rollout_dtype or self.config.model.dtype  # bf16 sampling with fp32 training
+    def __init__(self, console: Console, rundir: RunDir):
+        self.console, self.rundir = console, rundir
+        self.given: list[str] = []
 
-    def _fp32_head(self) -> bool:
-        """vLLM's logits in fp32 over its bf16 weights, as the fp32 trainer computes them (``engine.fp32_lm_head``)."""
-        return self.config.engine.fp32_lm_head and self.config.model.dtype == "float32" \
-            and self._rollout_dtype() != "float32"
-
-    def _limits(self) -> dict:
-        """vLLM's ``max_num_seqs`` / ``max_num_batched_tokens`` (``engine.vllm_max_num_*``; None: vLLM's defaults)."""
-        e = self.config.engine
-        return {"max_num_seqs": e.vllm_max_num_seqs, "max_num_batched_tokens": e.vllm_max_num_batched_tokens}
-
-    def _start_trainer(self, log: Path, t0: float) -> Background | None:
-        """The DeepSpeed trainer (policy; reference, critic as the components need), its first forward
-        (the ``engine.share_prompt`` check); vLLM starting meanwhile with ``engine.parallel_start``
-        (returned, to join)."""
-        c, early, baseline = self.config, None, self.run.baseline
-        self.phase(f"loading the model (DeepSpeed; library output goes to {log})")
-        with captured_output(log, enabled=not self.verbose):
-            if c.engine.rollout == "vllm" and c.engine.parallel_start:  # vLLM starts while DeepSpeed initialises
-                early = Background(lambda: VLLMRollout(self.model, self._rollout_dtype(), self.max_model_len,
-                                                        c.train.seed, c.engine.gpu_memory_utilization,
-                                                        c.engine.vllm_sleep, compile_cpu=c.engine.vllm_compile,
-                                                        fp32_head=self._fp32_head(), limits=self._limits()))
-            self.trainer = Trainer(self.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
-                                   weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
-                                   need_ref=needs_reference(self.run),
-                                   ref_path=None if self.teacher is None else str(self.teacher.path),
-                                   need_critic=bool(getattr(baseline, "needs_values", False)),
-                                   critic_lr=c.engine.critic_lr or 10 * c.train.lr,
-                                   trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt,
-                                   lora=c.model.lora, gradient_checkpointing=c.train.gradient_checkpointing,
-                                   autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed, seed=c.train.seed,
-                                   score_tokens=c.train.max_tokens_per_micro_batch,
-                                   betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon,
-                                   schedule=self.lr_plan["name"], warmup_steps=self.lr_plan["warmup_steps"],
-                                   total_steps=self.lr_plan["total_steps"])
-            self._part("trainer_s", t0)
-            why = self.trainer.check_share_prompt(self.check_ids)  # the first forward: DeepSpeed loads its op
-        if why:
-            self.warn(f"{why} (engine.share_prompt)")
-        self._part("share_prompt_check_s", t0)
-        return early
-
-    def _start_rollout(self, log: Path, early: Background | None) -> None:
-        """The rollout engine (``engine.rollout``: vLLM, a server or HF generate) and the policy that
-        samples from it and syncs the trainer's weights into it."""
-        c, dtype = self.config, self._rollout_dtype()
-        freeze_heap(collect=True)  # the trainer's models; their loading's dead cycles freed first
-        compiled = c.engine.rollout == "vllm" and c.engine.vllm_compile and early is None
-        self.phase(f"starting the rollout engine ({c.engine.rollout})" + (
-            "; its compiled forward takes ~2 min at the first start with these settings, seconds once cached"
-            if compiled else ""))
-        with captured_output(log, enabled=not self.verbose):
-            if early is not None:
-                self.rollout = early.result()
-            elif c.engine.rollout == "server":  # the weight groups form here; the first push follows below
-                self.rollout = ServerRollout(self.model, self.servers, c.engine.server_timeout_s,
-                                             c.engine.sync_timeout_s)
-            elif c.engine.rollout == "vllm":  # k > 1: this rank's share of a group's engine (tensor_parallel.py)
-                self.rollout = start_rollout(self.model, dtype, self.max_model_len, c.train.seed,
-                                             c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
-                                             c.engine.vllm_tensor_parallel_size, c.engine.vllm_compile,
-                                             self._fp32_head(), self._limits())
-            else:
-                self.rollout = HFRollout(self.model, dtype, c.model.trust_remote_code)
-        rollout = self.rollout
-        for line in getattr(rollout, "notes", list)():  # vLLM sharded over ranks: its layout
-            self.console.print(line, markup=False, highlight=False)
-        cached = (self.check_ids * (self.max_model_len // len(self.check_ids) + 1))[:self.max_model_len - 1]
-        self.policy = LMPolicy(self.rollout, self.trainer, check=c.engine.sync_check,
-                               tolerance=sync_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
-                               mean_tolerance=sync_mean_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
-                               timeout_s=c.engine.sync_timeout_s, check_ids=self.check_ids, cached_ids=cached)
-        self.policy.first_index = dist.rank() * self.share
-
-    def _restore(self) -> None:
-        """Load the checkpoint being resumed (weights, optimizer with the configured lr / weight decay,
-        schedule), push its weights into the rollout engine and cut ``metrics.jsonl`` after its step."""
-        c = self.config
-        self.rundir.remove_partial()
-        self.trainer.load(str(self.resume_from))
-        self.trainer.set_schedule(self.lr_plan)  # the checkpoint's schedule, kept or re-planned
-        # the restored optimizer holds the checkpoint's lr / weight decay: use the configured ones
-        self.trainer.set_optimizer(lr=c.train.lr, weight_decay=c.train.weight_decay,
-                                   critic_lr=c.engine.critic_lr or 10 * c.train.lr,
-                                   betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon)
-        for line in self.resume_notes:
-            self.console.print(line, markup=False, highlight=False)
-        self.policy.sync()
-        self.rundir.truncate_metrics(self.state["step"])
-        self.console.print(f"resumed from {self.resume_from} (step {self.state['step']})")
-
-    def _open_run_dir(self) -> None:
-        """Write the run directory's config, resolved algorithm and plugins; start the trackers."""
-        c = self.config
-        self.rundir.create(c.model_dump(), self.resolved)  # on resume: records the new train.steps etc.
-        self.rundir.write_plugins([{"distribution": p.dist, "version": p.version, "module": p.module}
-                                   for p in get_catalog().plugins])
-        self.tracker = Tracker(self.rundir.path, c.train.report_to, c.model_dump(),
-                               self.state["step"] if self.resume_from is not None else None)
-
-    # ------------------------------------------------------------------ the loop's, driven from here
-    @property
-    def rows_drawn(self) -> int:
-        """Training rows drawn so far: the loop's (the resumed checkpoint's position before :meth:`start`)."""
-        return self.rows_at_start if self.loop is None else self.loop.rows_drawn
-
-    def step(self) -> dict:
-        """One training step: :meth:`RunLoop.step`."""
-        return self.loop.step()
-
-    def evaluate(self) -> dict:
-        """Held-out evaluation now: :meth:`RunLoop.evaluate`."""
-        return self.loop.evaluate()
-
-    def save(self, export: bool = False) -> Path:
-        """A checkpoint of the current step: :meth:`RunLoop.save`."""
-        return self.loop.save(export)
-
-    def train(self) -> dict:
-        """The remaining steps, then the end: :meth:`RunLoop.train`."""
-        return self.loop.train()
-
-    def finish(self) -> dict:
-        """The end (checkpoint, evaluation, export, summary): :meth:`RunLoop.finish`."""
-        return self.loop.finish()
-
-    # ------------------------------------------------------------------ the console
     def warn(self, text: str) -> None:
-        """The one channel of a run's warnings: the ``warning:`` block on the console (rank 0), a
-        line in ``RUN_DIR/startup.log`` and an entry of ``summary.json``'s ``warnings`` list."""
-        self.warned.append(text)
+        self.given.append(text)
         self.console.print(f"warning: {text}", markup=False, highlight=False, style="yellow")
         if dist.rank() == 0 and self.rundir.path.is_dir():
             with open(self.rundir.path / "startup.log", "a", encoding="utf-8") as f:
                 f.write(f"warning: {text}\n")
 
-    def phase(self, what: str) -> None:
-        """Print a start-up phase (rank 0), so a slow start says what it is waiting for."""
-        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {what} ...", highlight=False)
+
+@dataclass(frozen=True)
+class Startup:
+    """How long the run took to be ready (s): the checks (``preload_s``), the start after them (``seconds``,
+    the sum of ``parts``), and the process's age when ready (``process_to_ready_s``; None where unknown)."""
+
+    preload_s: float | None
+    seconds: float
+    parts: dict[str, float]
+    process_to_ready_s: float | None
+
+
+@dataclass(frozen=True)
+class RunPart:
+    """The parts of a started run, made by :func:`start` and nowhere else: ``config``, ``console``, the ``task``
+    (its rows), ``run`` (the components), the step's ``settings``, the ``model`` folder, the run directory
+    ``rundir``, the ``trainer`` (DeepSpeed), the ``rollout`` engine, the ``policy`` joining them (with its
+    :class:`~policyzoo.engine.sync.push.WeightSync`), the ``tracker``, ``share`` (this rank's prompts per
+    step), the checkpoint ``fingerprint``, the task's own rewards (``task_rewards_n``), the response tokens of
+    a turn (``turn_tokens``), the prompt-length count (``prompt_counts``), the ``warnings`` channel and the
+    ``startup`` times. ``state``, the run's counters ``{step, batches, tokens_seen}``, is the one mutable
+    part: the loop advances it in place."""
+
+    config: Config
+    console: Console
+    task: Task
+    run: Run
+    settings: StepSettings
+    model: ModelInfo
+    rundir: RunDir
+    state: dict
+    trainer: Trainer
+    rollout: RolloutEngine
+    policy: LMPolicy
+    tracker: Tracker
+    share: int
+    fingerprint: dict
+    task_rewards_n: int
+    turn_tokens: int
+    prompt_counts: dict
+    warnings: Warnings
+    startup: Startup
+
+
+def prepare(config: Config, resume: str | None, force_resume: bool = False) -> Prepared:
+    """Join the launcher's process group and run every check before weights load (``preload``;
+    raises its :class:`~policyzoo.errors.UserError`); no model is loaded yet."""
+    freeze_heap()  # the imports' objects: out of every later full collection's scan
+    console = Console(stderr=True, quiet=dist.rank() != 0, soft_wrap=True)
+    dist.init(config.engine.collective_timeout_s)  # join the launcher's process group (no-op for one rank)
+    t0 = time.perf_counter()
+    pre = preload(config, resume, force_resume)  # every check before weights load (also --dry-run's)
+    preload_s = time.perf_counter() - t0
+    for line in pre.resume_lines:
+        console.print(line, markup=False, highlight=False)
+    pre.state.setdefault("tokens_seen", 0)
+    return Prepared(config, console, pre, preload_s)
+
+
+def start(prepared: Prepared, verbose: bool = False) -> RunPart:
+    """Load the models (DeepSpeed first, then the rollout engine in the same process), restore the
+    checkpoint when resuming, open the run directory and the trackers: the run's parts. ``verbose``
+    False sends library output while models load to ``RUN_DIR/startup.log``."""
+    c, console, pre = prepared.config, prepared.console, prepared.checked
+    warnings = Warnings(console, pre.rundir)
+    for w in pre.warnings:
+        warnings.warn(w)
+    freeze_heap()  # what the checks loaded (transformers, the tokenizer, the data)
+    t0, parts = time.perf_counter(), {}
+    log = pre.rundir.path / "startup.log"
+    trainer, early = _start_trainer(c, console, pre, warnings, log, verbose, parts, t0)
+    rollout = _start_rollout(c, console, pre, log, verbose, early)
+    weight_sync = _weight_sync(c, pre, rollout, trainer)
+    policy = LMPolicy(rollout, trainer, weight_sync)
+    policy.first_index = dist.rank() * (c.train.prompts_per_step // dist.world_size())
+    _book(parts, "rollout_engine_s", t0)
+    if pre.resume_from is None and c.engine.rollout == "server":  # a server may hold other weights
+        weight_sync.sync()
+    if pre.resume_from is not None:
+        _restore(c, console, pre, trainer, weight_sync)
+    tracker = _open_run_dir(c, pre)
+    now = time.perf_counter()  # one reading: the parts add up to the start's seconds exactly
+    parts["resume_and_run_dir_s"] = now - t0 - sum(parts.values())
+    return RunPart(config=c, console=console, task=pre.task, run=pre.run, settings=pre.settings, model=pre.model,
+                   rundir=pre.rundir, state=pre.state, trainer=trainer, rollout=rollout, policy=policy,
+                   tracker=tracker, share=c.train.prompts_per_step // dist.world_size(), fingerprint=pre.fingerprint,
+                   task_rewards_n=pre.task_rewards_n, turn_tokens=pre.turn_tokens, prompt_counts=pre.prompt_counts,
+                   warnings=warnings, startup=Startup(prepared.preload_s, now - t0, parts, process_age_s()))
+
+
+def phase(console: Console, what: str) -> None:
+    """Print a start-up phase (rank 0), so a slow start says what it is waiting for."""
+    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {what} ...", highlight=False)
+
+
+def _book(parts: dict[str, float], name: str, t0: float) -> None:
+    """Book the seconds since ``t0`` not booked yet to the start-up part ``name``."""
+    parts[name] = time.perf_counter() - t0 - sum(parts.values())
+
+
+def _rollout_dtype(c: Config) -> str:
+    return c.engine.rollout_dtype or c.model.dtype  # bf16 sampling with fp32 training
+
+
+def _vllm_options(c: Config) -> dict:
+    """vLLM's ``fp32_head`` (its logits in fp32 over bf16 weights, as the fp32 trainer computes them:
+    ``engine.fp32_lm_head``) and ``limits`` (``max_num_seqs`` / ``max_num_batched_tokens``,
+    ``engine.vllm_max_num_*``; None: vLLM's defaults)."""
+    e = c.engine
+    return {"fp32_head": e.fp32_lm_head and c.model.dtype == "float32" and _rollout_dtype(c) != "float32",
+            "limits": {"max_num_seqs": e.vllm_max_num_seqs, "max_num_batched_tokens": e.vllm_max_num_batched_tokens}}
+
+
+def _start_trainer(c: Config, console: Console, pre: PreLoad, warnings: Warnings, log: Path, verbose: bool,
+                   parts: dict[str, float], t0: float) -> tuple[Trainer, Background | None]:
+    """The DeepSpeed trainer (policy; reference, critic as the components need), its first forward
+    (the ``engine.share_prompt`` check); vLLM starting meanwhile with ``engine.parallel_start``
+    (returned, to join)."""
+    early, plan = None, pre.lr_plan
+    phase(console, f"loading the model (DeepSpeed; library output goes to {log})")
+    with captured_output(log, enabled=not verbose):
+        if c.engine.rollout == "vllm" and c.engine.parallel_start:  # vLLM starts while DeepSpeed initialises
+            early = Background(lambda: VLLMRollout(pre.model, _rollout_dtype(c), pre.max_model_len, c.train.seed,
+                                                    c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
+                                                    compile_cpu=c.engine.vllm_compile, **_vllm_options(c)))
+        trainer = Trainer(pre.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
+                          weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
+                          need_ref=needs_reference(pre.run),
+                          ref_path=None if pre.teacher is None else str(pre.teacher.path),
+                          need_critic=bool(getattr(pre.run.baseline, "needs_values", False)),
+                          critic_lr=c.engine.critic_lr or 10 * c.train.lr,
+                          trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt,
+                          lora=c.model.lora, gradient_checkpointing=c.train.gradient_checkpointing,
+                          autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed, seed=c.train.seed,
+                          score_tokens=c.train.max_tokens_per_micro_batch,
+                          betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon,
+                          schedule=plan["name"], warmup_steps=plan["warmup_steps"], total_steps=plan["total_steps"])
+        _book(parts, "trainer_s", t0)
+        why = trainer.check_share_prompt(pre.check_ids)  # the first forward: DeepSpeed loads its op
+    if why:
+        warnings.warn(f"{why} (engine.share_prompt)")
+    _book(parts, "share_prompt_check_s", t0)
+    return trainer, early
+
+
+def _start_rollout(c: Config, console: Console, pre: PreLoad, log: Path, verbose: bool,
+                   early: Background | None) -> RolloutEngine:
+    """The rollout engine ``engine.rollout`` names: vLLM (started early, or now; a rank's share of a
+    tensor-parallel group's engine with k > 1, tensor_parallel.py), a rollout server or HF generate."""
+    dtype = _rollout_dtype(c)
+    freeze_heap(collect=True)  # the trainer's models; their loading's dead cycles freed first
+    compiled = c.engine.rollout == "vllm" and c.engine.vllm_compile and early is None
+    phase(console, f"starting the rollout engine ({c.engine.rollout})" + (
+        "; its compiled forward takes ~2 min at the first start with these settings, seconds once cached"
+        if compiled else ""))
+    with captured_output(log, enabled=not verbose):
+        if early is not None:
+            rollout = early.result()
+        elif c.engine.rollout == "server":  # the weight groups form here; the first push follows in start()
+            rollout = ServerRollout(pre.model, pre.servers, c.engine.server_timeout_s, c.engine.sync_timeout_s)
+        elif c.engine.rollout == "vllm":
+            o = _vllm_options(c)
+            rollout = start_rollout(pre.model, dtype, pre.max_model_len, c.train.seed,
+                                    c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
+                                    c.engine.vllm_tensor_parallel_size, c.engine.vllm_compile, o["fp32_head"],
+                                    o["limits"])
+        else:
+            rollout = HFRollout(pre.model, dtype, c.model.trust_remote_code)
+    for line in getattr(rollout, "notes", list)():  # vLLM sharded over ranks: its layout
+        console.print(line, markup=False, highlight=False)
+    return rollout
+
+
+def _weight_sync(c: Config, pre: PreLoad, rollout: RolloutEngine, trainer: Trainer) -> WeightSync:
+    """The run's weight sync (``engine.sync_check``, ``engine.sync_tolerance``, ``engine.sync_timeout_s``)
+    from the trainer into the rollout engine, checked on the held-out row's tokens."""
+    dtype = _rollout_dtype(c)
+    return WeightSync(rollout, trainer, check=c.engine.sync_check,
+                      tolerance=sync_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
+                      mean_tolerance=sync_mean_tolerance(c.model.dtype, c.engine.sync_tolerance, dtype),
+                      timeout_s=c.engine.sync_timeout_s, check_ids=pre.check_ids,
+                      cached_ids=cached_prefix(pre.check_ids, pre.max_model_len))
+
+
+def _restore(c: Config, console: Console, pre: PreLoad, trainer: Trainer, weight_sync: WeightSync) -> None:
+    """Load the checkpoint being resumed (weights, optimizer with the configured lr / weight decay,
+    schedule), push its weights into the rollout engine and cut ``metrics.jsonl`` after its step."""
+    pre.rundir.remove_partial()
+    trainer.load(str(pre.resume_from))
+    trainer.set_schedule(pre.lr_plan)  # the checkpoint's schedule, kept or re-planned
+    # the restored optimizer holds the checkpoint's lr / weight decay: use the configured ones
+    trainer.set_optimizer(lr=c.train.lr, weight_decay=c.train.weight_decay,
+                          critic_lr=c.engine.critic_lr or 10 * c.train.lr,
+                          betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon)
+    for line in pre.resume_notes:
+        console.print(line, markup=False, highlight=False)
+    weight_sync.sync()
+    pre.rundir.truncate_metrics(pre.state["step"])
+    console.print(f"resumed from {pre.resume_from} (step {pre.state['step']})")
+
+
+def _open_run_dir(c: Config, pre: PreLoad) -> Tracker:
+    """Write the run directory's config, resolved algorithm and plugins; start the trackers."""
+    pre.rundir.create(c.model_dump(), pre.resolved)  # on resume: records the new train.steps etc.
+    pre.rundir.write_plugins([{"distribution": p.dist, "version": p.version, "module": p.module}
+                              for p in get_catalog().plugins])
+    return Tracker(pre.rundir.path, c.train.report_to, c.model_dump(),
+                   pre.state["step"] if pre.resume_from is not None else None)

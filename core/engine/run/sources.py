@@ -64,14 +64,14 @@ class AsyncSource(SyncSource):
     """``engine.max_staleness``: a background :class:`AsyncSampler` (made at the first step, by
     :func:`async_sampler`; its thread ends at :meth:`stop`, and a later step starts a new one)."""
 
-    def __init__(self, session):
+    def __init__(self, part):
         super().__init__(None)
-        self.session = session
+        self.part = part
         self.discarded: dict = {}  # sampled ahead of the resumed checkpoint: reported on the first step
 
     def counters(self) -> dict:
         if self.policy is None:
-            self.policy, self.discarded = async_sampler(self.session)
+            self.policy, self.discarded = async_sampler(self.part)
         return self.policy.stats
 
     def begin(self, step: int, loop) -> AsyncAhead:
@@ -94,35 +94,37 @@ class AsyncSource(SyncSource):
             self.policy = None
 
 
-def batch_source(session) -> SyncSource:
-    """The source ``session.config.engine`` asks for (its overlap and staleness, checked before load)."""
-    engine = session.config.engine
+def batch_source(part) -> SyncSource:
+    """The source ``part.config.engine`` asks for (its overlap and staleness, checked before load); ``part``:
+    the run's :class:`~policyzoo.engine.run.session.RunPart`."""
+    engine = part.config.engine
     if engine.overlap == "one_step":
-        return OverlapSource(session.run, session.policy, engine.max_policy_lag)
+        return OverlapSource(part.run, part.policy, engine.max_policy_lag)
     if engine.max_staleness:
-        return AsyncSource(session)
-    return SyncSource(session.policy)
+        return AsyncSource(part)
+    return SyncSource(part.policy)
 
 
-def async_sampler(pieces) -> tuple[AsyncSampler, dict]:
+def async_sampler(part) -> tuple[AsyncSampler, dict]:
     """The background sampler of ``engine.max_staleness`` (its thread starts now) and what a resumed
     run had sampled ahead of its checkpoint (``{"async_discarded_batches": B, "async_discarded_rows": R}``
-    or ``{}``; also a console line), sampled again now. ``pieces``: ``config``, ``run``, ``task``,
-    ``state``, ``share`` (this rank's prompts per step), ``policy``, ``console`` (a session's)."""
-    c, P, sp, run = pieces.config, pieces.config.train.prompts_per_step, pieces.run.sample.params, pieces.run
-    share, rank = pieces.share, dist.rank()
+    or ``{}``; also a console line), sampled again now. ``part`` (the run's
+    :class:`~policyzoo.engine.run.session.RunPart`): its ``config``, ``run``, ``task``, ``state``, ``share``
+    (this rank's prompts per step), ``policy`` and ``console``."""
+    c, P, sp, run = part.config, part.config.train.prompts_per_step, part.run.sample.params, part.run
+    share, rank = part.share, dist.rank()
 
     def plan(step: int, cursor: int):  # the prompts and seed of the step's first round at ``cursor``
-        rows = rows_at(pieces.task.train_rows, pieces.task.seed, cursor, P)
+        rows = rows_at(part.task.train_rows, part.task.seed, cursor, P)
         return rows[rank * share:(rank + 1) * share], round_seed(step_seed(c.train.seed, step), 0)
 
     def sample(policy, prompts, seed):
         return dispatch.call(run, "sample", rows=len(prompts) * (sp.n + sp.greedy), policy=policy,
                              prompts=prompts, seed=seed, env=run.env)
 
-    discarded, line = discarded_at_resume(pieces.state)
+    discarded, line = discarded_at_resume(part.state)
     if line:
-        pieces.console.print(line, markup=False, highlight=False)
-    sampler = AsyncSampler(pieces.policy, c.engine.max_staleness, sample, plan, stride=P, last_step=c.train.steps,
-                           version=pieces.state["step"])
+        part.console.print(line, markup=False, highlight=False)
+    sampler = AsyncSampler(part.policy, c.engine.max_staleness, sample, plan, stride=P, last_step=c.train.steps,
+                           version=part.state["step"])
     return sampler, discarded

@@ -34,14 +34,14 @@ def freeze_heap(collect: bool = False) -> None:
     """Move every object alive now out of the garbage collector's reach (``gc.freeze``; after a full
     collection with ``collect``), so later full collections stop scanning the imports' heap.
 
-    A warm start of the default model ran 14 full collections at 0.2-0.4 s each over the heap of
-    transformers', DeepSpeed's and vLLM's imports, finding at most 313 objects to free: ~3.2 s of the start
-    on a 2-core CPU. Freezing at :meth:`Session.prepare`, :meth:`Session.start` and before the rollout engine
-    starts cut that to ~1.9 s (measured with ``gc.callbacks``; with the remembered shared-prompt check, a warm
-    start on another host went from 10.05 to 7.97 s: docs/benchmarks.md). Reference counting still frees frozen
-    objects; only reference cycles among them are never collected, which is what vLLM does with the whole
-    heap at the end of its own start (``vllm.utils.gc_utils.freeze_gc_heap``: a collection, then a
-    freeze). ``collect`` first frees the cycles that died already (after a model load: a temporary copy
+    A warm start of the default model ran 14 full collections at 0.2-0.4 s each over the heap of transformers',
+    DeepSpeed's and vLLM's imports, finding at most 313 objects to free: ~3.2 s of the start on a 2-core CPU.
+    Freezing at :func:`~policyzoo.engine.run.session.prepare`, :func:`~policyzoo.engine.run.session.start` and
+    before the rollout engine starts cut that to ~1.9 s (measured with ``gc.callbacks``; with the remembered
+    shared-prompt check, a warm start on another host went from 10.05 to 7.97 s: docs/benchmarks.md). Reference
+    counting still frees frozen objects; only reference cycles among them are never collected, which is what vLLM
+    does with the whole heap at the end of its own start (``vllm.utils.gc_utils.freeze_gc_heap``: a collection, then
+    a freeze). ``collect`` first frees the cycles that died already (after a model load: a temporary copy
     of weights in a cycle would otherwise stay)."""
     import gc
 

@@ -29,14 +29,14 @@ def unscorable(records: list[dict]) -> tuple[int, dict[str, int]]:
     return total, by
 
 
-def run_summary(session, loop, after: dict, stop=None) -> dict:
-    """The summary of ``session`` run by ``loop``, with ``after`` the last evaluation record (``{}``:
-    none): held-out accuracy before (``loop.eval_before``, else ``loop.first_eval()``) and after, steps,
-    tokens, start-up seconds, memory (GiB), the warnings given, the run directory, whether the run
-    stopped by itself (``stop``, a :class:`~policyzoo.engine.run.stop.RunStopped`: ``stopped_early``,
-    ``stop_reason``, ``stop_cause``; False / None when it ran its steps) and its unscorable rows
+def run_summary(part, loop, after: dict, stop=None) -> dict:
+    """The summary of the run ``part`` (a :class:`~policyzoo.engine.run.session.RunPart`) run by ``loop``, with
+    ``after`` the last evaluation record (``{}``: none): held-out accuracy before (``loop.eval_before``, else
+    ``loop.first_eval()``) and after, steps, tokens, start-up seconds, memory (GiB), the warnings given, the run
+    directory, whether the run stopped by itself (``stop``, a :class:`~policyzoo.engine.run.stop.RunStopped`:
+    ``stopped_early``, ``stop_reason``, ``stop_cause``; False / None when it ran its steps) and its unscorable rows
     (:func:`unscorable`, over every step in ``metrics.jsonl``, resumed runs' earlier steps included)."""
-    s, trainer, before = session, session.trainer, loop.eval_before
+    s, trainer, before = part, part.trainer, loop.eval_before
     rows, by_reward = unscorable(s.rundir.read_metrics())
     return {"steps": loop.state["step"], "algorithm": s.run.bundle.name, "model": str(s.model.path),
             "stopped_early": stop is not None, "stop_reason": None if stop is None else stop.reason,
@@ -45,16 +45,16 @@ def run_summary(session, loop, after: dict, stop=None) -> dict:
             "eval_accuracy_before": before.get("eval_accuracy", loop.first_eval()),
             "eval_accuracy_after": after.get("eval_accuracy"),
             "eval_after": {k[5:]: v for k, v in after.items() if k.startswith(_EVAL_K)},
-            "startup_seconds": s.startup_s,
-            "startup_parts": s.startup_parts, "process_to_ready_seconds": s.process_to_ready_s,
-            "preload_seconds": s.preload_s,
+            "startup_seconds": s.startup.seconds,
+            "startup_parts": s.startup.parts, "process_to_ready_seconds": s.startup.process_to_ready_s,
+            "preload_seconds": s.startup.preload_s,
             "prompt_counts": s.prompt_counts,
             "tokens_seen": loop.state["tokens_seen"],
             "models_loaded": trainer.models_loaded(), "trainable_params": trainer.trainable_params,
             "peak_rss_gib": peak_rss_gib(), "zero_stage": trainer.stage,
             "rollout": s.config.engine.rollout, "share_prompt": trainer.share_prompt,
             "share_prompt_check": trainer.share_prompt_check, "run_dir": str(s.rundir.path),
-            "warnings": list(s.warned),
+            "warnings": list(s.warnings.given),
             "eval_metric": loop.eval_name(), "eval_metric_definition": EVAL_DEFINITION,
             **{k: v for k, v in after.items() if k.startswith("eval_accuracy/")},  # per task (_task rows)
             **{k.replace("eval_accuracy/", "eval_accuracy_before/"): v for k, v in before.items()

@@ -23,7 +23,8 @@ from policyzoo.host import rollout_dtype_notes
 
 from .gpu_profile import check_planned_gpu, console_lines, set_tf32
 from .interrupts import SignalReceived, finished_signals, quiet_teardown, raising_signals, signal_stop
-from .session import Session
+from .loop import RunLoop
+from .session import Prepared, prepare, start
 
 
 def config_from_run_dir(run_dir: str, overrides: list[str] = ()):
@@ -36,28 +37,27 @@ def config_from_run_dir(run_dir: str, overrides: list[str] = ()):
     return load_config(str(path), None, list(overrides))
 
 
-def open_session(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False,
-                 prepared: Callable[[Session], None] | None = None):
-    """Set up the process, run every check and load the models: a started
-    :class:`~policyzoo.engine.run.session.Session` (what ``policyzoo.Trainer`` drives step by step).
-    ``prepared(session)`` is called once the checks passed, before any model loads."""
+def open_run(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False,
+             prepared: Callable[[Prepared], None] | None = None) -> RunLoop:
+    """Set up the process, run every check and load the models: the loop over the started run's parts
+    (what ``policyzoo.Trainer`` drives step by step). ``prepared(checked run)`` is called once the checks
+    passed, before any model loads."""
     quiet_libraries(verbose)
     check_planned_gpu(config)  # engine.plan_gpu is for dry runs on a machine without a GPU
     if config.engine.rollout == "vllm":
         check_vllm_threads(config.engine.threads)
     threads = setup_process(config.engine.threads, config.engine.kv_cache_gb)
-    session = Session.prepare(config, resume, force_resume)  # every check; no model loaded yet
-    session.verbose = verbose
+    ready = prepare(config, resume, force_resume)  # every check; no model loaded yet
+    pre, console = ready.checked, ready.console
     if prepared is not None:
-        prepared(session)
-    session.console.print(f"policyzoo train: {session.run.bundle.name} on {session.model.path.name}, "
-                          f"data {session.task.name}, {threads} threads -> {session.rundir.path}")
+        prepared(ready)
+    console.print(f"policyzoo train: {pre.run.bundle.name} on {pre.model.path.name}, "
+                  f"data {pre.task.name}, {threads} threads -> {pre.rundir.path}")
     # auto's choices, the GPU profile's, the zoo bundle's parts that do nothing at these settings
-    for line in rollout_dtype_notes(config) + console_lines(session) + [f"note: {n}" for n in session.inert_notes]:
-        session.console.print(line, markup=False, highlight=False)
+    for line in rollout_dtype_notes(config) + console_lines(pre) + [f"note: {n}" for n in pre.inert_notes]:
+        console.print(line, markup=False, highlight=False)
     set_tf32(config)  # train.tf32 (the GPU profile: on), before any model loads
-    session.start()
-    return session
+    return RunLoop(start(ready, verbose), pre.rows_drawn)
 
 
 def main(config, resume: str | None = None, force_resume: bool = False, verbose: bool = False) -> dict:
@@ -67,15 +67,18 @@ def main(config, resume: str | None = None, force_resume: bool = False, verbose:
     raises :class:`~policyzoo.errors.Interrupted` saying that nothing was saved; during the steps the
     loop saves a checkpoint first (:mod:`.interrupts`). Either way the exit is quiet. Once the run has finished
     a signal during the clean-up ends the process with status 0 (:func:`.interrupts.finished_signals`)."""
-    seen: list = []  # (the session, its step) once the checks passed
+    seen: list = []  # (the checked run, its step) once the checks passed
+    loop = None
     try:
         with raising_signals():
             try:
-                summary = open_session(config, resume, force_resume, verbose,
-                                       lambda s: seen.append((s, s.state["step"]))).train()
+                loop = open_run(config, resume, force_resume, verbose,
+                                lambda p: seen.append((p, p.checked.state["step"])))
+                summary = loop.train()
             except SignalReceived as e:
                 quiet_teardown()
-                raise signal_stop(e.signum, *(seen[0] if seen else (None, None)), resume) from None
+                asked = 0 if loop is None else loop.stop_requested  # a first signal during a step
+                raise signal_stop(e.signum, *(seen[0] if seen else (None, None)), resume, asked) from None
             except Interrupted:  # the loop's stop after a step, with its checkpoint
                 quiet_teardown()
                 raise
@@ -83,5 +86,5 @@ def main(config, resume: str | None = None, force_resume: bool = False, verbose:
         return summary
     finally:
         if seen:  # the run has ended, however: its folder holds no live run (run.pid names this process only)
-            seen[0][0].rundir.release()
+            seen[0][0].checked.rundir.release()
         dist.close()

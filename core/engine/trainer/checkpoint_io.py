@@ -1,63 +1,24 @@
-"""The trainer's weights and checkpoints: full weights for the sync, the finiteness check,
+"""The trainer's weights and checkpoints: the finiteness check,
 DeepSpeed checkpoints (read without unpickling), the optimizer settings applied after a resume and
 the ``save_pretrained`` export. A mixin of :class:`policyzoo.engine.trainer.deepspeed_trainer.Trainer`, which owns
-``engine``, ``critic``, ``stage``, ``lora`` and ``info``."""
+``engine``, ``critic``, ``stage``, ``lora`` and ``info``. The full weights (``full_weights``) are the
+weight sync's gather, :func:`policyzoo.engine.sync.gather.full_weights`."""
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
 from policyzoo.engine.dist import any_rank, rank
 from policyzoo.engine.rundir import weights_only_load
+from policyzoo.engine.sync.gather import full_weights
 
 from . import lora as lora_mod
 from .dsconfig import BETAS
 
 
-def _gathered_one_at_a_time(params):
-    import deepspeed
-
-    for name, p in params:
-        with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
-            yield name, p.data
-
-
 class TrainerIO:
-    #: stream the sync: gather and yield one parameter at a time (False: gather the whole model first)
-    stream_sync = True
-
-    @contextlib.contextmanager
-    def full_weights(self, streamed: bool | None = None):
-        """An iterable of ``(hf_name, tensor)``: the policy's full weights, in ``named_parameters``
-        order on every rank (the order the ZeRO-3 gathers must agree on).
-
-        * ZeRO 0-2: every weight is whole on every rank; nothing is gathered or copied.
-        * ZeRO 3, ``streamed`` (default :attr:`stream_sync`): a generator that gathers one parameter
-          (``GatheredParameters([p])``), yields it and releases it when the consumer asks for the next,
-          so a rank holds one gathered parameter beyond its shard (plus what the consumer keeps: vLLM's
-          layer-wise loader keeps the tensors of one layer until the layer is complete; a released
-          parameter's tensor stays valid while referenced, DeepSpeed only rebinds ``param.data``).
-          TRL and OpenRLHF gather one parameter at a time too. Every rank must consume it to the end.
-        * ZeRO 3, not streamed: the whole model gathered at once (a full copy per rank), as a list.
-        * LoRA (ZeRO 0-2): the merged weights, computed one layer at a time as they are consumed
-          (:func:`policyzoo.engine.trainer.lora.merged_weights`).
-        """
-        import deepspeed
-
-        if self.lora:  # ZeRO 0-2 only: every weight is held whole on every rank
-            yield lora_mod.merged_weights(self.engine.module)
-            return
-        params = list(self.engine.module.named_parameters())
-        if self.stage != 3:
-            yield ((n, p.data) for n, p in params)
-            return
-        if self.stream_sync if streamed is None else streamed:
-            yield _gathered_one_at_a_time(params)
-            return
-        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None):
-            yield [(n, p.data) for n, p in params]
+    #: the policy's full weights (``(hf_name, tensor)`` pairs), the weight sync's gather
+    full_weights = full_weights
 
     def weights_finite(self) -> bool:
         """True when every policy (and critic) weight is finite (gathered under ZeRO-3; the
@@ -132,7 +93,7 @@ class TrainerIO:
 
         Rank 0 alone copies the weights to the host and writes them: at ZeRO 0-2 the other ranks do
         nothing; at ZeRO 3 every rank takes part in each one-parameter gather (streamed, whatever
-        ``stream_sync`` says) and drops the parameter again, so one host copy of the model is made per
+        ``sync.gather.STREAMED`` says) and drops the parameter again, so one host copy of the model is made per
         run, not one per rank (at 7B in fp32, 28 GB instead of 28 GB x ranks)."""
         mine = rank() == 0
         if self.lora:
