@@ -4,9 +4,9 @@ lists them; ``tests/test_rules.py`` keeps that table equal to :data:`RULES`).
 
 Three kinds, by what they need and so where they are raised, all before any weights load:
 
-* ``"config"`` rules read the config alone; :class:`~policyzoo.config.Config`'s validator calls
+* ``"config"`` rules read the config alone; :class:`~policyzoo.run_config.Config`'s validator calls
   :func:`check_config`, so they fail at ``load_config`` (a ``ValueError`` whose text before ``': '`` is
-  the reason and after it the fix, turned into a :class:`ConfigError` by ``config.py``).
+  the reason and after it the fix, turned into a :class:`ConfigError` by ``run_config.py``).
 * ``"run"`` rules also read the assembled run (its env, kl, terms); ``run/preload.py`` calls
   :func:`check_run` after assembly and ``run/checks.py`` ``check_teacher`` calls :func:`check_teacher_keys`
   before the teacher's folder is read. They raise :class:`ConfigError` at the rule's first key.
@@ -227,7 +227,7 @@ TEACHER = ("term_needs_teacher", "teacher_needs_reader", "teacher_without_kl")
 
 
 def check_config(config) -> None:
-    """Every ``"config"`` rule on a :class:`~policyzoo.config.Config`, in :data:`RULES` order. Raises
+    """Every ``"config"`` rule on a :class:`~policyzoo.run_config.Config`, in :data:`RULES` order. Raises
     ``ValueError("WHY: FIX")`` for the first broken one (pydantic turns it into the config's error)."""
     for rule in RULES.values():
         found = rule.check(config) if rule.kind == "config" else None

@@ -16,10 +16,10 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from policyzoo import Env, Episode, Observation, assemble, hookimpl, use  # noqa: E402
 from policyzoo.catalog import load_catalog  # noqa: E402
 from policyzoo.contract import StepBatch  # noqa: E402
+from policyzoo.engine.lm_policy import LMPolicy  # noqa: E402
 from policyzoo.engine.models import resolve_model  # noqa: E402
-from policyzoo.engine.policy import LMPolicy  # noqa: E402
-from policyzoo.engine.rollout.engines import VLLMRollout  # noqa: E402
 from policyzoo.engine.rollout.hf import HFRollout  # noqa: E402
+from policyzoo.engine.rollout.vllm_engine import VLLMRollout  # noqa: E402
 from policyzoo.engine.sync.push import WeightSync  # noqa: E402
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
 from policyzoo.engine.trainer.modeling import pack  # noqa: E402

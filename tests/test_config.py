@@ -7,8 +7,8 @@ import pytest
 
 from policyzoo import ConfigError, assemble
 from policyzoo.assembly import Run, step_settings
-from policyzoo.config import load_config
 from policyzoo.resolve import resolve_algorithm
+from policyzoo.run_config import load_config
 
 NO_PLUGINS = {"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"}
 

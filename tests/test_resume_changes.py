@@ -12,9 +12,9 @@ import sys
 import pytest
 from _engine_helpers import ROOT, TINY_OVERRIDES, engine_env, tiny_model, train_cmd
 
-from policyzoo.config import load_config
 from policyzoo.data import rows_at
 from policyzoo.engine.rundir import ResumeError, RunDir
+from policyzoo.run_config import load_config
 
 
 def _config(out, *extra):

@@ -8,10 +8,10 @@ import pytest
 
 from policyzoo import host
 from policyzoo.assembly import Run
-from policyzoo.config import load_config
 from policyzoo.engine.sync.check import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm
+from policyzoo.run_config import load_config
 
 BF16 = "engine.rollout_dtype=bfloat16"
 

@@ -14,5 +14,5 @@ meant to be pasted into an issue. Two plans:
   ZeRO 3 (bf16) steps of a tiny model built in place, the log-prob agreement between the trainer
   and a transformers-generate rollout, and memory.
 
-Nothing is imported here: ``policyzoo.doctor.cli`` (the arguments) stays free of torch.
+Nothing is imported here: ``policyzoo.doctor.doctor_args`` (the arguments) stays free of torch.
 """

@@ -77,7 +77,7 @@ def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, conf
 def write_checkpoint(part, step: int, batches: int, rows: int, tokens_seen: int = 0, in_flight: dict | None = None,
                      export: bool = False) -> Path:
     """Write the checkpoint of ``step`` (``batches`` drawn, ``rows`` prompts drawn; ``in_flight``: what
-    was sampled ahead, see :func:`~policyzoo.engine.run.sources.async_sampler`) with ``part``'
+    was sampled ahead, see :func:`~policyzoo.engine.run.batch_sources.async_sampler`) with ``part``'
     ``trainer``, ``rundir``, ``config``, ``fingerprint`` and ``run`` (its components' state, e.g. an
     adaptive KL coefficient); with ``export`` also a save_pretrained export in its ``hf/`` folder.
     Returns the checkpoint folder. Raises :class:`~policyzoo.errors.TrainingError` when the weights

@@ -12,13 +12,13 @@ from rich.console import Console
 
 from policyzoo.catalog import get_catalog
 from policyzoo.engine import dist
-from policyzoo.engine.policy import LMPolicy
+from policyzoo.engine.lm_policy import LMPolicy
 from policyzoo.engine.process import captured_output
 from policyzoo.engine.report.tracking import Tracker
-from policyzoo.engine.rollout.engines import VLLMRollout
 from policyzoo.engine.rollout.hf import HFRollout
 from policyzoo.engine.rollout.server import ServerRollout
 from policyzoo.engine.rollout.tensor_parallel import GroupRollout, start_rollout
+from policyzoo.engine.rollout.vllm_engine import VLLMRollout
 from policyzoo.engine.sync.check import sync_mean_tolerance, sync_tolerance
 from policyzoo.engine.sync.push import WeightSync, cached_prefix
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
@@ -29,10 +29,10 @@ from .startup import Background, freeze_heap, process_age_s
 
 if TYPE_CHECKING:
     from policyzoo.assembly import Run
-    from policyzoo.config import Config
     from policyzoo.data.task import Task
     from policyzoo.engine.models import ModelInfo
     from policyzoo.engine.rundir import RunDir
+    from policyzoo.run_config import Config
     from policyzoo.step import StepSettings
 
 #: the rollout engines ``engine.rollout`` names (vLLM: one per rank, or a rank's share of a tensor-parallel group)

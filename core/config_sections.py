@@ -1,6 +1,6 @@
 """The sections of the run configuration (``model``, ``train``, ``engine``, ``eval``; ``data`` is
-:class:`policyzoo.data.config.DataSettings`): every key with its default and description.
-:class:`policyzoo.config.Config` puts them together and checks the rules across sections; unknown
+:class:`policyzoo.data.data_section.DataSettings`): every key with its default and description.
+:class:`policyzoo.run_config.Config` puts them together and checks the rules across sections; unknown
 keys are rejected in every section."""
 
 from __future__ import annotations

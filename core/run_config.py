@@ -15,11 +15,11 @@ import pydantic
 import yaml
 from pydantic import Field
 
-from policyzoo.data.config import DataSettings
+from policyzoo.data.data_section import DataSettings
 
 from . import conventions, host, rules
+from .config_sections import EngineSettings, EvalSettings, ModelSettings, Section, TrainSettings
 from .errors import ConfigError, did_you_mean
-from .settings import EngineSettings, EvalSettings, ModelSettings, Section, TrainSettings
 
 
 class Config(Section):
