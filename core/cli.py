@@ -160,7 +160,7 @@ def cmd_plot(args, out: Console) -> None:
 
 def cmd_doctor(args, out: Console) -> None:
     """``policyzoo doctor --gpu``: the GPU checks and their report (``policyzoo.doctor``)."""
-    from .doctor.command import cmd_doctor as doctor
+    from .doctor.runner import cmd_doctor as doctor
 
     doctor(args, out)
 

@@ -35,8 +35,8 @@ REMOVED = ("hookspecs", "slots", "batch", "components", "policy", "stats", "runs
 BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.run_config", "policyzoo.conventions", "policyzoo.data",
          "policyzoo.plan", "policyzoo.config_sections", "policyzoo.resolve", "policyzoo.rules", "policyzoo.host",
          "policyzoo.equivalence")
-CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy_protocol": 1,
-                  "slots": 2, "baselines": 2.5, "hookspecs": 3, "": 4}
+CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1,
+                  "policy_protocol": 1, "slots": 2, "baselines": 2.5, "hookspecs": 3, "": 4}
 ROOMS = ("rollout", "ahead", "trainer", "sync", "run", "report")
 
 
@@ -134,8 +134,8 @@ def rule_problems(es: list[Edge]) -> list[str]:
         elif _under(s, "policyzoo.contract") and _under(d, "policyzoo.contract"):
             a, b = s.split(".")[2:3] or [""], d.split(".")[2:3] or [""]
             if CONTRACT_LEVEL[b[0]] >= CONTRACT_LEVEL[a[0]] and s != d:
-                why = ("inside the contract imports run ground <- batch/policy_protocol/components <- slots <- baselines <- "
-                       "hookspecs")
+                why = ("inside the contract imports run ground <- batch/policy_protocol/components <- slots <- "
+                       "baselines <- hookspecs")
         elif layer(d) > layer(s) and not (e.in_function and legitimate_lazy(e)):
             why = f"an upward import (layer {layer(s)} -> {layer(d)})"
         elif _under(s, "policyzoo.engine.rollout") and _under(d, "policyzoo.engine.trainer") or \
