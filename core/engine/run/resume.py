@@ -48,6 +48,7 @@ from pathlib import Path
 
 import yaml
 
+from policyzoo.config_sections import critic_lr
 from policyzoo.engine import dist
 from policyzoo.engine.rundir import ResumeError
 from policyzoo.engine.trainer.dsconfig import effective_stage
@@ -71,7 +72,7 @@ def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, conf
             "zero_stage": effective_stage(config.engine), "world_size": world_size,
             "rollout_dtype": config.engine.rollout_dtype or config.model.dtype,
             "train": {"lr": t.lr, "weight_decay": t.weight_decay, "prompts_per_step": t.prompts_per_step,
-                      "critic_lr": config.engine.critic_lr or 10 * t.lr}}
+                      "critic_lr": critic_lr(config.engine, t)}}
 
 
 def write_checkpoint(part, step: int, batches: int, rows: int, tokens_seen: int = 0, in_flight: dict | None = None,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from policyzoo.catalog import get_catalog
+from policyzoo.config_sections import critic_lr
 from policyzoo.engine import dist
 from policyzoo.engine.lm_policy import LMPolicy
 from policyzoo.engine.process import captured_output
@@ -190,18 +191,9 @@ def _start_trainer(c: Config, console: Console, pre: PreLoad, warnings: Warnings
             early = Background(lambda: VLLMRollout(pre.model, _rollout_dtype(c), pre.max_model_len, c.train.seed,
                                                     c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
                                                     compile_cpu=c.engine.vllm_compile, **_vllm_options(c)))
-        trainer = Trainer(pre.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
-                          weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
-                          need_ref=needs_reference(pre.run),
-                          ref_path=None if pre.teacher is None else str(pre.teacher.path),
+        trainer = Trainer(pre.model, c.model, c.train, c.engine, need_ref=needs_reference(pre.run),
                           need_critic=bool(getattr(pre.run.baseline, "needs_values", False)),
-                          critic_lr=c.engine.critic_lr or 10 * c.train.lr,
-                          trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt,
-                          lora=c.model.lora, gradient_checkpointing=c.train.gradient_checkpointing,
-                          autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed, seed=c.train.seed,
-                          score_tokens=c.train.max_tokens_per_micro_batch,
-                          betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon,
-                          schedule=plan["name"], warmup_steps=plan["warmup_steps"], total_steps=plan["total_steps"])
+                          ref_path=None if pre.teacher is None else str(pre.teacher.path), lr_plan=plan)
         _book(parts, "trainer_s", t0)
         why = trainer.check_share_prompt(pre.check_ids)  # the first forward: DeepSpeed loads its op
     if why:
@@ -257,7 +249,7 @@ def _restore(c: Config, console: Console, pre: PreLoad, trainer: Trainer, weight
     trainer.set_schedule(pre.lr_plan)  # the checkpoint's schedule, kept or re-planned
     # the restored optimizer holds the checkpoint's lr / weight decay: use the configured ones
     trainer.set_optimizer(lr=c.train.lr, weight_decay=c.train.weight_decay,
-                          critic_lr=c.engine.critic_lr or 10 * c.train.lr,
+                          critic_lr=critic_lr(c.engine, c.train),
                           betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon)
     for line in pre.resume_notes:
         console.print(line, markup=False, highlight=False)
