@@ -61,7 +61,7 @@ def _dry_run(args, config, port, overrides: list[str], out: Console) -> None:
 
     from policyzoo.engine.run.gpu_profile import console_lines
     from policyzoo.engine.run.preload import preload
-    from policyzoo.host import rollout_dtype_notes
+    from policyzoo.native_bf16 import rollout_dtype_notes
 
     pre = preload(config, args.resume, args.force_resume, dry_run=True)
     resolved = pre.resolved

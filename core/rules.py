@@ -73,7 +73,7 @@ def _fp32_head_trainer(c):
 
 def _fp32_head_rollout(c):
     """Not for ``engine.rollout_dtype: auto``: it chose float32 on a CPU without bf16 instructions, where the
-    same config samples in bf16 elsewhere (:func:`policyzoo.host.rollout_dtype_notes` says it is idle)."""
+    same config samples in bf16 elsewhere (:func:`policyzoo.native_bf16.rollout_dtype_notes` says it is idle)."""
     e, auto = c.engine, getattr(c, "_auto_rollout_dtype", False)
     if e.fp32_lm_head and (e.rollout_dtype or c.model.dtype) == "float32" and not auto:
         return ("engine.fp32_lm_head computes vLLM's logits in fp32 over bf16 weights, but engine.rollout_dtype is "

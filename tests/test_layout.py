@@ -33,7 +33,7 @@ ROOTS = {"core": "policyzoo", "plugins": "policyzoo.plugins", "zoo": "policyzoo.
 #: the old public paths, kept one release as re-exports (nothing of the project imports them)
 REMOVED = ("hookspecs", "slots", "batch", "components", "policy", "stats", "runstate")  # removed: CHANGELOG.md
 BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.run_config", "policyzoo.conventions", "policyzoo.data",
-         "policyzoo.plan", "policyzoo.config_sections", "policyzoo.resolve", "policyzoo.rules", "policyzoo.host",
+         "policyzoo.plan", "policyzoo.config_sections", "policyzoo.resolve", "policyzoo.rules", "policyzoo.native_bf16",
          "policyzoo.equivalence")
 CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1,
                   "policy_protocol": 1, "slots": 2, "baselines": 2.5, "hookspecs": 3, "": 4}

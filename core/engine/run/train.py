@@ -18,7 +18,7 @@ from policyzoo.engine import dist
 from policyzoo.engine.process import check_vllm_threads, quiet_libraries, setup_process
 from policyzoo.engine.rundir import ResumeError
 from policyzoo.errors import Interrupted
-from policyzoo.host import rollout_dtype_notes
+from policyzoo.native_bf16 import rollout_dtype_notes
 from policyzoo.run_config import load_config
 
 from .gpu_profile import check_planned_gpu, console_lines, set_tf32
