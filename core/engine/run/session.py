@@ -36,8 +36,9 @@ if TYPE_CHECKING:
     from policyzoo.run_config import Config
     from policyzoo.step import StepSettings
 
-#: the rollout engines ``engine.rollout`` names (vLLM: one per rank, or a rank's share of a tensor-parallel group)
-RolloutEngine = VLLMRollout | GroupRollout | ServerRollout | HFRollout
+#: the rollout engines ``engine.rollout`` names (vLLM: one per rank, or a rank's share of a tensor-parallel group);
+#: each satisfies the protocol :class:`~policyzoo.engine.rollout.engine_base.RolloutEngine`
+ChosenRollout = VLLMRollout | GroupRollout | ServerRollout | HFRollout
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class RunPart:
     rundir: RunDir
     state: dict
     trainer: Trainer
-    rollout: RolloutEngine
+    rollout: ChosenRollout
     policy: LMPolicy
     tracker: Tracker
     share: int
@@ -203,7 +204,7 @@ def _start_trainer(c: Config, console: Console, pre: PreLoad, warnings: Warnings
 
 
 def _start_rollout(c: Config, console: Console, pre: PreLoad, log: Path, verbose: bool,
-                   early: Background | None) -> RolloutEngine:
+                   early: Background | None) -> ChosenRollout:
     """The rollout engine ``engine.rollout`` names: vLLM (started early, or now; a rank's share of a
     tensor-parallel group's engine with k > 1, tensor_parallel.py), a rollout server or HF generate."""
     dtype = _rollout_dtype(c)
@@ -230,7 +231,7 @@ def _start_rollout(c: Config, console: Console, pre: PreLoad, log: Path, verbose
     return rollout
 
 
-def _weight_sync(c: Config, pre: PreLoad, rollout: RolloutEngine, trainer: Trainer) -> WeightSync:
+def _weight_sync(c: Config, pre: PreLoad, rollout: ChosenRollout, trainer: Trainer) -> WeightSync:
     """The run's weight sync (``engine.sync_check``, ``engine.sync_tolerance``, ``engine.sync_timeout_s``)
     from the trainer into the rollout engine, checked on the held-out row's tokens."""
     dtype = _rollout_dtype(c)
