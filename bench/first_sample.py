@@ -41,13 +41,13 @@ def worker(mode: str, model: str, P: int, G: int, max_tokens: int) -> dict:
 
     setup_process(threads=2)
     from policyzoo.engine.models import resolve_model
-    from policyzoo.engine.rollout import engines
+    from policyzoo.engine.rollout import vllm_engine
 
     if mode != "eager":
-        engines.eager_token_ranks = lambda: None
+        vllm_engine.eager_token_ranks = lambda: None
     info = resolve_model(None if model == "default" else model)
     t = time.perf_counter()
-    r = engines.VLLMRollout(info, "float32", 1024, 0)
+    r = vllm_engine.VLLMRollout(info, "float32", 1024, 0)
     out = {"start_s": time.perf_counter() - t}
     rows = [{"prompt": [{"role": "user", "content": f"What is {k} plus {k + 3}?"}]} for k in range(P)]
     t = time.perf_counter()

@@ -14,7 +14,7 @@ git): what a bare GPU machine with only torch, transformers, accelerate, peft an
       pip install --no-index --no-deps --target /tmp/site .build/gpu-bundle/wheels/*.whl
       PYTHONPATH=/tmp/site python -m policyzoo.doctor --gpu   # --trainer-only, or --device cpu on CPU
 
-No model travels: the doctor builds its tiny model in place (``policyzoo.doctor.models``).
+No model travels: the doctor builds its tiny model in place (``policyzoo.doctor.parts``).
 Exits 1 when the bundle is 64 MiB or more.
 """
 

@@ -59,6 +59,7 @@ def main(argv=None) -> dict:
     import torch
     import trainer_compute
 
+    from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings
     from policyzoo.engine.models import resolve_model
     from policyzoo.engine.trainer import prefix
     from policyzoo.engine.trainer.deepspeed_trainer import Trainer
@@ -66,8 +67,9 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     load0, rate0 = os.getloadavg(), ceiling.matmul_rate(2048, 576, 1536, torch.float32, 10)
     shape = SimpleNamespace(P=2, G=4, prompt_len=100, response_len=128)
-    tr = Trainer(resolve_model(None), dtype="float32", zero_stage=0, lr=1e-7, weight_decay=0.0, grad_clip=1.0,
-                 need_ref=True, need_critic=False, critic_lr=1e-7)
+    tr = Trainer(resolve_model(None), ModelSettings(), TrainSettings(lr=1e-7, weight_decay=0.0, grad_clip=1.0),
+                 EngineSettings(zero_stage=0, critic_lr=1e-7),
+                 need_ref=True, need_critic=False)
     split, kept, times = prefix.length_buckets, prefix.CALL_OVERHEAD, {}
     try:
         for name, lengths in PATTERNS.items():

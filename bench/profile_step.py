@@ -43,7 +43,7 @@ def mark_phases() -> None:
     """Wrap the engine's policy methods in ``torch.profiler.record_function`` ranges named by phase."""
     import torch
 
-    from policyzoo.engine.policy import LMPolicy
+    from policyzoo.engine.lm_policy import LMPolicy
 
     for method, phase in PHASES.items():
         fn = getattr(LMPolicy, method)

@@ -67,8 +67,8 @@ def parse(argv=None):
 
 
 def run_points(a) -> dict:
-    from policyzoo.config import load_config
     from policyzoo.engine.process import setup_process
+    from policyzoo.run_config import load_config
 
     longest = max(a.lens + [a.base_len])
     cfg = load_config(None, a.algo, [f"algorithm.sample.max_tokens={longest}", f"train.lr={a.lr}",

@@ -109,6 +109,7 @@ def main(argv=None) -> dict:
     import trainer_compute
     from transformers import AutoModelForCausalLM
 
+    from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings
     from policyzoo.engine.models import resolve_model
     from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 
@@ -118,8 +119,9 @@ def main(argv=None) -> dict:
     rate0 = ceiling.matmul_rate(2048, a.hidden, a.mlp, torch.float32, 10)
     bw0 = ceiling.copy_bandwidth(512 << 20, 5)
     info = resolve_model(None)
-    tr = Trainer(info, dtype="float32", zero_stage=0, lr=1e-7, weight_decay=0.0, grad_clip=1.0, need_ref=True,
-                 need_critic=False, critic_lr=1e-7)
+    tr = Trainer(info, ModelSettings(), TrainSettings(lr=1e-7, weight_decay=0.0, grad_clip=1.0),
+                 EngineSettings(zero_stage=0, critic_lr=1e-7),
+                 need_ref=True, need_critic=False)
     roll = trainer_compute.rollout(a.vocab, args)
     policy, ref = (AutoModelForCausalLM.from_pretrained(str(info.path), dtype=torch.float32) for _ in range(2))
     ref.eval()

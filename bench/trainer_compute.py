@@ -109,6 +109,7 @@ def main(argv=None) -> dict:
     import ceiling
     import torch
 
+    from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings
     from policyzoo.engine.models import resolve_model
     from policyzoo.engine.trainer import clipping, prefix
     from policyzoo.engine.trainer.deepspeed_trainer import Trainer
@@ -117,8 +118,9 @@ def main(argv=None) -> dict:
     load0 = os.getloadavg()
     gflops = ceiling.matmul_rate(2048, 576, 1536, torch.float32, 5) / 1e9
     info = resolve_model(args.model)
-    tr = Trainer(info, dtype="float32", zero_stage=0, lr=1e-7, weight_decay=0.0, grad_clip=1.0, need_ref=True,
-                 need_critic=False, critic_lr=1e-7)
+    tr = Trainer(info, ModelSettings(), TrainSettings(lr=1e-7, weight_decay=0.0, grad_clip=1.0),
+                 EngineSettings(zero_stage=0, critic_lr=1e-7),
+                 need_ref=True, need_critic=False)
     roll = rollout(tr.engine.module.config.vocab_size, args)
     old = old_logprob_module(args.old_rev)
     new_fused, new_clips = prefix.fused_token_logprobs, clipping.clips_itself

@@ -58,7 +58,7 @@ class PeakRSS:
 
 def build_config(a):
     """The policyzoo config both workers derive their settings from."""
-    from policyzoo.config import load_config
+    from policyzoo.run_config import load_config
 
     over = [f"train.steps={a.steps}", f"train.prompts_per_step={a.P}", f"train.lr={a.lr}", f"train.seed={a.seed}",
             f"algorithm.sample.n={a.G}", f"algorithm.sample.max_tokens={a.max_tokens}",

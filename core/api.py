@@ -44,8 +44,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .config import _set_dotted, load_config, validate
 from .errors import ConfigError, UserError
+from .run_config import _set_dotted, load_config, validate
 
 
 class _Registry:
@@ -115,7 +115,7 @@ def _dataset_path(ds: Any, folder: Path, where: str) -> str:
 def build_config(algo: str | dict | None = None, model: str | dict | None = None, dataset: Any = None,
                  rewards: Any = None, output_dir: str | None = None, eval_dataset: Any = None,
                  config: str | dict | None = None, resume: str | None = None, **overrides: Any):
-    """The validated :class:`~policyzoo.config.Config` the arguments describe (see the module docstring);
+    """The validated :class:`~policyzoo.run_config.Config` the arguments describe (see the module docstring);
     in-memory data sets are saved into the run directory first."""
     if resume and config is None and algo is None:
         from policyzoo.engine.run.train import config_from_run_dir

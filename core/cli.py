@@ -13,16 +13,16 @@ import sys
 
 from rich.console import Console
 
-from .cli_args import plan_arguments, serve_arguments, train_arguments
 from .cli_catalog import cmd_components, cmd_explain, cmd_plugins, cmd_zoo
 from .contract.ground import SLOTS
 from .errors import Interrupted, UserError
+from .run_args import plan_arguments, serve_arguments, train_arguments
 
 __all__ = ["build_parser", "main", "cmd_train", "cmd_serve", "cmd_plan", "cmd_compare", "cmd_plot", "cmd_doctor"]
 
 
 def cmd_train(args, out: Console) -> None:
-    from .config import load_config
+    from .run_config import load_config
 
     overrides = list(args.overrides)
     if args.output_dir:
@@ -61,7 +61,7 @@ def _dry_run(args, config, port, overrides: list[str], out: Console) -> None:
 
     from policyzoo.engine.run.gpu_profile import console_lines
     from policyzoo.engine.run.preload import preload
-    from policyzoo.host import rollout_dtype_notes
+    from policyzoo.native_bf16 import rollout_dtype_notes
 
     pre = preload(config, args.resume, args.force_resume, dry_run=True)
     resolved = pre.resolved
@@ -136,7 +136,7 @@ def cmd_plan(args, out: Console) -> None:
         config = config_from_run_dir(args.from_run, overrides)
         split = measured_split(RunDir(args.from_run).read_metrics())
     else:
-        from .config import load_config
+        from .run_config import load_config
 
         config = load_config(args.config, args.algo, overrides)
     from .plan.table import print_plan
@@ -147,7 +147,7 @@ def cmd_plan(args, out: Console) -> None:
 
 def cmd_compare(args, out: Console) -> None:
     """Algorithms x seeds: make the runs (``--algos``) or aggregate run directories (``policyzoo.compare``)."""
-    from .compare.cli import main as compare_main
+    from .compare.compare_args import main as compare_main
 
     compare_main(args, out)
 
@@ -160,7 +160,7 @@ def cmd_plot(args, out: Console) -> None:
 
 def cmd_doctor(args, out: Console) -> None:
     """``policyzoo doctor --gpu``: the GPU checks and their report (``policyzoo.doctor``)."""
-    from .doctor.command import cmd_doctor as doctor
+    from .doctor.runner import cmd_doctor as doctor
 
     doctor(args, out)
 
@@ -171,9 +171,9 @@ def _commands() -> list[tuple]:
     here. Built at each call, so that a command patched on this module is the one registered."""
     from policyzoo.data.gym import cmd_data
 
-    from .compare.cli import add_arguments as compare_arguments
-    from .config import config_help
-    from .doctor.cli import add_arguments as doctor_arguments
+    from .compare.compare_args import add_arguments as compare_arguments
+    from .doctor.doctor_args import add_arguments as doctor_arguments
+    from .run_config import config_help
 
     return [
         ("zoo", "algorithm bundles and their slot tables", None, cmd_zoo),

@@ -9,9 +9,9 @@ from rich.table import Table
 from policyzoo.contract.ground import SLOTS
 
 from .catalog import get_catalog, load_catalog
-from .config import load_config
 from .equivalence import run_warnings, task_reward_classes
 from .resolve import resolve_algorithm
+from .run_config import load_config
 
 
 def _first_line(obj) -> str:

@@ -4,9 +4,9 @@ lists them; ``tests/test_rules.py`` keeps that table equal to :data:`RULES`).
 
 Three kinds, by what they need and so where they are raised, all before any weights load:
 
-* ``"config"`` rules read the config alone; :class:`~policyzoo.config.Config`'s validator calls
+* ``"config"`` rules read the config alone; :class:`~policyzoo.run_config.Config`'s validator calls
   :func:`check_config`, so they fail at ``load_config`` (a ``ValueError`` whose text before ``': '`` is
-  the reason and after it the fix, turned into a :class:`ConfigError` by ``config.py``).
+  the reason and after it the fix, turned into a :class:`ConfigError` by ``run_config.py``).
 * ``"run"`` rules also read the assembled run (its env, kl, terms); ``run/preload.py`` calls
   :func:`check_run` after assembly and ``run/checks.py`` ``check_teacher`` calls :func:`check_teacher_keys`
   before the teacher's folder is read. They raise :class:`ConfigError` at the rule's first key.
@@ -73,7 +73,7 @@ def _fp32_head_trainer(c):
 
 def _fp32_head_rollout(c):
     """Not for ``engine.rollout_dtype: auto``: it chose float32 on a CPU without bf16 instructions, where the
-    same config samples in bf16 elsewhere (:func:`policyzoo.host.rollout_dtype_notes` says it is idle)."""
+    same config samples in bf16 elsewhere (:func:`policyzoo.native_bf16.rollout_dtype_notes` says it is idle)."""
     e, auto = c.engine, getattr(c, "_auto_rollout_dtype", False)
     if e.fp32_lm_head and (e.rollout_dtype or c.model.dtype) == "float32" and not auto:
         return ("engine.fp32_lm_head computes vLLM's logits in fp32 over bf16 weights, but engine.rollout_dtype is "
@@ -227,7 +227,7 @@ TEACHER = ("term_needs_teacher", "teacher_needs_reader", "teacher_without_kl")
 
 
 def check_config(config) -> None:
-    """Every ``"config"`` rule on a :class:`~policyzoo.config.Config`, in :data:`RULES` order. Raises
+    """Every ``"config"`` rule on a :class:`~policyzoo.run_config.Config`, in :data:`RULES` order. Raises
     ``ValueError("WHY: FIX")`` for the first broken one (pydantic turns it into the config's error)."""
     for rule in RULES.values():
         found = rule.check(config) if rule.kind == "config" else None

@@ -15,11 +15,12 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from policyzoo import Env, Episode, Observation, assemble, hookimpl, use  # noqa: E402
 from policyzoo.catalog import load_catalog  # noqa: E402
+from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings  # noqa: E402
 from policyzoo.contract import StepBatch  # noqa: E402
+from policyzoo.engine.lm_policy import LMPolicy  # noqa: E402
 from policyzoo.engine.models import resolve_model  # noqa: E402
-from policyzoo.engine.policy import LMPolicy  # noqa: E402
-from policyzoo.engine.rollout.engines import VLLMRollout  # noqa: E402
 from policyzoo.engine.rollout.hf import HFRollout  # noqa: E402
+from policyzoo.engine.rollout.vllm_engine import VLLMRollout  # noqa: E402
 from policyzoo.engine.sync.push import WeightSync  # noqa: E402
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
 from policyzoo.engine.trainer.modeling import pack  # noqa: E402
@@ -101,8 +102,9 @@ def episodes(engine):
 
 CALLS: list = []
 # as in a run: DeepSpeed first, then vLLM in the same process
-trainer = Trainer(info, dtype="float32", zero_stage=0, lr=1e-3, weight_decay=0.0, grad_clip=1.0, need_ref=False,
-                  need_critic=False, critic_lr=1e-3)
+trainer = Trainer(info, ModelSettings(), TrainSettings(lr=1e-3, weight_decay=0.0, grad_clip=1.0),
+                  EngineSettings(zero_stage=0, critic_lr=1e-3),
+                  need_ref=False, need_critic=False)
 vllm_engine = VLLMRollout(info, "float32", max_model_len=512, seed=0)
 r, out = episodes(vllm_engine)
 # The loss of a step on the episodes (rloo without its KL: no reference model here): env tokens

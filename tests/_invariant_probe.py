@@ -12,7 +12,7 @@ from policyzoo.engine.process import setup_process
 setup_process(threads=None)
 
 from policyzoo.engine.models import resolve_model  # noqa: E402
-from policyzoo.engine.rollout.engines import VLLMRollout  # noqa: E402
+from policyzoo.engine.rollout.vllm_engine import VLLMRollout  # noqa: E402
 
 info = resolve_model(sys.argv[1])
 engine = VLLMRollout(info, "float32", max_model_len=256, seed=0)

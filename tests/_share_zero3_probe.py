@@ -16,6 +16,7 @@ import torch  # noqa: E402
 from deepspeed.runtime.zero.partition_parameters import GatheredParameters  # noqa: E402
 from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator  # noqa: E402
 
+from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings  # noqa: E402
 from policyzoo.contract import Rollout  # noqa: E402
 from policyzoo.engine import dist  # noqa: E402
 from policyzoo.engine.models import resolve_model  # noqa: E402
@@ -26,9 +27,10 @@ dist.init()
 info = resolve_model(sys.argv[1])
 # persistence threshold 0: every parameter of the tiny model is partitioned (by default, parameters under 1e5
 # elements -- all of the tiny model's -- stay whole and no forward would gather anything)
-trainer = Trainer(info, dtype="float32", zero_stage=3, lr=1e-3, weight_decay=0.0, grad_clip=0.0, need_ref=False,
-                  need_critic=False, critic_lr=1e-3,
-                  deepspeed_config={"zero_optimization": {"stage3_param_persistence_threshold": 0}})
+trainer = Trainer(info, ModelSettings(), TrainSettings(lr=1e-3, weight_decay=0.0, grad_clip=0.0),
+                  EngineSettings(zero_stage=3, critic_lr=1e-3,
+                                 deepspeed={"zero_optimization": {"stage3_param_persistence_threshold": 0}}),
+                  need_ref=False, need_critic=False)
 out0 = {"partitioned": all(p.ds_status.name == "NOT_AVAILABLE" for p in trainer.engine.module.parameters())}
 t = 200
 lengths = [t] + [2] * 7 if dist.rank() == 0 else [3] * 8

@@ -13,6 +13,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings  # noqa: E402
 from policyzoo.contract import Rollout  # noqa: E402
 from policyzoo.engine import dist  # noqa: E402
 from policyzoo.engine.models import resolve_model  # noqa: E402
@@ -21,8 +22,9 @@ from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
 stage, path = int(sys.argv[1]), sys.argv[2]
 dist.init()
 info = resolve_model(path)
-trainer = Trainer(info, dtype="float32", zero_stage=stage, lr=1e-2, weight_decay=0.0, grad_clip=0.0, need_ref=False,
-                  need_critic=False, critic_lr=1e-2)
+trainer = Trainer(info, ModelSettings(), TrainSettings(lr=1e-2, weight_decay=0.0, grad_clip=0.0),
+                  EngineSettings(zero_stage=stage, critic_lr=1e-2),
+                  need_ref=False, need_critic=False)
 # one update, so the pushed weights are not the file's: raise the log-prob of a fixed response
 resp = torch.tensor([[5, 6, 7, 8]])
 r = Rollout(prompt_ids=[[1, 9, 10]], response_ids=resp, response_mask=torch.ones_like(resp, dtype=torch.bool),

@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from policyzoo.engine.models import resolve_model  # noqa: E402
-from policyzoo.engine.rollout.engines import VLLMRollout  # noqa: E402
+from policyzoo.engine.rollout.vllm_engine import VLLMRollout  # noqa: E402
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
 from policyzoo.engine.trainer.modeling import pack  # noqa: E402
 from policyzoo.engine.trainer.prefix import token_logprobs  # noqa: E402

@@ -13,6 +13,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.integrations import is_deepspeed_zero3_enabled  # noqa: E402
 
+from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings  # noqa: E402
 from policyzoo.contract import Rollout  # noqa: E402
 from policyzoo.engine import dist  # noqa: E402
 from policyzoo.engine.models import resolve_model  # noqa: E402
@@ -22,8 +23,9 @@ from policyzoo.engine.trainer.prefix import token_logprobs  # noqa: E402
 
 path = sys.argv[1]
 dist.init()
-trainer = Trainer(resolve_model(path), dtype="float32", zero_stage=3, lr=1e-2, weight_decay=0.0, grad_clip=0.0,
-                  need_ref=True, need_critic=False, critic_lr=1e-2)
+trainer = Trainer(resolve_model(path), ModelSettings(), TrainSettings(lr=1e-2, weight_decay=0.0, grad_clip=0.0),
+                  EngineSettings(zero_stage=3, critic_lr=1e-2),
+                  need_ref=True, need_critic=False)
 resp = torch.tensor([[5, 6, 7, 8], [9, 10, 2, 2]])
 mask = torch.tensor([[True] * 4, [True, True, True, False]])
 r = Rollout(prompt_ids=[[1, 9, 10], [1, 4]], response_ids=resp, response_mask=mask,

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-# engine.rollout_dtype: auto samples in bf16 on CPUs with bf16 instructions (policyzoo.host): every run of the
+# engine.rollout_dtype: auto samples in bf16 on CPUs with bf16 instructions (policyzoo.native_bf16): every run of the
 # suite, and every process it starts, samples as it trains (fp32) whatever the host; tests of auto set it
 os.environ["POLICYZOO_NATIVE_BF16"] = "0"
 

@@ -265,8 +265,8 @@ def test_a_resumed_run_counts_what_was_ahead_of_its_checkpoint(catalog):
     # its sampler at version 2 and reports them as discarded (a console line, metrics on step 3)
     from types import SimpleNamespace
 
-    from policyzoo.config import load_config
-    from policyzoo.engine.run.sources import async_sampler
+    from policyzoo.engine.run.batch_sources import async_sampler
+    from policyzoo.run_config import load_config
 
     printed: list[str] = []
     fake = SimpleNamespace(config=load_config(None, "grpo", ["engine.max_staleness=2", "train.steps=5"]),

@@ -165,9 +165,9 @@ def _finished_session(tmp_path, overrides: list[str]):
     from _engine_helpers import stand_in_part
     from rich.console import Console
 
-    from policyzoo.config import load_config
     from policyzoo.engine.run.loop import RunLoop
     from policyzoo.engine.rundir import RunDir
+    from policyzoo.run_config import load_config
 
     asked = []
     tmp_path.mkdir(exist_ok=True)

@@ -15,8 +15,8 @@ from _compare_helpers import write_planned, write_run
 from policyzoo.catalog import get_catalog
 from policyzoo.compare import entries, launch, runs
 from policyzoo.compare.api import compare
-from policyzoo.config import load_config
 from policyzoo.errors import ConfigError, Interrupted, UserError
+from policyzoo.run_config import load_config
 
 #: what every compare run gets (policyzoo.compare.lean): one checkpoint, deleted at the end; no final/ export
 LEAN = ["engine.keep_checkpoints=1", "engine.delete_checkpoints_at_end=true", "train.export_final=false"]

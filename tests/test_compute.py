@@ -9,13 +9,13 @@ import pytest
 import torch
 from _engine_helpers import make_rollout, tiny_model
 
-from policyzoo.config import load_config
 from policyzoo.engine.trainer import lora
 from policyzoo.engine.trainer.compute import autocast, enable_gradient_checkpointing
 from policyzoo.engine.trainer.dsconfig import ds_config, merge, read_user_config, zero_stage
 from policyzoo.engine.trainer.modeling import pack
 from policyzoo.engine.trainer.prefix import token_logprobs
 from policyzoo.errors import ConfigError
+from policyzoo.run_config import load_config
 
 PAD = 2
 ROLL = make_rollout([[1, 40, 41, 42, 43], [1, 50, 51], [1, 40, 41, 42, 43]],

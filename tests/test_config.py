@@ -7,8 +7,8 @@ import pytest
 
 from policyzoo import ConfigError, assemble
 from policyzoo.assembly import Run, step_settings
-from policyzoo.config import load_config
 from policyzoo.resolve import resolve_algorithm
+from policyzoo.run_config import load_config
 
 NO_PLUGINS = {"POLICYZOO_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin"}
 
@@ -252,3 +252,13 @@ def test_unquoted_text_with_a_colon_gets_the_quoting_fix():
                            "'data.system_prompt=\"Answer: a number\"'")
     assert load_config(None, "grpo", ['data.system_prompt="Answer: a number"']).data.system_prompt == \
         "Answer: a number"
+
+
+def test_critic_lr_is_ten_times_train_lr_when_null_else_its_own_value():
+    from policyzoo.config_sections import critic_lr
+
+    c = load_config(algo="grpo", overrides=["train.lr=3e-6"])
+    # engine.critic_lr null: 10 x train.lr = 10 x 3e-6 = 3e-5
+    assert critic_lr(c.engine, c.train) == pytest.approx(3e-5, rel=1e-12)
+    c = load_config(algo="grpo", overrides=["train.lr=3e-6", "engine.critic_lr=1e-4"])
+    assert critic_lr(c.engine, c.train) == 1e-4  # set: taken as written, train.lr plays no part

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import policyzoo
-from policyzoo.config import Config
 from policyzoo.contract import LOCAL, Rollout, StepBatch
 from policyzoo.engine.run.resume import write_checkpoint
 from policyzoo.engine.rundir import RunDir
 from policyzoo.errors import ConfigError
 from policyzoo.plugins.kl.adaptive import Adaptive
+from policyzoo.run_config import Config
 from policyzoo.step import prepare, train_step
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings, train
 from policyzoo.testing.ranks import on_ranks

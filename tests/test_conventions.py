@@ -7,10 +7,10 @@ import torch
 
 import policyzoo
 from policyzoo.assembly import Run
-from policyzoo.config import load_config
 from policyzoo.conventions import PRESETS
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm, resolved_view
+from policyzoo.run_config import load_config
 from policyzoo.testing.ranks import advantages
 
 

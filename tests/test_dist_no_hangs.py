@@ -55,7 +55,7 @@ class Zero3Bandit(Bandit):
         return super().optimizer_step(skip=dist.any_rank(skip))
 
     def reduce_totals(self, totals):
-        from policyzoo.engine.policy import LMPolicy
+        from policyzoo.engine.lm_policy import LMPolicy
 
         return LMPolicy.reduce_totals(self, totals)
 

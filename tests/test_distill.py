@@ -12,12 +12,12 @@ import torch
 from _engine_helpers import tiny_model
 
 import policyzoo
-from policyzoo.config import load_config
 from policyzoo.contract import Rollout, StepBatch
 from policyzoo.engine.run.checks import check_teacher
 from policyzoo.engine.run.preload import preload
 from policyzoo.errors import ComponentError, ConfigError
 from policyzoo.plugins.term import Distill
+from policyzoo.run_config import load_config
 from policyzoo.step import micro_loss, needs_reference, prepare, step_totals
 from policyzoo.testing.tiny import build_tiny_model
 

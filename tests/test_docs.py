@@ -281,7 +281,7 @@ def test_readme_is_short_and_starts_with_the_idea():
 
 def test_readme_hybrid_is_a_valid_config(tmp_path):
     from policyzoo import assemble
-    from policyzoo.config import load_config
+    from policyzoo.run_config import load_config
 
     yaml_text = README.split("```yaml\n", 1)[1].split("```", 1)[0]
     (tmp_path / "hybrid.yaml").write_text(yaml_text)

@@ -9,12 +9,11 @@ import math
 import pytest
 
 from policyzoo.cli import main
-from policyzoo.doctor import command
-from policyzoo.doctor.models import SHAPE_135M, build_shape
-from policyzoo.doctor.plan import FULL, Limit, Part, plan_for
+from policyzoo.doctor import runner as command
+from policyzoo.doctor.parts import SHAPE_135M, build_shape
+from policyzoo.doctor.plan import ERROR, FAIL, FULL, PASS, SKIPPED, Limit, Part, judge, overall, plan_for
 from policyzoo.doctor.report import render
 from policyzoo.doctor.runner import part_env, run_part, run_plan
-from policyzoo.doctor.verdict import ERROR, FAIL, PASS, SKIPPED, judge, overall
 
 BF16 = Part("zero3_bf16", 75, "bf16 steps", (Limit("sync_max_diff", 0.25, "sync, bf16"),
                                              Limit("share_prompt_max_diff", 0.1, "shared prompt, bf16")))
@@ -159,7 +158,7 @@ def test_the_shape_models_tokenizer_decodes_every_id(tmp_path):
 
 
 def test_read_run_takes_the_maxima_the_last_steps_split_and_counts_skipped_steps(tmp_path):
-    from policyzoo.doctor.train_part import read_run
+    from policyzoo.doctor.parts import read_run
 
     rows = [{"kind": "train", "sync_max_diff": 0.01, "time_step": 9.0, "time_rollout": 6.0, "time_train": 2.5,
              "time_sync": 0.5, "gpu_peak_allocated_gib": 3.0, "skipped": 0},
@@ -183,7 +182,7 @@ def test_the_shape_models_logits_have_the_chosen_spread(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from policyzoo.doctor.models import LOGIT_STD
+    from policyzoo.doctor.parts import LOGIT_STD
 
     shape = dict(SHAPE_135M, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=300)

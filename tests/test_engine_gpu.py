@@ -13,7 +13,7 @@ import torch
 
 from policyzoo.engine import device
 from policyzoo.engine.dist import merge_metrics
-from policyzoo.engine.policy import LMPolicy
+from policyzoo.engine.lm_policy import LMPolicy
 from policyzoo.engine.rollout.vllm_options import llm_kwargs
 from policyzoo.engine.run.startup import Background
 from policyzoo.engine.sync.check import run_with_timeout, sync_tolerance
@@ -83,7 +83,7 @@ def test_engine_threads_set_their_device_first(fake_cuda):
 
 
 def test_vllm_rollout_starts_external_launcher_and_reasserts_the_device(fake_cuda, monkeypatch, tmp_path):
-    from policyzoo.engine.rollout.engines import VLLMRollout
+    from policyzoo.engine.rollout.vllm_engine import VLLMRollout
 
     started = []
 

@@ -202,7 +202,7 @@ def test_env_is_optional_and_its_reward_defaults_to_env_reward():
     from policyzoo import Sample
     from policyzoo.assembly import reward_uses
     from policyzoo.catalog import load_catalog
-    from policyzoo.config import load_config
+    from policyzoo.run_config import load_config
 
     assert assemble("grpo").env is None  # no zoo bundle sets an env: single-turn as before
     config = load_config(None, "grpo", ["algorithm.env.use=calculator", "algorithm.env.max_turns=5"])

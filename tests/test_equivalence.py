@@ -13,7 +13,6 @@ import torch
 
 from policyzoo.assembly import assemble
 from policyzoo.cli import main
-from policyzoo.config import load_config
 from policyzoo.contract import Rollout
 from policyzoo.equivalence import (
     ProbeBatch,
@@ -28,6 +27,7 @@ from policyzoo.equivalence import (
 )
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm
+from policyzoo.run_config import load_config
 
 
 class Binary:  # a reward component class as the regime reads it: 0/1 correctness

@@ -10,12 +10,12 @@ import math
 import pytest
 import torch
 
-from policyzoo.config import load_config
 from policyzoo.contract import Rollout
 from policyzoo.data import DataSettings, load_task
 from policyzoo.engine.run.evaluate import evaluate, majority_correct, pass_at_k, sample_metrics
 from policyzoo.errors import ConfigError
 from policyzoo.plugins.reward import AnswerMatch
+from policyzoo.run_config import load_config
 
 
 def test_pass_at_k_is_the_unbiased_estimator_worked_by_hand():

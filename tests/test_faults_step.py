@@ -97,7 +97,7 @@ def test_non_finite_weights_are_never_written_over_the_last_checkpoint(tmp_path)
         def schedule_state(self):
             return {}
 
-    from policyzoo.config import load_config
+    from policyzoo.run_config import load_config
 
     session = SimpleNamespace(trainer=Trainer(), rundir=RunDir(tmp_path), fingerprint={},
                               config=load_config(None, "grpo", ["engine.keep_checkpoints=2"]),

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from policyzoo.cli import main
-from policyzoo.config import load_config
 from policyzoo.engine import device
 from policyzoo.engine.rollout.vllm_options import llm_kwargs
 from policyzoo.engine.run import gpu_fit, gpu_profile
@@ -31,6 +30,7 @@ from policyzoo.plan import GiB
 from policyzoo.plan.gpu import per_gpu
 from policyzoo.plan.shapes import shape_config
 from policyzoo.resolve import resolve_algorithm
+from policyzoo.run_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = 81559 * 2**20  # nvidia-smi's memory.total of an H100 80GB HBM3, MiB -> bytes (plan/gpu.py GPUS)
@@ -221,7 +221,7 @@ def test_a_step_that_cannot_fit_is_refused_with_the_change_that_would(monkeypatc
 
 # ----------------------------------------------------------------------------- vLLM as the profile starts it
 def test_vllm_starts_with_the_profiles_arguments_and_sleeps_at_level_2(fake_gpu, monkeypatch, tmp_path):
-    from policyzoo.engine.rollout.engines import VLLMRollout
+    from policyzoo.engine.rollout.vllm_engine import VLLMRollout
 
     config = load_config(None, "grpo", ["engine.zero_stage=3", "train.prompts_per_step=64"])
     gpu_profile.apply_device(config)

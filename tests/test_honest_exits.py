@@ -85,7 +85,7 @@ def test_the_dry_run_accepts_a_cached_hub_id_and_refuses_an_uncached_one(tmp_pat
 def test_multi_turn_episodes_count_their_prompt_tokens(monkeypatch):
     from types import SimpleNamespace
 
-    import policyzoo.engine.policy as policy_mod
+    import policyzoo.engine.lm_policy as policy_mod
     import policyzoo.step.episodes as episodes_mod
 
     # 2 episodes of prompts of 5 and 3 tokens: 8 prompt tokens (was 0: tokens_seen undercounted)

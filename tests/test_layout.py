@@ -3,7 +3,7 @@
 Layers, lowest first: ``errors`` <- ``contract`` <- ``step`` <- building a run (``catalog``, ``assembly``,
 ``config``, ``settings``, ``host``, ``data``, ``plan``; then ``plugins``/``zoo``, which import only the contract,
 errors and data) <- ``engine`` <- the top (``api``, ``cli``, ``testing``, the package root). A module imports only
-its own layer or lower ones; inside the contract one direction (ground <- batch/policy/components <-
+its own layer or lower ones; inside the contract one direction (ground <- batch/policy_protocol/components <-
 slots <- baselines <- hookspecs); inside the engine ``rollout/`` and ``trainer/`` never import each other, ``report/``
 uses only ``rundir`` and ``dist``, and the engine root no room. No cycle among policyzoo modules, and a
 function-level policyzoo import only of the three legitimate kinds. The file map in docs/engine.md,
@@ -32,11 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 ROOTS = {"core": "policyzoo", "plugins": "policyzoo.plugins", "zoo": "policyzoo.zoo"}
 #: the old public paths, kept one release as re-exports (nothing of the project imports them)
 REMOVED = ("hookspecs", "slots", "batch", "components", "policy", "stats", "runstate")  # removed: CHANGELOG.md
-BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.config", "policyzoo.conventions", "policyzoo.data",
-         "policyzoo.plan", "policyzoo.settings", "policyzoo.resolve", "policyzoo.rules", "policyzoo.host",
+BUILD = ("policyzoo.catalog", "policyzoo.assembly", "policyzoo.run_config", "policyzoo.conventions", "policyzoo.data",
+         "policyzoo.plan", "policyzoo.config_sections", "policyzoo.resolve", "policyzoo.rules", "policyzoo.native_bf16",
          "policyzoo.equivalence")
-CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1, "policy": 1,
-                  "slots": 2, "baselines": 2.5, "hookspecs": 3, "": 4}
+CONTRACT_LEVEL = {"ground": 0, "batch": 0, "runstate": 0, "untrusted": 0, "stats": 1, "components": 1,
+                  "policy_protocol": 1, "slots": 2, "baselines": 2.5, "hookspecs": 3, "": 4}
 ROOMS = ("rollout", "ahead", "trainer", "sync", "run", "report")
 
 
@@ -134,13 +134,13 @@ def rule_problems(es: list[Edge]) -> list[str]:
         elif _under(s, "policyzoo.contract") and _under(d, "policyzoo.contract"):
             a, b = s.split(".")[2:3] or [""], d.split(".")[2:3] or [""]
             if CONTRACT_LEVEL[b[0]] >= CONTRACT_LEVEL[a[0]] and s != d:
-                why = ("inside the contract imports run ground <- batch/policy/components <- slots <- baselines <- "
-                       "hookspecs")
+                why = ("inside the contract imports run ground <- batch/policy_protocol/components <- slots <- "
+                       "baselines <- hookspecs")
         elif layer(d) > layer(s) and not (e.in_function and legitimate_lazy(e)):
             why = f"an upward import (layer {layer(s)} -> {layer(d)})"
         elif _under(s, "policyzoo.engine.rollout") and _under(d, "policyzoo.engine.trainer") or \
                 _under(s, "policyzoo.engine.trainer") and _under(d, "policyzoo.engine.rollout"):
-            why = "rollout/ and trainer/ never import each other (they meet in engine/policy.py)"
+            why = "rollout/ and trainer/ never import each other (they meet in engine/lm_policy.py)"
         elif _under(s, "policyzoo.engine.report") and _under(d, "policyzoo.engine") and not _under(
                 d, "policyzoo.engine.report", "policyzoo.engine.rundir", "policyzoo.engine.dist"):
             why = "report/ uses only rundir and dist of the engine"
@@ -230,7 +230,7 @@ def test_a_planted_upward_import_fails(tmp_path):
 
 def test_planted_room_crossing_lazy_import_and_cycle_fail(tmp_path):
     root = _copy(tmp_path)
-    _plant(root, "core/engine/rollout/engines.py", "from policyzoo.engine.trainer import lora  # planted")
+    _plant(root, "core/engine/rollout/vllm_engine.py", "from policyzoo.engine.trainer import lora  # planted")
     _plant(root, "core/step/collect.py", "def _planted():\n    from policyzoo.step import learn\n    return learn")
     _plant(root, "plugins/kl/__init__.py", "from policyzoo.step import boundary  # planted")
     problems = layout_problems(root)
@@ -482,7 +482,7 @@ WRAPPERS = {
     "policyzoo.engine.ahead.overlap:OverlapPolicy": "policyzoo.contract:Policy",
     "policyzoo.engine.ahead.async_sampler:AsyncSampler": "policyzoo.contract:Policy",
     "policyzoo.engine.ahead.async_sampler:_Recorder": "policyzoo.contract:Policy",
-    "policyzoo.engine.rollout.tensor_parallel:GroupRollout": "policyzoo.engine.rollout.engines:RolloutEngine",
+    "policyzoo.engine.rollout.tensor_parallel:GroupRollout": "policyzoo.engine.rollout.engine_base:RolloutEngine",
 }
 #: ``__getattr__`` that hides no method: the Python API's reward registry (a name it does not hold is a
 #: callable of another process: a UserError saying so); a package's module-level PEP 562 lazy import is
@@ -539,9 +539,9 @@ def test_every_wrapper_defines_its_protocol():
         "collective", "sampling_options", "generate", "logprobs", "ref_logprobs", "sum_pi_squared", "values",
         "backward", "optimizer_step", "sync", "reduce_totals"}
     # the wrapped engines define the same methods (info and tokenizer are set by their __init__)
-    methods = protocol_members(_load("policyzoo.engine.rollout.engines:RolloutEngine")) - {"info", "tokenizer"}
+    methods = protocol_members(_load("policyzoo.engine.rollout.engine_base:RolloutEngine")) - {"info", "tokenizer"}
     assert methods == {"generate", "greedy", "generate_tokens", "load_weights", "score", "score_next"}
-    for engine in ("policyzoo.engine.rollout.engines:VLLMRollout", "policyzoo.engine.rollout.hf:HFRollout",
+    for engine in ("policyzoo.engine.rollout.vllm_engine:VLLMRollout", "policyzoo.engine.rollout.hf:HFRollout",
                    "policyzoo.engine.rollout.server:ServerRollout"):
         assert [m for m in sorted(methods) if not hasattr(_load(engine), m)] == [], engine
 

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import torch
 
-from policyzoo.config import load_config
 from policyzoo.engine.run.resume import checkpoint_state, lr_plan, resume_schedule
 from policyzoo.engine.trainer.checkpoint_io import TrainerIO
 from policyzoo.engine.trainer.modeling import LRSchedule, lr_schedule
+from policyzoo.run_config import load_config
 
 COS20 = {"name": "cosine", "warmup_steps": 0, "total_steps": 20, "from_step": 0, "from_factor": 1.0}
 

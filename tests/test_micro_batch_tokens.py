@@ -8,10 +8,10 @@ import pytest
 import torch
 from _engine_helpers import make_rollout, tiny_model
 
-from policyzoo.config import load_config
 from policyzoo.contract import StepBatch, token_budget_bounds
 from policyzoo.engine.trainer.prefix import shared_prompt_logprobs
 from policyzoo.errors import ConfigError
+from policyzoo.run_config import load_config
 from policyzoo.step import train_step
 from policyzoo.testing.bandit import Bandit, bandit_run, step_settings
 

@@ -11,9 +11,9 @@ import shutil
 import pytest
 from _engine_helpers import TINY_OVERRIDES, tiny_model
 
-from policyzoo.config import load_config
 from policyzoo.engine.models import ModelError, resolve_model
 from policyzoo.engine.run.checks import ZeroSignalWatch, sampling_warning, system_turn_warning
+from policyzoo.run_config import load_config
 
 # SmolLM2-135M-Instruct's chat template (tokenizer.chat_template of its GGUF, as shipped)
 SMOLLM2_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

@@ -136,9 +136,9 @@ def test_one_step_overlap_end_to_end(tmp_path):
 def test_overlap_with_an_env_is_refused_before_any_model_loads(tmp_path):
     from _engine_helpers import TINY_OVERRIDES, tiny_model
 
-    from policyzoo.config import load_config
     from policyzoo.engine.run.session import prepare
     from policyzoo.errors import ConfigError
+    from policyzoo.run_config import load_config
 
     config = load_config(None, "grpo", [f"model.path={tiny_model()}", *TINY_OVERRIDES, f"output_dir={tmp_path / 'r'}",
                                         "algorithm.env.use=calculator", "engine.overlap=one_step"])

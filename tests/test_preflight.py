@@ -18,11 +18,11 @@ from _engine_helpers import tiny_model
 
 from policyzoo.catalog import get_catalog
 from policyzoo.cli import main
-from policyzoo.config import load_config
 from policyzoo.engine import device, dist
 from policyzoo.engine.run import preload as checks  # the pre-load phase
 from policyzoo.engine.run import session
 from policyzoo.errors import UserError
+from policyzoo.run_config import load_config
 
 PARTS = (checks.preload, checks._preload, checks._fit_model, checks._check_run_dir)
 #: calls in PARTS that cannot refuse a run (they build values or warnings from checked input)

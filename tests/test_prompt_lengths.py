@@ -11,11 +11,11 @@ import pytest
 from _engine_helpers import tiny_model
 from transformers import AutoTokenizer
 
-from policyzoo.config import load_config
 from policyzoo.data import fit_prompt_lengths
 from policyzoo.engine.run import preload as checks
 from policyzoo.engine.run.prompt_lengths import LengthCache, prompt_key
 from policyzoo.errors import DataError
+from policyzoo.run_config import load_config
 from policyzoo.step.episodes import encode_prompt
 
 PROMPTS = [[{"role": "user", "content": "What is 2 + 3?"}],

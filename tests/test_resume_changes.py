@@ -12,9 +12,9 @@ import sys
 import pytest
 from _engine_helpers import ROOT, TINY_OVERRIDES, engine_env, tiny_model, train_cmd
 
-from policyzoo.config import load_config
 from policyzoo.data import rows_at
 from policyzoo.engine.rundir import ResumeError, RunDir
+from policyzoo.run_config import load_config
 
 
 def _config(out, *extra):
@@ -173,12 +173,14 @@ from policyzoo.engine.process import setup_process
 setup_process(1, 0.1)
 from policyzoo.engine.models import resolve_model
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
+from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings
 info = resolve_model(sys.argv[1])
 folder = tempfile.mkdtemp()
 
 def trainer(lr, stage=int(sys.argv[3])):
-    return Trainer(info, dtype="float32", zero_stage=stage, lr=lr, weight_decay=0.0, grad_clip=1e6,
-                   need_ref=False, need_critic=False, critic_lr=lr)
+    return Trainer(info, ModelSettings(), TrainSettings(lr=lr, weight_decay=0.0, grad_clip=1e6),
+                   EngineSettings(zero_stage=stage, critic_lr=lr),
+                   need_ref=False, need_critic=False)
 
 def weight(tr):
     return dict(tr.engine.module.named_parameters())["model.norm.weight"]

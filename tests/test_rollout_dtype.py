@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from policyzoo import host
+from policyzoo import native_bf16
 from policyzoo.assembly import Run
-from policyzoo.config import load_config
 from policyzoo.engine.sync.check import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm
+from policyzoo.run_config import load_config
 
 BF16 = "engine.rollout_dtype=bfloat16"
 
@@ -51,16 +51,16 @@ def test_sync_check_of_a_bf16_sampler_takes_the_bf16_tolerance():
 def _cpuinfo(tmp_path, flags: str) -> str:
     path = tmp_path / "cpuinfo"
     path.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: fpu sse2 {flags}\n\nprocessor\t: 1\n")
-    host._cpu_has_bf16.cache_clear()
+    native_bf16._cpu_has_bf16.cache_clear()
     return str(path)
 
 
 def test_the_cpu_probe_reads_the_bf16_flags(tmp_path):
-    assert host._cpu_has_bf16(_cpuinfo(tmp_path, "avx2 avx512f amx_bf16 amx_tile"))  # Sapphire Rapids
-    assert host._cpu_has_bf16(_cpuinfo(tmp_path, "avx2 avx512f avx512_bf16"))  # Zen 4, Cooper Lake
-    assert not host._cpu_has_bf16(_cpuinfo(tmp_path, "avx2 fma"))  # an AVX2-only EPYC
-    assert not host._cpu_has_bf16(str(tmp_path / "missing"))
-    host._cpu_has_bf16.cache_clear()
+    assert native_bf16._cpu_has_bf16(_cpuinfo(tmp_path, "avx2 avx512f amx_bf16 amx_tile"))  # Sapphire Rapids
+    assert native_bf16._cpu_has_bf16(_cpuinfo(tmp_path, "avx2 avx512f avx512_bf16"))  # Zen 4, Cooper Lake
+    assert not native_bf16._cpu_has_bf16(_cpuinfo(tmp_path, "avx2 fma"))  # an AVX2-only EPYC
+    assert not native_bf16._cpu_has_bf16(str(tmp_path / "missing"))
+    native_bf16._cpu_has_bf16.cache_clear()
 
 
 def test_auto_samples_in_bf16_only_for_an_fp32_vllm_trainer_on_a_bf16_cpu(monkeypatch):
@@ -98,28 +98,28 @@ def test_an_unreadable_switch_is_refused_naming_it(monkeypatch):
 def test_auto_says_what_it_chose_and_why(monkeypatch):
     auto = "engine.rollout_dtype=auto"
     monkeypatch.delenv("POLICYZOO_NATIVE_BF16")
-    monkeypatch.setattr(host, "_cpu_has_bf16", lambda: ("amx_bf16",))
-    assert host.rollout_dtype_notes(load_config(overrides=[auto])) == [
+    monkeypatch.setattr(native_bf16, "_cpu_has_bf16", lambda: ("amx_bf16",))
+    assert native_bf16.rollout_dtype_notes(load_config(overrides=[auto])) == [
         "rollout dtype: bfloat16 (engine.rollout_dtype auto: this CPU has AMX-BF16)"]
-    monkeypatch.setattr(host, "_cpu_has_bf16", lambda: ())
-    assert host.rollout_dtype_notes(load_config(overrides=[auto])) == [
+    monkeypatch.setattr(native_bf16, "_cpu_has_bf16", lambda: ())
+    assert native_bf16.rollout_dtype_notes(load_config(overrides=[auto])) == [
         "rollout dtype: float32 (engine.rollout_dtype auto: no bf16 instructions on this CPU)"]
-    assert host.rollout_dtype_notes(load_config(overrides=[auto, "engine.rollout=transformers"])) == [
+    assert native_bf16.rollout_dtype_notes(load_config(overrides=[auto, "engine.rollout=transformers"])) == [
         "rollout dtype: float32 (engine.rollout_dtype auto: bf16 only for the trainer's own vLLM engine, and "
         "engine.rollout is transformers)"]
     monkeypatch.setenv("POLICYZOO_NATIVE_BF16", "1")
-    assert host.rollout_dtype_notes(load_config(overrides=[auto])) == [
+    assert native_bf16.rollout_dtype_notes(load_config(overrides=[auto])) == [
         "rollout dtype: bfloat16 (engine.rollout_dtype auto: POLICYZOO_NATIVE_BF16=1)"]
     head = "engine.fp32_lm_head=true"
-    assert host.rollout_dtype_notes(load_config(overrides=[auto, head])) == [
+    assert native_bf16.rollout_dtype_notes(load_config(overrides=[auto, head])) == [
         "rollout dtype: bfloat16 (engine.rollout_dtype auto: POLICYZOO_NATIVE_BF16=1)"]  # the head does its work
     monkeypatch.setenv("POLICYZOO_NATIVE_BF16", "0")
-    assert host.rollout_dtype_notes(load_config(overrides=[auto, head])) == [
+    assert native_bf16.rollout_dtype_notes(load_config(overrides=[auto, head])) == [
         "rollout dtype: float32 (engine.rollout_dtype auto: POLICYZOO_NATIVE_BF16=0)",
         "engine.fp32_lm_head is idle: auto sampled in float32, whose logits are fp32 already (it takes effect where "
         "auto chooses bfloat16)"]
-    assert host.rollout_dtype_notes(load_config(overrides=[BF16])) == []  # a dtype named: nothing to say
-    assert host.rollout_dtype_notes(load_config()) == []
+    assert native_bf16.rollout_dtype_notes(load_config(overrides=[BF16])) == []  # a dtype named: nothing to say
+    assert native_bf16.rollout_dtype_notes(load_config()) == []
 
 
 def test_the_start_up_console_says_what_auto_chose(monkeypatch, tmp_path, capsys):

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from policyzoo.engine.rollout.engines import VLLMRollout
+from policyzoo.config_sections import EngineSettings
 from policyzoo.engine.rollout.tensor_parallel import (
     GroupRollout,
     check_tensor_parallel,
@@ -24,8 +24,8 @@ from policyzoo.engine.rollout.tensor_parallel import (
     run_requests,
     tp_groups,
 )
+from policyzoo.engine.rollout.vllm_engine import VLLMRollout
 from policyzoo.errors import ConfigError
-from policyzoo.settings import EngineSettings
 
 
 class FakeShard(torch.nn.Module):

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from policyzoo import rules
-from policyzoo.config import load_config
 from policyzoo.errors import ConfigError
+from policyzoo.run_config import load_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config-rules.md"
 

@@ -17,13 +17,13 @@ from types import SimpleNamespace
 import pytest
 from _engine_helpers import metrics, run_bounded, stand_in_part, train_cmd
 
-from policyzoo.config import load_config
 from policyzoo.engine.report.progress import summary_text
 from policyzoo.engine.run.loop import RunLoop
 from policyzoo.engine.run.stop import RunStopped, skip_stop
 from policyzoo.engine.run.summary import unscorable
 from policyzoo.engine.rundir import RunDir, unwritable
 from policyzoo.errors import TrainingError
+from policyzoo.run_config import load_config
 
 NOTHING = {"skipped": 1, "skip_reason": "no rows kept by the filters", "sampled_rows": 16, "sample_rounds": 1,
            "filtered/zero_std_group": 16, "kind": "train"}

@@ -12,7 +12,7 @@ from test_env_episodes import ROW
 
 from policyzoo.contract import LOCAL, Generated
 from policyzoo.engine.ahead.overlap import OverlapPolicy
-from policyzoo.engine.policy import LMPolicy
+from policyzoo.engine.lm_policy import LMPolicy
 from policyzoo.engine.run.checks import check_sampling_options
 from policyzoo.errors import ConfigError
 from policyzoo.plugins.env import Calculator

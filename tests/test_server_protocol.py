@@ -141,7 +141,7 @@ def test_sampling_splits_whole_groups_between_servers_in_prompt_order(monkeypatc
 
     from policyzoo.engine.models import resolve_model
     from policyzoo.engine.rollout import server as server_mod
-    from policyzoo.engine.rollout.engines import request_seed
+    from policyzoo.engine.rollout.engine_base import request_seed
 
     seen = []
 

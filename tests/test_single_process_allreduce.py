@@ -22,6 +22,7 @@ import torch
 import policyzoo.engine.trainer.dsconfig as dc
 from policyzoo.engine.models import resolve_model
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
+from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings
 
 info = resolve_model(sys.argv[1])
 keep = dc.skip_single_process_allreduce
@@ -29,8 +30,9 @@ x = torch.tensor([[1, 40, 41, 42, 43, 60, 61, 62], [1, 50, 51, 70, 71, 72, 73, 7
 out = {}
 for stage, skip in ((0, False), (0, True), (1, True), (2, True), (3, True)):
     dc.skip_single_process_allreduce = keep if skip else (lambda engine: False)
-    tr = Trainer(info, dtype="float32", zero_stage=stage, lr=1e-3, weight_decay=0.1, grad_clip=1.0,
-                 need_ref=False, need_critic=False, critic_lr=1e-3)
+    tr = Trainer(info, ModelSettings(), TrainSettings(lr=1e-3, weight_decay=0.1, grad_clip=1.0),
+                 EngineSettings(zero_stage=stage, critic_lr=1e-3),
+                 need_ref=False, need_critic=False)
     calls = []
     fallback = tr.engine.buffered_allreduce_fallback
     tr.engine.buffered_allreduce_fallback = lambda *a, **k: (calls.append(1), fallback(*a, **k))[1]

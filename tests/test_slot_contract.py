@@ -246,8 +246,8 @@ def test_rloo_with_dapos_resampling_filter_resamples(catalog):
 
 def test_the_filters_budget_shows_in_the_resolved_config():
     from policyzoo.assembly import assemble
-    from policyzoo.config import load_config
     from policyzoo.resolve import resolved_view
+    from policyzoo.run_config import load_config
 
     cfg = load_config(algo="rloo", overrides=["algorithm.filter=[{use: nonconstant_groups}]"])
     view = resolved_view(cfg, assemble(cfg.algorithm))

@@ -14,12 +14,12 @@ import torch
 from _engine_helpers import stand_in_part
 from rich.console import Console
 
-from policyzoo.config import load_config
 from policyzoo.engine.run import loop as loop_mod
 from policyzoo.engine.run.loop import RunLoop
 from policyzoo.engine.rundir import RunDir
 from policyzoo.engine.sync.push import WeightSync, cached_prefix
 from policyzoo.engine.sync.sleep import Sleeper
+from policyzoo.run_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

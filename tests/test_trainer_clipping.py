@@ -22,6 +22,7 @@ import torch.distributed
 import policyzoo.engine.trainer.clipping as clipping
 from policyzoo.engine.models import resolve_model
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
+from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings
 
 info = resolve_model(sys.argv[1])
 keep = clipping.clips_itself
@@ -34,8 +35,9 @@ out = {}
 for clip in (1e-3, 1e6):
     for ours in (False, True):
         clipping.clips_itself = keep if ours else (lambda engine, world: False)
-        tr = Trainer(info, dtype="float32", zero_stage=0, lr=1e-2, weight_decay=0.1, grad_clip=clip,
-                     need_ref=False, need_critic=False, critic_lr=1e-3)
+        tr = Trainer(info, ModelSettings(), TrainSettings(lr=1e-2, weight_decay=0.1, grad_clip=clip),
+                     EngineSettings(zero_stage=0, critic_lr=1e-3),
+                     need_ref=False, need_critic=False)
         norms, n_calls = [], 0
         for step in range(2):
             for row in range(2):  # two micro-batches accumulated per optimizer step

@@ -17,8 +17,10 @@ setup_process(1, 0.1)
 import torch
 from policyzoo.engine.models import resolve_model
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
-tr = Trainer(resolve_model(sys.argv[1]), dtype="float32", zero_stage=0, lr=1e-3, weight_decay=0.0, grad_clip=1e6,
-             need_ref=False, need_critic=False, critic_lr=1e-3)
+from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings
+tr = Trainer(resolve_model(sys.argv[1]), ModelSettings(), TrainSettings(lr=1e-3, weight_decay=0.0, grad_clip=1e6),
+             EngineSettings(zero_stage=0, critic_lr=1e-3),
+             need_ref=False, need_critic=False)
 params = dict(tr.engine.module.named_parameters())
 p = params["model.norm.weight"]
 before = {n: q.detach().clone() for n, q in params.items()}

@@ -19,9 +19,9 @@ from trl import GRPOConfig  # noqa: E402
 
 import policyzoo  # noqa: E402
 from policyzoo import cli  # noqa: E402
-from policyzoo.config import load_config, validate  # noqa: E402
 from policyzoo.errors import ConfigError  # noqa: E402
 from policyzoo.resolve import resolve_algorithm  # noqa: E402
+from policyzoo.run_config import load_config, validate  # noqa: E402
 from policyzoo.trl_port import port_trl  # noqa: E402
 from policyzoo.trl_port.keys import DEFAULTS, IGNORED, MAPPED, REFUSED  # noqa: E402
 

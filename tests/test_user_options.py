@@ -12,10 +12,10 @@ import pytest
 import torch
 from rich.console import Console
 
-from policyzoo.config import Config, config_keys, load_config
 from policyzoo.contract import Rollout, StepBatch
 from policyzoo.data import fit_prompt_lengths, load_task
 from policyzoo.errors import DataError, UserError
+from policyzoo.run_config import Config, config_keys, load_config
 
 
 def test_lr_schedules_warm_up_without_a_zero_step_then_follow_transformers_shapes():

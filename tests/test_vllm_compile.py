@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 from _engine_helpers import metrics, run_train
 
-from policyzoo.config import load_config
 from policyzoo.engine.rollout.vllm_options import cpu_compile_cache_loads, llm_kwargs
 from policyzoo.errors import ConfigError
+from policyzoo.run_config import load_config
 
 COMMON = dict(dtype="float32", max_model_len=512, seed=7, tokenizer="m")
 

@@ -34,9 +34,9 @@ import yaml
 
 from policyzoo.assembly import assemble
 from policyzoo.catalog import get_catalog
-from policyzoo.config import load_config
 from policyzoo.contract.ground import SLOTS
 from policyzoo.errors import ConfigError, UserError
+from policyzoo.run_config import load_config
 
 from . import lean
 from .aggregate import config_differences

@@ -34,7 +34,7 @@ from .ground import (
                      hookspec,
 )
 from .hookspecs import Spec
-from .policy import SAMPLING_OPTIONS, Generated, Policy, TokenPolicy
+from .policy_protocol import SAMPLING_OPTIONS, Generated, Policy, TokenPolicy
 from .slots import BASES, KL, Baseline, Clip, Env, Filter, Ratio, Reduce, Reward, Sample, Term
 from .stats import moments, rank_mean, std_of, whiten
 

@@ -39,7 +39,7 @@ from torch import Tensor
 from .batch import Rollout
 from .components import Bundle
 from .ground import Advantages, Collective, Episode, Importance, Keep, StepTotals, Surrogate, hookspec
-from .policy import Policy
+from .policy_protocol import Policy
 from .slots import Env
 
 

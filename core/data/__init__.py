@@ -16,7 +16,7 @@ saved ``datasets`` folder via ``path`` + ``prompt_column`` / ``answer_column``. 
 
 from .answers import gsm8k_final_answer, normalize_number
 from .batching import batch_at, prompt_batches, rows_at
-from .config import DataSettings
+from .data_section import DataSettings
 from .rows import check_prompt_lengths, fit_prompt_lengths
 from .task import Task, load_task
 

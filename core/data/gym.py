@@ -1,6 +1,6 @@
 """``data.name: reasoning_gym``: procedurally generated tasks of the reasoning-gym package.
 
-Settings (:class:`~policyzoo.data.config.DataSettings`): ``tasks`` (one task name, a list of
+Settings (:class:`~policyzoo.data.data_section.DataSettings`): ``tasks`` (one task name, a list of
 names weighted equally, or ``{name: weight}`` for a mixture), ``size`` (training rows, default
 :data:`DEFAULT_SIZE`), ``eval_size`` (held-out rows, a count or a fraction of ``size``),
 ``seed``, and ``task_settings`` (``{name: {key: value}}``, passed to the task's own config

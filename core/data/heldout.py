@@ -10,9 +10,9 @@ from typing import Callable
 
 from policyzoo.errors import ConfigError, DataError
 
-from .config import DataSettings, name_of
+from .data_section import DataSettings, name_of
+from .readers import read_path
 from .rows import check_rows
-from .sources import read_path
 
 
 def nothing_to_train(where: str, rows: list, pool: list, held: list, examples: list, column: str) -> None:

@@ -37,10 +37,10 @@ from policyzoo.errors import ConfigError, DataError, did_you_mean
 from . import arithmetic, gym
 from .answers import gsm8k_final_answer, gsm8k_worked_solution
 from .batching import prompt_batches
-from .config import DataSettings, name_of
+from .data_section import DataSettings, name_of
 from .heldout import eval_count, held_out, nothing_to_train
+from .readers import _read_jsonl, read_cached_dataset, read_path
 from .rows import build_prompts, check_rows, missing_column
-from .sources import _read_jsonl, read_cached_dataset, read_path
 
 GSM8K_SYSTEM_PROMPT = ("Solve the math word problem. Think step by step, then give the final "
                        "answer as \\boxed{<number>}.")

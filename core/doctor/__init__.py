@@ -1,7 +1,8 @@
 """``policyzoo doctor --gpu``: the engine's GPU checks, run on a user's node, one markdown report.
 
 Each part of the plan (:mod:`.plan`) runs in its own process under its own timeout
-(:mod:`.runner`), its measurements are judged against the stated tolerances (:mod:`.verdict`), and
+(:mod:`.runner`, which also holds the command), its measurements are judged against the stated tolerances
+(:mod:`.plan` too), and
 one report file (:mod:`.report`) holds versions, devices, every part's pass/fail and the command,
 meant to be pasted into an issue. Two plans:
 
@@ -14,5 +15,5 @@ meant to be pasted into an issue. Two plans:
   ZeRO 3 (bf16) steps of a tiny model built in place, the log-prob agreement between the trainer
   and a transformers-generate rollout, and memory.
 
-Nothing is imported here: ``policyzoo.doctor.cli`` (the arguments) stays free of torch.
+Nothing is imported here: ``policyzoo.doctor.doctor_args`` (the arguments) stays free of torch.
 """

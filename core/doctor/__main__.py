@@ -9,8 +9,8 @@ import sys
 
 from policyzoo.errors import UserError
 
-from .cli import EPILOG, add_arguments
-from .command import cmd_doctor
+from .doctor_args import EPILOG, add_arguments
+from .runner import cmd_doctor
 
 
 def main(argv: list[str] | None = None) -> int:

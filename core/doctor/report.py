@@ -7,7 +7,7 @@ significant digits (``f"{x:.4g}"``).
 
 from __future__ import annotations
 
-from .verdict import ERROR, FAIL, PASS, SKIPPED, Verdict
+from .plan import ERROR, FAIL, PASS, SKIPPED, Verdict
 
 #: probe keys shown under "Versions", in this order
 VERSION_KEYS = ("policyzoo", "python", "torch", "cuda", "transformers", "accelerate", "peft", "deepspeed",

@@ -13,7 +13,7 @@ rollout and trainer and drives the weight sync (:mod:`.policy`), the ranks (:mod
 directory (:mod:`.rundir`), models (:mod:`.models`) and process set-up (:mod:`.process`).
 
 Entry points: :func:`policyzoo.engine.run.train.main` (``policyzoo train``),
-:func:`policyzoo.engine.report.plot.main` (``policyzoo plot``), :class:`policyzoo.engine.policy.LMPolicy`
+:func:`policyzoo.engine.report.plot.main` (``policyzoo plot``), :class:`policyzoo.engine.lm_policy.LMPolicy`
 (the :class:`policyzoo.contract.TokenPolicy` of a language model). Importing this package loads neither
 vLLM nor DeepSpeed; :func:`policyzoo.engine.process.setup_process` must run before they are imported.
 """

@@ -11,10 +11,10 @@ import torch
 
 from policyzoo.assembly import Run
 from policyzoo.catalog import get_catalog
-from policyzoo.config import Config
 from policyzoo.contract import SLOTS, Bundle, use
 from policyzoo.errors import ConfigError, UserError
 from policyzoo.resolve import DEFAULT_ALGORITHM, resolve_algorithm
+from policyzoo.run_config import Config
 
 from .batches import Regime, probe_batches, regime, task_reward_classes
 from .gradient import RTOL, Probe, build_run, components, filters, probe, same
@@ -127,7 +127,7 @@ def equal_message(a: str, b: str, ra: Run, rb: Run, r: Regime) -> tuple[str, str
 
 def equal_entries(entries: dict[str, Any], allow_equal: bool = False) -> list[str]:
     """``policyzoo compare``'s check before anything runs: ``entries`` maps each entry of ``--algos`` to
-    its planned config (a :class:`~policyzoo.config.Config` or its dump). Raises :class:`ConfigError`
+    its planned config (a :class:`~policyzoo.run_config.Config` or its dump). Raises :class:`ConfigError`
     (exit 2) naming the equal pairs, the slot that differs, why it is inert and the fix, unless
     ``allow_equal``; then returns the same lines as notes. A probe that fails returns its note."""
     probes: list[tuple[str, Probed]] = []

@@ -13,7 +13,7 @@ raises :class:`ContractFailure` listing every one that failed:
 ``shapes``       the hook's output has the slot's type and shapes on the toy batch
                  (``[B, T]`` per token, ``[B]`` per row, a scalar for ``reduce``, ...).
 ``spec``         what the hook reference promises for the slot (see
-                 :func:`policyzoo.testing.slots.spec_problems`): ratio 1 without drift, on-policy
+                 :func:`policyzoo.testing.slot_cases.spec_problems`): ratio 1 without drift, on-policy
                  surrogate gradient -A, KL 0 at the reference, reduce exact under micro-batching
                  and padding, advantages independent of row order.
 ``masked``       masked positions carry no loss and no gradient: ``clip``/``kl`` outputs are 0 there,
@@ -26,7 +26,7 @@ raises :class:`ContractFailure` listing every one that failed:
 ``no_mutation``  no input tensor, rollout field or data row is modified in place.
 ``step``         the run's full loss (prepare + micro_loss) on the toy batch is finite, with zero
                  gradient on masked positions.
-``state``        the state contract (:func:`policyzoo.testing.slots.state_problems`): state changes only
+``state``        the state contract (:func:`policyzoo.testing.slot_cases.state_problems`): state changes only
                  in ``update()``, a stateless class has none, and a stateful one survives a JSON
                  ``state_dict``/``load_state_dict`` round trip with the same output.
 
@@ -55,7 +55,7 @@ from policyzoo.errors import UserError
 from policyzoo.step.advantages import prepare
 from policyzoo.step.loss import micro_loss
 
-from . import examples, slots
+from . import examples, slot_cases
 from .toys import ToyBatch, toy_batch
 
 SOURCE = re.compile(r"arXiv:?\s*\d{4}\.\d{4,5}|\bSource[s]?:|https?://|\bdoi:|\bet al\.?,? \(?(19|20)\d\d",
@@ -162,7 +162,7 @@ def _masked(comp, slot: str, tb: ToyBatch, ctx) -> list[str]:
     if slot == "baseline":  # row 1 becomes unscorable (its group keeps two valid rows)
         tb.rewards = tb.rewards.clone()
         tb.rewards[1] = float("nan")
-    out = slots.call(comp, tb, *ctx)
+    out = slot_cases.call(comp, tb, *ctx)
     if slot == "baseline":
         a = out.advantages
         if (a[~m] != 0).any():
@@ -171,10 +171,10 @@ def _masked(comp, slot: str, tb: ToyBatch, ctx) -> list[str]:
         if (a[rows] != 0).any():
             bad.append("rows with no token or a NaN reward do not get advantage 0")
         return bad
-    if slot not in slots.LOSS_SLOTS:
+    if slot not in slot_cases.LOSS_SLOTS:
         return bad
-    x = slots.differentiated(slot, tb)
-    tok = slots.per_token(slot, out)
+    x = slot_cases.differentiated(slot, tb)
+    tok = slot_cases.per_token(slot, out)
     total = out if slot == "reduce" else tok.sum()
     if slot in ("clip", "kl", "term") and (tok.detach()[~m] != 0).any():
         bad.append(f"{slot} output is not 0 on masked positions")
@@ -187,20 +187,20 @@ def _masked(comp, slot: str, tb: ToyBatch, ctx) -> list[str]:
         v = getattr(other, name)
         new = torch.where(m, v.detach(), v.detach() - 3.0)
         setattr(other, name, new.requires_grad_(v.requires_grad))
-    out2 = slots.call(comp, other, *ctx)
-    a, b2 = (out, out2) if slot == "reduce" else (tok.detach()[m], slots.per_token(slot, out2).detach()[m])
+    out2 = slot_cases.call(comp, other, *ctx)
+    a, b2 = (out, out2) if slot == "reduce" else (tok.detach()[m], slot_cases.per_token(slot, out2).detach()[m])
     if not torch.allclose(torch.as_tensor(a).detach(), torch.as_tensor(b2).detach(), rtol=1e-6, atol=1e-6):
         bad.append("valid outputs change when only masked positions of the inputs change")
     return bad
 
 
 def _extreme(comp, slot: str, ctx) -> list[str]:
-    tb = slots.extreme_batch()
-    out = slots.call(comp, tb, *ctx)
-    bad = slots.finite_problems(slot, out, tb)
-    if slot in slots.LOSS_SLOTS:
-        x = slots.differentiated(slot, tb)
-        total = out if slot == "reduce" else slots.per_token(slot, out).sum()
+    tb = slot_cases.extreme_batch()
+    out = slot_cases.call(comp, tb, *ctx)
+    bad = slot_cases.finite_problems(slot, out, tb)
+    if slot in slot_cases.LOSS_SLOTS:
+        x = slot_cases.differentiated(slot, tb)
+        total = out if slot == "reduce" else slot_cases.per_token(slot, out).sum()
         (grad,) = torch.autograd.grad(total, x, allow_unused=True)
         if grad is not None and not torch.isfinite(grad).all():
             bad.append("gradient is not finite on extreme inputs")
@@ -256,13 +256,14 @@ def run_checks(cls, catalog: Catalog | None = None, params: dict | None = None,
         ctx = examples.context(cls.slot)
         metrics: dict = {}
         checks = {
-            "shapes": lambda: slots.check_output(cls.slot, slots.call(comp, toy_batch(), *ctx), toy_batch(), ctx[1]),
-            "spec": lambda: slots.spec_problems(comp, cls.slot, ctx),
+            "shapes": lambda: slot_cases.check_output(cls.slot, slot_cases.call(comp, toy_batch(), *ctx), toy_batch(),
+                                                      ctx[1]),
+            "spec": lambda: slot_cases.spec_problems(comp, cls.slot, ctx),
             "masked": lambda: _masked(comp, cls.slot, toy_batch(), ctx),
             "extreme": lambda: _extreme(comp, cls.slot, ctx),
             "no_mutation": lambda: _no_mutation(comp, ctx),
             "step": lambda: _step(run, toy_batch(), metrics),
-            "state": lambda: slots.state_problems(comp, cls(**params), metrics, ctx),
+            "state": lambda: slot_cases.state_problems(comp, cls(**params), metrics, ctx),
         }
         for name, fn in checks.items():
             try:
@@ -287,7 +288,7 @@ def _json_problem(cls, comp) -> str | None:
 def _no_mutation(comp, ctx) -> list[str]:
     tb = toy_batch()
     snap = _snapshot(tb)
-    slots.call(comp, tb, *ctx)
+    slot_cases.call(comp, tb, *ctx)
     bad = _mutated(tb, snap)
     return [f"modified in place: {', '.join(bad)}"] if bad else []
 

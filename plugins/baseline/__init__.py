@@ -16,14 +16,14 @@ Conventions shared by the group baselines (``group_norm``, ``group_mean``, ``lea
 One module per family: :mod:`.group` (group baselines: group_norm, group_mean, leave_one_out,
 reinforce_pp_baseline, opo, gpg), :mod:`.passk` (grpo_passk), :mod:`.multi` (gdpo, one
 normalisation per reward component), :mod:`.greedy` (remax), :mod:`.token` (optimal_token_baseline,
-tir_optimal_token_baseline: a baseline per token position), :mod:`.batch` (batch_whiten), :mod:`.critic`
+tir_optimal_token_baseline: a baseline per token position), :mod:`.batch_whiten` (batch_whiten), :mod:`.critic`
 (gae). The helpers they share (``valid_scores``, ``group_stats``, ``GroupBaseline``, ``reward_tokens``,
 ``token_returns``) are in the public contract (:mod:`policyzoo.contract.baselines`), for third-party baselines
 too. Any baseline may be chained with batch whitening over the whole step (``whiten``;
 :meth:`policyzoo.contract.Baseline.chain`).
 """
 
-from policyzoo.plugins.baseline.batch import BatchWhiten
+from policyzoo.plugins.baseline.batch_whiten import BatchWhiten
 from policyzoo.plugins.baseline.critic import GAE
 from policyzoo.plugins.baseline.greedy import ReMax
 from policyzoo.plugins.baseline.group import GPG, OPO, GroupMean, GroupNorm, LeaveOneOut, ReinforcePPBaseline

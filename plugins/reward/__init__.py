@@ -6,7 +6,7 @@ must be appended to ``COMPONENTS``.
 """
 
 from policyzoo.data.answers import extract_number
-from policyzoo.plugins.reward.answers import AnswerMatch, MathVerify
+from policyzoo.plugins.reward.answer_checks import AnswerMatch, MathVerify
 from policyzoo.plugins.reward.env import EnvReward
 from policyzoo.plugins.reward.function import Function, RewardFunctionError, load_function
 from policyzoo.plugins.reward.gym import GymScore, GymScoreError

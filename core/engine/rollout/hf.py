@@ -1,15 +1,15 @@
 """The transformers rollout engine (``engine.rollout: transformers``): a fallback for models vLLM
-cannot load, with the interface and conventions of :mod:`policyzoo.engine.rollout.engines`."""
+cannot load, with the interface and conventions of :mod:`policyzoo.engine.rollout.vllm_engine`."""
 
 from __future__ import annotations
 
 import torch
 
 from policyzoo.contract.batch import Rollout
-from policyzoo.contract.policy import Generated
+from policyzoo.contract.policy_protocol import Generated
 from policyzoo.engine import device
 
-from .engines import NEXT_TOP_K, EngineBase, build_rollout, request_seed
+from .engine_base import NEXT_TOP_K, EngineBase, build_rollout, request_seed
 from .finish import finish, text_stop
 
 

@@ -47,7 +47,8 @@ from policyzoo import rules
 from policyzoo.engine import dist
 from policyzoo.errors import ConfigError
 
-from .engines import NEXT_TOP_K, VLLMRollout
+from .engine_base import NEXT_TOP_K
+from .vllm_engine import VLLMRollout
 
 
 def tp_groups(world: int, k: int) -> list[list[int]]:
@@ -170,7 +171,7 @@ class RankGroup:
 
 class GroupRollout:
     """One rank's view of a vLLM engine its group shares (the module docstring), a
-    :class:`~policyzoo.engine.rollout.engines.RolloutEngine`: ``generate`` and ``greedy`` gather the group's
+    :class:`~policyzoo.engine.rollout.engine_base.RolloutEngine`: ``generate`` and ``greedy`` gather the group's
     requests and sample them together; ``load_weights``, ``score``, ``score_next`` (same arguments on every
     rank already) and ``info``, ``tokenizer``, ``sleeper``, ``kv_cache_gib`` pass to ``engine`` (a
     :class:`VLLMRollout` started with ``tensor_parallel_size=k``)."""

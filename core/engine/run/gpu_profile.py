@@ -1,6 +1,6 @@
 """The GPU profile: the defaults of a run that trains on CUDA GPUs, and the start-up check that its step fits.
 
-The defaults of ``core/settings.py`` are the CPU's (fp32, ZeRO 0, no sleep mode: what was measured on CPUs,
+The defaults of ``core/config_sections.py`` are the CPU's (fp32, ZeRO 0, no sleep mode: what was measured on CPUs,
 and what the CPU test suite pins); they stay exactly so on a CPU. On a GPU (torch sees CUDA, or
 ``engine.plan_gpu`` names one for a dry run on a machine without) every key of the table below that the
 config does not set takes the profile's value; a key set in the config (YAML, ``key=value``, a TRL config,
@@ -37,7 +37,7 @@ ZeRO 0, where DeepSpeed's bf16 trained differently from fp32 (docs/engine.md).
 **Sync tolerance.** vLLM's bf16 kernels (FlashAttention, fused ops) give per-token log-probs that differ from
 the trainer's by ~1e-2..1e-1 nats at the maximum even at the same dtype (vLLM's and TRL's reports), so the
 fp32 bound fails. No GPU was available to measure it here; the bound is the CPU measurement of
-``core/engine/policy.py``: bf16 sampling against an fp32 trainer, SmolLM2 (49k vocabulary), 200 checks, max
+``core/engine/lm_policy.py``: bf16 sampling against an fp32 trainer, SmolLM2 (49k vocabulary), 200 checks, max
 0.17-0.86 nats, mean 0.03-0.06, whose table bound is 1.5. A larger vocabulary (~150k, Qwen2.5) does not
 widen it: a token's error is the rounding of its own logit (relative 2^-8, ~0.06 nats at |logit| 16-32)
 plus the log-sum-exp's, a probability-weighted mean of the logits' errors, which does not grow with the

@@ -20,11 +20,11 @@ from policyzoo.engine.run.evaluate import evaluate as evaluate_held_out
 from policyzoo.errors import Interrupted, UserError
 from policyzoo.step import step_seed, train_step
 
+from .batch_sources import batch_source
 from .checks import ZeroSignalWatch
 from .interrupts import deferred_signals, signal_name
 from .resume import write_checkpoint
 from .session import RunPart, phase
-from .sources import batch_source
 from .startup import peak_rss_gib, rss_gib, trim_heap
 from .stop import RunStopped, SkipWatch
 from .summary import print_done, run_summary
@@ -49,7 +49,7 @@ class RunLoop:
     drawn before it (a resumed checkpoint's position; 0 for a new run).
 
     It owns, made here and nowhere else: ``rows_drawn`` (training rows drawn so far), ``source`` (where
-    a step's batch comes from, see :mod:`~policyzoo.engine.run.sources`; ended by :meth:`close`),
+    a step's batch comes from, see :mod:`~policyzoo.engine.run.batch_sources`; ended by :meth:`close`),
     ``skips`` (skipped updates in a row: a :class:`SkipWatch`), ``last_saved`` (the step of the last checkpoint),
     ``stop_requested`` (0, or the number of the SIGINT / SIGTERM that asked to stop after this step),
     ``eval_before`` (the step-0 evaluation record), ``last_eval`` / ``last_accuracy`` (the latest

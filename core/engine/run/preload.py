@@ -20,8 +20,8 @@ from policyzoo.data import load_task
 from policyzoo.data.task import Task, env_task
 from policyzoo.engine import dist
 from policyzoo.engine.device import check_device_options, check_gpu_visible
+from policyzoo.engine.lm_policy import LMPolicy
 from policyzoo.engine.models import ModelInfo, cache_dir, resolve_model
-from policyzoo.engine.policy import LMPolicy
 from policyzoo.engine.process import check_vllm_threads
 from policyzoo.engine.report.tracking import check_trackers
 from policyzoo.engine.rollout.server import Server

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import yaml
 
+from policyzoo.config_sections import critic_lr
 from policyzoo.engine import dist
 from policyzoo.engine.rundir import ResumeError
 from policyzoo.engine.trainer.dsconfig import effective_stage
@@ -71,13 +72,13 @@ def checkpoint_state(step: int, rows: int, batches: int, fingerprint: dict, conf
             "zero_stage": effective_stage(config.engine), "world_size": world_size,
             "rollout_dtype": config.engine.rollout_dtype or config.model.dtype,
             "train": {"lr": t.lr, "weight_decay": t.weight_decay, "prompts_per_step": t.prompts_per_step,
-                      "critic_lr": config.engine.critic_lr or 10 * t.lr}}
+                      "critic_lr": critic_lr(config.engine, t)}}
 
 
 def write_checkpoint(part, step: int, batches: int, rows: int, tokens_seen: int = 0, in_flight: dict | None = None,
                      export: bool = False) -> Path:
     """Write the checkpoint of ``step`` (``batches`` drawn, ``rows`` prompts drawn; ``in_flight``: what
-    was sampled ahead, see :func:`~policyzoo.engine.run.sources.async_sampler`) with ``part``'
+    was sampled ahead, see :func:`~policyzoo.engine.run.batch_sources.async_sampler`) with ``part``'
     ``trainer``, ``rundir``, ``config``, ``fingerprint`` and ``run`` (its components' state, e.g. an
     adaptive KL coefficient); with ``export`` also a save_pretrained export in its ``hf/`` folder.
     Returns the checkpoint folder. Raises :class:`~policyzoo.errors.TrainingError` when the weights

@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from policyzoo.catalog import get_catalog
+from policyzoo.config_sections import critic_lr
 from policyzoo.engine import dist
-from policyzoo.engine.policy import LMPolicy
+from policyzoo.engine.lm_policy import LMPolicy
 from policyzoo.engine.process import captured_output
 from policyzoo.engine.report.tracking import Tracker
-from policyzoo.engine.rollout.engines import VLLMRollout
 from policyzoo.engine.rollout.hf import HFRollout
 from policyzoo.engine.rollout.server import ServerRollout
 from policyzoo.engine.rollout.tensor_parallel import GroupRollout, start_rollout
+from policyzoo.engine.rollout.vllm_engine import VLLMRollout
 from policyzoo.engine.sync.check import sync_mean_tolerance, sync_tolerance
 from policyzoo.engine.sync.push import WeightSync, cached_prefix
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
@@ -29,14 +30,15 @@ from .startup import Background, freeze_heap, process_age_s
 
 if TYPE_CHECKING:
     from policyzoo.assembly import Run
-    from policyzoo.config import Config
     from policyzoo.data.task import Task
     from policyzoo.engine.models import ModelInfo
     from policyzoo.engine.rundir import RunDir
+    from policyzoo.run_config import Config
     from policyzoo.step import StepSettings
 
-#: the rollout engines ``engine.rollout`` names (vLLM: one per rank, or a rank's share of a tensor-parallel group)
-RolloutEngine = VLLMRollout | GroupRollout | ServerRollout | HFRollout
+#: the rollout engines ``engine.rollout`` names (vLLM: one per rank, or a rank's share of a tensor-parallel group);
+#: each satisfies the protocol :class:`~policyzoo.engine.rollout.engine_base.RolloutEngine`
+ChosenRollout = VLLMRollout | GroupRollout | ServerRollout | HFRollout
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class RunPart:
     rundir: RunDir
     state: dict
     trainer: Trainer
-    rollout: RolloutEngine
+    rollout: ChosenRollout
     policy: LMPolicy
     tracker: Tracker
     share: int
@@ -190,18 +192,9 @@ def _start_trainer(c: Config, console: Console, pre: PreLoad, warnings: Warnings
             early = Background(lambda: VLLMRollout(pre.model, _rollout_dtype(c), pre.max_model_len, c.train.seed,
                                                     c.engine.gpu_memory_utilization, c.engine.vllm_sleep,
                                                     compile_cpu=c.engine.vllm_compile, **_vllm_options(c)))
-        trainer = Trainer(pre.model, dtype=c.model.dtype, zero_stage=c.engine.zero_stage, lr=c.train.lr,
-                          weight_decay=c.train.weight_decay, grad_clip=c.train.grad_clip,
-                          need_ref=needs_reference(pre.run),
-                          ref_path=None if pre.teacher is None else str(pre.teacher.path),
+        trainer = Trainer(pre.model, c.model, c.train, c.engine, need_ref=needs_reference(pre.run),
                           need_critic=bool(getattr(pre.run.baseline, "needs_values", False)),
-                          critic_lr=c.engine.critic_lr or 10 * c.train.lr,
-                          trust_remote_code=c.model.trust_remote_code, share_prompt=c.engine.share_prompt,
-                          lora=c.model.lora, gradient_checkpointing=c.train.gradient_checkpointing,
-                          autocast=c.train.autocast, deepspeed_config=c.engine.deepspeed, seed=c.train.seed,
-                          score_tokens=c.train.max_tokens_per_micro_batch,
-                          betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon,
-                          schedule=plan["name"], warmup_steps=plan["warmup_steps"], total_steps=plan["total_steps"])
+                          ref_path=None if pre.teacher is None else str(pre.teacher.path), lr_plan=plan)
         _book(parts, "trainer_s", t0)
         why = trainer.check_share_prompt(pre.check_ids)  # the first forward: DeepSpeed loads its op
     if why:
@@ -211,7 +204,7 @@ def _start_trainer(c: Config, console: Console, pre: PreLoad, warnings: Warnings
 
 
 def _start_rollout(c: Config, console: Console, pre: PreLoad, log: Path, verbose: bool,
-                   early: Background | None) -> RolloutEngine:
+                   early: Background | None) -> ChosenRollout:
     """The rollout engine ``engine.rollout`` names: vLLM (started early, or now; a rank's share of a
     tensor-parallel group's engine with k > 1, tensor_parallel.py), a rollout server or HF generate."""
     dtype = _rollout_dtype(c)
@@ -238,7 +231,7 @@ def _start_rollout(c: Config, console: Console, pre: PreLoad, log: Path, verbose
     return rollout
 
 
-def _weight_sync(c: Config, pre: PreLoad, rollout: RolloutEngine, trainer: Trainer) -> WeightSync:
+def _weight_sync(c: Config, pre: PreLoad, rollout: ChosenRollout, trainer: Trainer) -> WeightSync:
     """The run's weight sync (``engine.sync_check``, ``engine.sync_tolerance``, ``engine.sync_timeout_s``)
     from the trainer into the rollout engine, checked on the held-out row's tokens."""
     dtype = _rollout_dtype(c)
@@ -257,7 +250,7 @@ def _restore(c: Config, console: Console, pre: PreLoad, trainer: Trainer, weight
     trainer.set_schedule(pre.lr_plan)  # the checkpoint's schedule, kept or re-planned
     # the restored optimizer holds the checkpoint's lr / weight decay: use the configured ones
     trainer.set_optimizer(lr=c.train.lr, weight_decay=c.train.weight_decay,
-                          critic_lr=c.engine.critic_lr or 10 * c.train.lr,
+                          critic_lr=critic_lr(c.engine, c.train),
                           betas=(c.train.adam_beta1, c.train.adam_beta2), eps=c.train.adam_epsilon)
     for line in pre.resume_notes:
         console.print(line, markup=False, highlight=False)

@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from policyzoo.config import load_config
 from policyzoo.engine import dist
 from policyzoo.engine.process import check_vllm_threads, quiet_libraries, setup_process
 from policyzoo.engine.rundir import ResumeError
 from policyzoo.errors import Interrupted
-from policyzoo.host import rollout_dtype_notes
+from policyzoo.native_bf16 import rollout_dtype_notes
+from policyzoo.run_config import load_config
 
 from .gpu_profile import check_planned_gpu, console_lines, set_tf32
 from .interrupts import SignalReceived, finished_signals, quiet_teardown, raising_signals, signal_stop

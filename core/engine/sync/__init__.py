@@ -8,7 +8,7 @@ One sync, in the order it runs (:meth:`WeightSync.sync <policyzoo.engine.sync.pu
 2. **wake** (:mod:`.sleep`): with ``engine.vllm_sleep`` vLLM's weights are mapped again before they are
    written (and its KV cache before it samples);
 3. **push** (:mod:`.push`): the rollout engine's ``load_weights`` consumes the pairs (vLLM's
-   ``reload_weights`` in ``rollout/engines.py``, then the CPU kernels a reload leaves stale,
+   ``reload_weights`` in ``rollout/vllm_engine.py``, then the CPU kernels a reload leaves stale,
    :mod:`.cpu_kernels`, and its prefix cache reset; a rollout server through ``rollout/server/weight_push.py``;
    transformers' ``copy_`` in ``rollout/hf.py``), under ``engine.sync_timeout_s``;
 4. **check** (:mod:`.check`, ``engine.sync_check``): a fixed sequence scored by both sides, within the

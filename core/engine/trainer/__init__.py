@@ -2,4 +2,4 @@
 I/O (:mod:`.checkpoint_io`), the DeepSpeed config (:mod:`.dsconfig`), input packing, value head and
 LR schedule (:mod:`.modeling`), log-prob scoring with shared prompts (:mod:`.prefix`), compute
 options (:mod:`.compute`) and LoRA (:mod:`.lora`). Never imports the rollout room; the two meet in
-:mod:`policyzoo.engine.policy`."""
+:mod:`policyzoo.engine.lm_policy`."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from policyzoo.config_sections import EngineSettings, ModelSettings, TrainSettings, critic_lr
 from policyzoo.engine.device import local_device, set_thread_device
 from policyzoo.engine.dist import any_rank, world_size
 
@@ -35,7 +36,7 @@ from . import clipping, sharded
 from . import lora as lora_mod
 from .checkpoint_io import TrainerIO
 from .compute import enable_gradient_checkpointing
-from .dsconfig import BETAS, check_stage, ds_config, initialize, merge, read_user_config
+from .dsconfig import check_stage, ds_config, initialize, merge, read_user_config
 from .dsconfig import zero_stage as stage_of
 from .modeling import ValueModel, lr_schedule
 from .scoring import Scoring
@@ -54,16 +55,26 @@ class Trainer(TrainerIO, Scoring):
     dtype = "float32"  #: the weights' dtype (``model.dtype``; set by ``__init__``)
     vocab = 0  #: the policy's vocabulary size, for the scoring chunks' memory budget (0: unknown; set on load)
 
-    def __init__(self, info, *, dtype: str, zero_stage: int, lr: float, weight_decay: float, grad_clip: float,
-                 need_ref: bool, need_critic: bool, critic_lr: float, trust_remote_code: bool = False,
-                 score_rows: int = 16, share_prompt: bool = True, lora=None, gradient_checkpointing: bool = False,
-                 autocast: bool = False, deepspeed_config: str | dict | None = None, seed: int = 0,
-                 score_tokens: int | None = None, ref_path: str | None = None,
-                 betas: tuple[float, float] = BETAS, eps: float = 1e-8, schedule: str = "constant",
-                 warmup_steps: int = 0, total_steps: int = 1):
+    def __init__(self, info, model: ModelSettings, train: TrainSettings, engine: EngineSettings, *, need_ref: bool,
+                 need_critic: bool, ref_path: str | None = None, lr_plan: dict | None = None, score_rows: int = 16):
+        """Load the policy (and the reference, the critic) of ``info`` into DeepSpeed engines, as the run's
+        typed sections set them: ``model`` (dtype, trust_remote_code, lora), ``train`` (lr, AdamW's betas,
+        epsilon and weight decay, grad_clip, seed, gradient_checkpointing, autocast, max_tokens_per_micro_batch
+        as the scoring chunks' token budget) and ``engine`` (zero_stage, deepspeed, share_prompt, and the
+        critic's learning rate through :func:`policyzoo.config_sections.critic_lr`). ``ref_path``: a teacher
+        (model.teacher) instead of the policy's own weights as the reference; ``lr_plan``: the schedule
+        ``{name, warmup_steps, total_steps}`` (None: constant); ``score_rows``: rows per scoring forward.
+        Raises :class:`~policyzoo.errors.ConfigError` for a ZeRO stage the dtype or LoRA cannot use."""
+        plan = lr_plan or {"name": "constant", "warmup_steps": 0, "total_steps": 1}
+        dtype, zero_stage, lr, lora = model.dtype, engine.zero_stage, train.lr, model.lora
+        weight_decay, grad_clip, seed = train.weight_decay, train.grad_clip, train.seed
+        betas, eps = (train.adam_beta1, train.adam_beta2), train.adam_epsilon
+        trust_remote_code, gradient_checkpointing = model.trust_remote_code, train.gradient_checkpointing
+        deepspeed_config, share_prompt, autocast = engine.deepspeed, engine.share_prompt, train.autocast
+        score_tokens = train.max_tokens_per_micro_batch
         user = read_user_config(deepspeed_config)
         policy_cfg = merge(ds_config(zero_stage, lr, weight_decay, grad_clip, dtype, betas, eps), user)
-        sched = lr_schedule(schedule, warmup_steps, total_steps)
+        sched = lr_schedule(plan["name"], plan["warmup_steps"], plan["total_steps"])
         zero_stage = stage_of(policy_cfg)  # the user's config may set the stage
         check_stage(zero_stage, dtype, lora)
         self.info, self.stage, self.pad_id, self.dtype = info, zero_stage, info.pad_token_id, dtype
@@ -89,7 +100,8 @@ class Trainer(TrainerIO, Scoring):
             self.ref = self._load_reference(ref_path or path, tdtype, trust_remote_code, policy_cfg, zero3 is not None)
         self.critic = None
         if need_critic:
-            cfg = merge(ds_config(zero_stage, critic_lr, weight_decay, grad_clip, dtype, betas, eps), user)
+            cfg = merge(ds_config(zero_stage, critic_lr(engine, train), weight_decay, grad_clip, dtype, betas, eps),
+                        user)
             self.critic = self._load_critic(path, tdtype, trust_remote_code, cfg, sched, gradient_checkpointing)
         del zero3  # later loads in this process (the transformers rollout) are whole again
         self._need_ref = need_ref

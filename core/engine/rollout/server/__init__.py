@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 import httpx
 import torch
 
-from policyzoo.contract.policy import Generated
+from policyzoo.contract.policy_protocol import Generated
 from policyzoo.engine import dist
 
-from ..engines import NEXT_TOP_K, EngineBase, build_rollout, request_seed
+from ..engine_base import NEXT_TOP_K, EngineBase, build_rollout, request_seed
 from ..finish import finish
 from . import protocol as wire
 from .auth import auth_headers, refused, resolve_token

@@ -3,7 +3,7 @@
 Sampling goes through vLLM's OpenAI-compatible ``/v1/completions`` with token-id prompts and vLLM's
 extra fields: ``return_token_ids`` (the sampled ids), ``logprobs: 0`` (the sampled token's log-prob;
 the server runs with ``--logprobs-mode processed_logprobs`` as the colocated engine), ``seed`` per
-prompt (the colocated engine's :func:`~policyzoo.engine.rollout.engines.request_seed`; vLLM gives
+prompt (the colocated engine's :func:`~policyzoo.engine.rollout.engine_base.request_seed`; vLLM gives
 sample ``j`` of a request seed + j), ``stop_token_ids`` (every end-of-sequence id), ``top_k``,
 ``min_p``, ``repetition_penalty``, ``stop`` with ``include_stop_str_in_output``. The sync check uses
 ``prompt_logprobs`` and ``logprobs: k`` with ``return_tokens_as_token_ids`` (top tokens keyed by id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import config_help
+from .run_config import config_help
 
 TRAIN_EPILOG = ("held-out value (eval_accuracy): the mean over the held-out rows of the task's summed reward of one "
                 "greedy completion per row; shown as 'accuracy' when the task's reward is one 0/1 correctness check "

@@ -1,5 +1,5 @@
 """``policyzoo doctor``'s arguments (registered by :mod:`policyzoo.cli`; light: argparse only, so that
-``policyzoo --help`` loads no torch). The command itself: :mod:`policyzoo.doctor.command`."""
+``policyzoo --help`` loads no torch). The command itself: :mod:`policyzoo.doctor.runner`."""
 
 from __future__ import annotations
 

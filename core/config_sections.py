@@ -1,6 +1,6 @@
 """The sections of the run configuration (``model``, ``train``, ``engine``, ``eval``; ``data`` is
-:class:`policyzoo.data.config.DataSettings`): every key with its default and description.
-:class:`policyzoo.config.Config` puts them together and checks the rules across sections; unknown
+:class:`policyzoo.data.data_section.DataSettings`): every key with its default and description.
+:class:`policyzoo.run_config.Config` puts them together and checks the rules across sections; unknown
 keys are rejected in every section."""
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ class EngineSettings(Section):
                                            "ranks share one vLLM engine sharded k ways (TRL's vllm_tensor_parallel_"
                                            "size, verl's rollout.tensor_model_parallel_size); the ranks must be a "
                                            "multiple of k")
-    critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr)")
+    critic_lr: float | None = Field(None, gt=0, description="critic learning rate (null: 10 x train.lr; "
+                                    "the one rule: policyzoo.config_sections.critic_lr)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in the run directory")
     delete_checkpoints_at_end: bool = Field(False, description="once summary.json is written, delete checkpoints/ "
                                             "(weights + AdamW state, ~12 bytes per fp32 parameter: 1.6 GB for the "
@@ -201,6 +202,17 @@ class EngineSettings(Section):
                                            "differ from the trainer's at any dtype); null: none")
     share_prompt: bool = Field(True, description="score each distinct prompt once and only the responses per "
                                "row (same numbers, fewer FLOPs; checked against the per-row forward at start-up)")
+
+
+#: ``engine.critic_lr: null`` means this many times ``train.lr``: the value head starts from a random
+#: scalar head and has to catch up with the policy it scores
+CRITIC_LR_FACTOR = 10
+
+
+def critic_lr(engine: EngineSettings, train: TrainSettings) -> float:
+    """The critic's learning rate: ``engine.critic_lr``, or :data:`CRITIC_LR_FACTOR` x ``train.lr`` when it is
+    null (the one place that default is stated; the trainer, the resume and the checkpoint's state read it)."""
+    return engine.critic_lr or CRITIC_LR_FACTOR * train.lr
 
 
 class EvalSettings(Section):

@@ -15,11 +15,11 @@ import pydantic
 import yaml
 from pydantic import Field
 
-from policyzoo.data.config import DataSettings
+from policyzoo.data.data_section import DataSettings
 
-from . import conventions, host, rules
+from . import conventions, native_bf16, rules
+from .config_sections import EngineSettings, EvalSettings, ModelSettings, Section, TrainSettings
 from .errors import ConfigError, did_you_mean
-from .settings import EngineSettings, EvalSettings, ModelSettings, Section, TrainSettings
 
 
 class Config(Section):
@@ -40,13 +40,13 @@ class Config(Section):
 
     @pydantic.model_validator(mode="after")
     def _cross_section_rules(self):
-        """``engine.rollout_dtype: auto`` made concrete for this machine (:func:`policyzoo.host.auto_rollout_dtype`;
-        the run directory records the dtype chosen, so a resume elsewhere samples the same), the rules across
-        sections (:mod:`policyzoo.rules`, docs/config-rules.md), then the rollout correction: a rollout in another
-        dtype than training gets ``engine.rollout_correction`` as the algorithm's ratio unless the algorithm sets
-        one."""
+        """``engine.rollout_dtype: auto`` made concrete for this machine
+        (:func:`policyzoo.native_bf16.auto_rollout_dtype`; the run directory records the dtype chosen, so a resume
+        elsewhere samples the same), the rules across sections (:mod:`policyzoo.rules`, docs/config-rules.md), then
+        the rollout correction: a rollout in another dtype than training gets ``engine.rollout_correction`` as the
+        algorithm's ratio unless the algorithm sets one."""
         if self.engine.rollout_dtype == "auto":
-            self.engine.rollout_dtype = host.auto_rollout_dtype(self.model.dtype, self.engine.rollout)
+            self.engine.rollout_dtype = native_bf16.auto_rollout_dtype(self.model.dtype, self.engine.rollout)
             self._auto_rollout_dtype = True
         rules.check_config(self)
         e, algo = self.engine, self.algorithm
