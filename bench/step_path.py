@@ -5,7 +5,8 @@
 for threads started meanwhile) on during step 2's ``train_step`` and, inside it, the weight sync
 (``WeightSync.sync``). Every Python function called from the project's own source (``core/``, ``plugins/``,
 ``zoo/``) names its file; the files are printed in the order each was first entered, with that first function.
-Step 2, not step 1: the first step also runs what is done once (compiling, first-call caches).
+Step 2, not step 1: the first step also runs what is done once (compiling, first-call caches). On a tree from
+before ``core/engine/sync/`` the sync measured is ``LMPolicy.sync``, so an older checkout gives its own counts.
 
     python bench/step_path.py                            # print both lists
     python bench/step_path.py --write docs/architecture.md   # and replace them between the page's markers
@@ -64,7 +65,11 @@ def record(output_dir: str) -> None:
     """Run 2 steps with the recorders wrapped around step 2 and its weight sync."""
     import policyzoo.engine.run.loop as loop_module
     from policyzoo.cli import main
-    from policyzoo.engine.sync.push import WeightSync
+
+    try:
+        from policyzoo.engine.sync.push import WeightSync
+    except ImportError:  # a tree from before the sync room (the sync was LMPolicy.sync): the same measure there
+        from policyzoo.engine.policy import LMPolicy as WeightSync
 
     step_fn, sync_fn, calls = loop_module.train_step, WeightSync.sync, {"n": 0}
 
