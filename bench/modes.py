@@ -113,7 +113,7 @@ def stop(proc: subprocess.Popen) -> None:
 def train(out: Path, ranks: int, args: list[str]) -> list[dict]:
     shutil.rmtree(out, ignore_errors=True)
     cli = ["-m", "policyzoo.cli", "train", "--algo", "grpo", "--output-dir", str(out), *args]
-    launch = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={free_port()}"]
+    launch = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--standalone"]
     cmd = [sys.executable, *cli] if ranks == 1 else [sys.executable, *launch, *cli]
     r = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=3600)
     if r.returncode:  # recorded as the mode's result (a refusal says why), the other modes go on

@@ -254,9 +254,7 @@ def test_zero3_on_two_ranks_shared_prompt_calls_agree_and_scoring_gathers_once_a
 
     from _engine_helpers import engine_env
 
-    from policyzoo.engine.process import free_port
-
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            str(ROOT / "tests" / "_share_zero3_probe.py"), str(tiny_model())]
     env = engine_env()
     env.pop("RANK", None)

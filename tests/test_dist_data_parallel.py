@@ -12,13 +12,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from _engine_helpers import ROOT, engine_env, metrics, tiny_model, train_cmd
 from safetensors.torch import load_file
-
-from policyzoo.engine.process import free_port
 
 pytestmark = pytest.mark.engine_group  # several ranks, each a DeepSpeed engine: make test-engine
 
@@ -34,7 +33,7 @@ def _train(out, nproc: int, *extra: str) -> None:
     # python -m policyzoo.cli ... -> python -m torch.distributed.run --nproc_per_node N -m policyzoo.cli ...
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--master_port={free_port()}", *cmd[1:]]
+               "--standalone", *cmd[1:]]
     env = engine_env()
     env.pop("RANK", None)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -92,7 +91,7 @@ def test_a_zero_0_checkpoint_of_one_rank_continues_on_two(tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
     _train(full, 1, "engine.zero_stage=0", "train.steps=3")
     _train(cut, 1, "engine.zero_stage=0")  # 2 steps
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            "-m", "policyzoo.cli", "train", "--resume", str(cut), "train.steps=3"]
     env = engine_env()
     env.pop("RANK", None)
@@ -116,7 +115,7 @@ def test_reinforce_pp_with_one_prompt_per_rank_trains_as_one_rank(tmp_path):
         cmd = train_cmd(out, *DP_SETTINGS, "train.steps=1", "engine.zero_stage=2", algo="reinforce_pp")
         if nproc > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                   f"--master_port={free_port()}", *cmd[1:]]
+                   "--standalone", *cmd[1:]]
         env = engine_env()
         env.pop("RANK", None)
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -135,7 +134,7 @@ def test_reinforce_pp_with_one_prompt_per_rank_trains_as_one_rank(tmp_path):
 
 def test_prompts_must_split_into_whole_groups(tmp_path):
     cmd = train_cmd(tmp_path / "odd", *DP_SETTINGS, "train.prompts_per_step=3")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            *cmd[1:]]
     r = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode != 0
@@ -143,7 +142,7 @@ def test_prompts_must_split_into_whole_groups(tmp_path):
 
 
 # ---------------------------------------------------------------- catalog check and metric merge
-def _catalog_rank(rank: int, port: int, queue) -> None:
+def _catalog_rank(rank: int, store: Path, queue) -> None:
     import types
 
     import torch.distributed as dist
@@ -154,7 +153,7 @@ def _catalog_rank(rank: int, port: int, queue) -> None:
     from policyzoo.plugins.reward import COMPONENTS
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     extra = []
     if rank == 1:  # a plugin installed on rank 1 only: one extra reward component
         base = next(c for c in COMPONENTS if c.slot == "reward")
@@ -169,12 +168,12 @@ def _catalog_rank(rank: int, port: int, queue) -> None:
     dist.destroy_process_group()
 
 
-def test_a_component_missing_on_one_rank_is_an_error_on_every_rank():
+def test_a_component_missing_on_one_rank_is_an_error_on_every_rank(tmp_path):
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    q, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_catalog_rank, args=(r, port, q)) for r in (0, 1)]
+    q, store = ctx.Queue(), tmp_path / "store"  # a file store: no port for another test to take
+    procs = [ctx.Process(target=_catalog_rank, args=(r, store, q)) for r in (0, 1)]
     for p in procs:
         p.start()
     got = dict(q.get(timeout=600) for _ in procs)

@@ -23,14 +23,12 @@ import sys
 import pytest
 from _engine_helpers import ROOT, engine_env, metrics, train_cmd
 
-from policyzoo.engine.process import free_port
-
 pytestmark = pytest.mark.engine_group
 
 
 def _train_on_two_ranks(out, *extra: str) -> str:
     cmd = train_cmd(out, "train.steps=2", "engine.zero_stage=2", *extra)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            *cmd[1:]]
     env = engine_env()
     env.pop("RANK", None)

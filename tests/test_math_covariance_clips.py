@@ -3,7 +3,6 @@
 
 import math
 import os
-import socket
 
 import pytest
 import torch
@@ -89,9 +88,9 @@ def run(name, rows, collective):
     return out.loss.detach(), lp.grad, cut
 
 
-def _rank(rank, port, folder):
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+def _rank(rank, folder):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
     from policyzoo.engine.dist import DistCollective
 
     rows = torch.arange(4 * rank, 4 * rank + 4)
@@ -102,10 +101,7 @@ def _rank(rank, port, folder):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ranks")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, str(folder)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(str(folder),), nprocs=2, join=True)  # a file store: no port for another test to take
     return [torch.load(folder / f"{r}.pt") for r in range(2)]
 
 

@@ -11,14 +11,12 @@ import sys
 import pytest
 from _engine_helpers import ROOT, engine_env, tiny_model
 
-from policyzoo.engine.process import free_port
-
 pytestmark = pytest.mark.engine_group  # 2 ranks, each holding vLLM and a DeepSpeed engine: make test-engine
 
 
 @pytest.mark.parametrize("stage", [0, 3])
 def test_streamed_sync_equals_the_whole_model_sync_on_two_ranks(stage):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            str(ROOT / "tests" / "_sync_probe.py"), str(stage), str(tiny_model())]
     env = engine_env()
     env.pop("RANK", None)
@@ -41,7 +39,7 @@ def test_streamed_sync_equals_the_whole_model_sync_on_two_ranks(stage):
 
 
 def test_zero3_models_load_sharded_and_the_reference_scores_as_the_replica():
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            str(ROOT / "tests" / "_zero3_probe.py"), str(tiny_model())]
     env = engine_env()
     env.pop("RANK", None)

@@ -96,6 +96,9 @@ def build_deepspeed_op() -> str:
 
 
 def free_port() -> int:
+    """A local TCP port free at the moment of asking, for a server given ``--port``. Another process may take it
+    before the server binds it: process groups use ``MASTER_PORT=0``, torchrun ``--standalone`` or a file store
+    instead, which bind at once."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -114,8 +117,9 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
       (``OMP_NUM_THREADS`` threads, placed by the OS). ``nobind`` states that, and keeps the
       rollout off cores other processes of a shared machine hold. A user's own
       ``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_PLACES`` or ``OMP_PROC_BIND`` is kept.
-    * DeepSpeed: ``DS_ACCELERATOR=cpu`` without a GPU; a single rank on a free local port when no
-      launcher set ``RANK``/``WORLD_SIZE``; ``LOCAL_RANK=0`` when the launcher bound one GPU to the task
+    * DeepSpeed: ``DS_ACCELERATOR=cpu`` without a GPU; a single rank when no launcher set
+      ``RANK``/``WORLD_SIZE``, its store on ``MASTER_PORT=0`` (the free port is taken at bind time, so two runs
+      starting together never race for one); ``LOCAL_RANK=0`` when the launcher bound one GPU to the task
       (:func:`policyzoo.engine.device.bind_visible_gpu`). The one op DeepSpeed compiles on first use (~90 s) is
       cached in ``TORCH_EXTENSIONS_DIR``, by default :func:`extensions_dir` under the policyzoo
       cache (the Makefile points the cache into the project's ``.build/`` folder).
@@ -142,7 +146,11 @@ def setup_process(threads: int | None = None, kv_cache_gb: float = 1.0) -> int:
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        # port 0: the rendezvous store binds a free port itself. A port chosen here and then freed can be taken by
+        # another process before DeepSpeed binds it (EADDRINUSE, seen with two test workers on one machine); one
+        # rank has no peer that needs to know the number. DeepSpeed's CPU shared-memory op, which names its
+        # segment after MASTER_PORT, is only opened when LOCAL_SIZE ranks share the node, never for one rank.
+        os.environ.setdefault("MASTER_PORT", "0")
     bind_visible_gpu()  # one GPU bound per task: LOCAL_RANK=0 before DeepSpeed and vLLM read it (device.py)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")  # torchrun / deepspeed
     n = threads or max(1, cpu_count() // local_ranks)

@@ -1,7 +1,7 @@
 """Testing statistics across data-parallel ranks without a model.
 
-:func:`on_ranks` runs a function in N fresh processes joined in a gloo process group on
-127.0.0.1 (``RANK``/``WORLD_SIZE`` set, so :class:`policyzoo.engine.dist.DistCollective` reduces
+:func:`on_ranks` runs a function in N fresh processes joined in a gloo process group through a
+file store (``RANK``/``WORLD_SIZE`` set, so :class:`policyzoo.engine.dist.DistCollective` reduces
 over them) and returns each rank's result. :func:`advantages` calls a baseline the way the step
 does: the hook with the arguments it declares, then the declared composition
 (:meth:`policyzoo.contract.Baseline.chain`). Together they pin "N ranks equal one rank with the
@@ -20,7 +20,6 @@ import torch
 
 from policyzoo.contract import LOCAL, Collective
 from policyzoo.engine import dist as pz_dist
-from policyzoo.engine.process import free_port
 
 
 def advantages(comp, rewards, group_ids, response_mask, token_rewards=None, values=None,
@@ -44,16 +43,17 @@ def advantages(comp, rewards, group_ids, response_mask, token_rewards=None, valu
     return comp.chain(out, rewards, response_mask, collective)
 
 
-def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, folder: str, timeout_s: float) -> None:
+def _entry(rank: int, world: int, fn: Callable, args: tuple, folder: str, timeout_s: float) -> None:
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     pz_dist.TIMEOUT_S[0] = timeout_s  # named in a CollectiveTimeout, as engine.collective_timeout_s is
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    # a file store in the call's own folder: no port to choose, so parallel callers never collide
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
     try:
         torch.save(fn(rank, world, *args), Path(folder) / f"{rank}.pt")
     finally:
@@ -62,12 +62,12 @@ def _entry(rank: int, world: int, port: int, fn: Callable, args: tuple, folder: 
 
 def on_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, timeout_s: float = 600.0) -> list[Any]:
     """``[fn(0, world, *args), fn(1, world, *args), ...]``, each computed in its own process of a
-    gloo group of ``world`` ranks whose collectives wait at most ``timeout_s`` seconds (then raise,
-    as with ``engine.collective_timeout_s``). ``fn`` must be importable (a module-level function);
-    results travel through ``torch.save``. A failing rank raises in the caller
+    gloo group of ``world`` ranks (joined through a file store, no port) whose collectives wait at most
+    ``timeout_s`` seconds (then raise, as with ``engine.collective_timeout_s``). ``fn`` must be importable
+    (a module-level function); results travel through ``torch.save``. A failing rank raises in the caller
     (``torch.multiprocessing.ProcessRaisedException``)."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_entry, args=(world, free_port(), fn, args, folder, timeout_s), nprocs=world, join=True)
+        mp.spawn(_entry, args=(world, fn, args, folder, timeout_s), nprocs=world, join=True)
         return [torch.load(Path(folder) / f"{r}.pt", weights_only=False) for r in range(world)]
