@@ -67,7 +67,7 @@ def record(output_dir: str) -> None:
     from policyzoo.cli import main
 
     try:
-        from policyzoo.engine.sync.push import WeightSync
+        from policyzoo.engine.sync import WeightSync
     except ImportError:  # a tree from before the sync room (the sync was LMPolicy.sync): the same measure there
         from policyzoo.engine.policy import LMPolicy as WeightSync
 

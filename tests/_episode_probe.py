@@ -21,7 +21,7 @@ from policyzoo.engine.lm_policy import LMPolicy  # noqa: E402
 from policyzoo.engine.models import resolve_model  # noqa: E402
 from policyzoo.engine.rollout.hf import HFRollout  # noqa: E402
 from policyzoo.engine.rollout.vllm_engine import VLLMRollout  # noqa: E402
-from policyzoo.engine.sync.push import WeightSync  # noqa: E402
+from policyzoo.engine.sync import WeightSync  # noqa: E402
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer  # noqa: E402
 from policyzoo.engine.trainer.modeling import pack  # noqa: E402
 from policyzoo.engine.trainer.prefix import token_logprobs  # noqa: E402

@@ -85,8 +85,7 @@ print("RESULT " + json.dumps({
 # the cached block holds keys/values of the old weights and the check must fail.
 import contextlib  # noqa: E402
 
-from policyzoo.engine.sync.check import SyncError  # noqa: E402
-from policyzoo.engine.sync.push import WeightSync  # noqa: E402
+from policyzoo.engine.sync import SyncError, WeightSync  # noqa: E402
 
 
 class HFTrainer:

@@ -10,9 +10,8 @@ import torch
 from _engine_helpers import make_rollout, tiny_model
 
 from policyzoo.engine.trainer import lora
-from policyzoo.engine.trainer.compute import autocast, enable_gradient_checkpointing
 from policyzoo.engine.trainer.dsconfig import ds_config, merge, read_user_config, zero_stage
-from policyzoo.engine.trainer.modeling import pack
+from policyzoo.engine.trainer.modeling import autocast, enable_gradient_checkpointing, pack
 from policyzoo.engine.trainer.prefix import token_logprobs
 from policyzoo.errors import ConfigError
 from policyzoo.run_config import load_config

@@ -16,9 +16,7 @@ from policyzoo.engine.dist import merge_metrics
 from policyzoo.engine.lm_policy import LMPolicy
 from policyzoo.engine.rollout.vllm_options import llm_kwargs
 from policyzoo.engine.run.startup import Background
-from policyzoo.engine.sync.check import run_with_timeout, sync_tolerance
-from policyzoo.engine.sync.push import WeightSync
-from policyzoo.engine.sync.sleep import Sleeper
+from policyzoo.engine.sync import Sleeper, WeightSync, run_with_timeout, sync_tolerance
 from policyzoo.errors import ConfigError
 
 

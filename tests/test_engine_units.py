@@ -14,8 +14,7 @@ from _engine_helpers import make_rollout, tiny_model
 from policyzoo.engine.models import ModelError, resolve_model
 from policyzoo.engine.rollout.engine_base import build_rollout, request_seed
 from policyzoo.engine.rundir import RunDir
-from policyzoo.engine.sync.check import SyncError, run_with_timeout
-from policyzoo.engine.sync.push import WeightSync
+from policyzoo.engine.sync import SyncError, WeightSync, run_with_timeout
 from policyzoo.engine.trainer.modeling import pack
 from policyzoo.engine.trainer.prefix import token_logprobs
 

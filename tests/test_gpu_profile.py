@@ -23,7 +23,7 @@ from policyzoo.engine.rollout.vllm_options import llm_kwargs
 from policyzoo.engine.run import gpu_fit, gpu_profile
 from policyzoo.engine.run.checks import check_ranks
 from policyzoo.engine.run.preload import preload
-from policyzoo.engine.sync.sleep import Sleeper
+from policyzoo.engine.sync import Sleeper
 from policyzoo.engine.trainer.dsconfig import ds_config, merge, read_user_config
 from policyzoo.errors import ConfigError
 from policyzoo.plan import GiB

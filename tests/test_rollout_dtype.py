@@ -8,7 +8,7 @@ import pytest
 
 from policyzoo import native_bf16
 from policyzoo.assembly import Run
-from policyzoo.engine.sync.check import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
+from policyzoo.engine.sync import SYNC_TOLERANCE, sync_mean_tolerance, sync_tolerance
 from policyzoo.errors import ConfigError
 from policyzoo.resolve import resolve_algorithm
 from policyzoo.run_config import load_config

@@ -1,5 +1,5 @@
 """The weight sync rebuilds only the CPU GEMM handlers a push leaves stale
-(policyzoo.engine.sync.cpu_kernels.stale_gemm_modules): the LM head that keeps its (tied) weight,
+(policyzoo.engine.sync.stale_gemm_modules): the LM head that keeps its (tied) weight,
 never the input embedding's handler, which is never called, nor the linear layers vLLM rebuilds
 itself. vLLM's module classes are stood in for by classes of the same name. The sync's exactness
 on a real vLLM engine: tests/test_engine_vllm.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from policyzoo.engine.sync.cpu_kernels import stale_gemm_modules
+from policyzoo.engine.sync import stale_gemm_modules
 
 
 class VocabParallelEmbedding(torch.nn.Module):

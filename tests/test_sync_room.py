@@ -1,4 +1,4 @@
-"""The weight sync's room (core/engine/sync/): one direction, trainer -> rollout, and the run's parts as one
+"""The weight sync's room (core/engine/sync.py): one direction, trainer -> rollout, and the run's parts as one
 frozen object (core/engine/run/session.py). No model: a fake ``vllm.LLM`` under vLLM's sleeper."""
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from rich.console import Console
 from policyzoo.engine.run import loop as loop_mod
 from policyzoo.engine.run.loop import RunLoop
 from policyzoo.engine.rundir import RunDir
-from policyzoo.engine.sync.push import WeightSync, cached_prefix
-from policyzoo.engine.sync.sleep import Sleeper
+from policyzoo.engine.sync import Sleeper, WeightSync, cached_prefix
 from policyzoo.run_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,22 +84,40 @@ def test_the_check_prefix_repeats_the_sequence_up_to_the_context_less_one():
     assert cached_prefix([1, 2, 3], 5) == [1, 2, 3, 1]  # 4 tokens
 
 
+#: what the rollout engines may take from the sync module: vLLM's side of it (sleep/wake, the CPU kernels a reload
+#: leaves stale), nothing that pushes, gathers or checks
+ROLLOUT_MAY_IMPORT = {"Sleeper", "refresh_cpu_kernels", "stale_gemm_modules"}
+
+
 def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, and every ``module:name`` it takes from a module."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            out.add(("." * node.level) + (node.module or ""))
+            module = ("." * node.level) + (node.module or "")
+            out.add(module)
+            out.update(f"{module}:{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return out
 
 
+def _reaches_back(module: str) -> bool:
+    """An import by a rollout file that reaches the policy or the push/check half of the sync."""
+    if module.endswith(("engine.lm_policy", "engine.policy")):
+        return True
+    base, _, name = module.partition(":")
+    return base.endswith("engine.sync") and name not in ROLLOUT_MAY_IMPORT and name != ""
+
+
 def test_the_sync_is_one_direction_no_rollout_file_reaches_the_policy_or_the_push():
     rollout_files = sorted((ROOT / "core" / "engine" / "rollout").rglob("*.py"))
-    reach = {f.relative_to(ROOT).as_posix(): sorted(m for m in _imports(f)
-                                                    if m.endswith(("engine.policy", "sync.push", "sync.check")))
-             for f in rollout_files}
+    reach = {f.relative_to(ROOT).as_posix(): sorted(m for m in _imports(f) if _reaches_back(m)) for f in rollout_files}
     assert {f: m for f, m in reach.items() if m} == {}
+    # the check is not empty: vllm_engine.py does take vLLM's side of the sync, and would be caught taking the push
+    taken = {m for m in _imports(ROOT / "core/engine/rollout/vllm_engine.py") if m.startswith("policyzoo.engine.sync:")}
+    assert taken == {"policyzoo.engine.sync:Sleeper", "policyzoo.engine.sync:refresh_cpu_kernels"}
+    assert _reaches_back("policyzoo.engine.sync:WeightSync") and _reaches_back("policyzoo.engine.lm_policy")
     # the sleeper holds no way back into the trainer (it was given a push callback before)
     assert set(vars(Sleeper(_LLM([]), 2))) == {"llm", "level", "release", "weights_awake", "kv_awake"}
 

@@ -3,7 +3,7 @@
 Every part runs in its own process under ``timeout_s`` seconds (:mod:`policyzoo.doctor.runner`), so the
 whole plan ends within the sum of its timeouts: :data:`FULL_BUDGET_S` (600 s, 10 minutes) for the full
 plan, :data:`SUBSET_BUDGET_S` (480 s, 8 minutes) for the trainer subset. The tolerances are the
-engine's own (:data:`policyzoo.engine.sync.check.SYNC_TOLERANCE`, the trainer's
+engine's own (:data:`policyzoo.engine.sync.SYNC_TOLERANCE`, the trainer's
 ``SHARE_PROMPT_TOLERANCE``): a GPU run passes when it stays inside what a training run accepts.
 
 Pass or fail (:func:`judge`): a part's result is a dict of measurements, or ``{"error": why}`` (it raised,
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from policyzoo.engine.sync.check import SYNC_TOLERANCE
+from policyzoo.engine.sync import SYNC_TOLERANCE
 from policyzoo.engine.trainer.scoring import SHARE_PROMPT_TOLERANCE
 
 FULL_BUDGET_S, SUBSET_BUDGET_S = 600, 480

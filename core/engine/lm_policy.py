@@ -2,7 +2,7 @@
 
 It joins a rollout engine (vLLM in this process, a rollout server, or the transformers fallback) and the
 DeepSpeed trainer: sampling goes to the rollout engine, scoring and the update to the trainer, and
-:meth:`~LMPolicy.sync` to the run's :class:`~policyzoo.engine.sync.push.WeightSync`, which pushes the trained
+:meth:`~LMPolicy.sync` to the run's :class:`~policyzoo.engine.sync.WeightSync`, which pushes the trained
 weights into the rollout engine after every optimizer step and checks them (the sync room,
 ``policyzoo.engine.sync``). On a GPU with ``engine.vllm_sleep`` every trainer call tells the sync that the
 trainer takes over (vLLM's weights and KV cache leave the GPU), and every sampling call that the sampler
@@ -23,7 +23,7 @@ from .dist import DistCollective, sum_ints
 
 class LMPolicy(DrivesEpisodes):
     """Policy over a causal LM: ``rollout`` (VLLMRollout, ServerRollout or HFRollout) + ``trainer`` (Trainer),
-    kept in step by ``weight_sync`` (a :class:`~policyzoo.engine.sync.push.WeightSync` over the same two).
+    kept in step by ``weight_sync`` (a :class:`~policyzoo.engine.sync.WeightSync` over the same two).
     ``stats`` accumulates rollout token counts for throughput metrics."""
 
     #: every sampling option of :data:`policyzoo.contract.SAMPLING_OPTIONS` (both rollout engines take them)
@@ -120,6 +120,6 @@ class LMPolicy(DrivesEpisodes):
         return StepTotals(tokens=tokens, sequences=sequences, rows=rows)
 
     def sync(self) -> dict:
-        """The weight sync after an optimizer step: :meth:`policyzoo.engine.sync.push.WeightSync.sync`
+        """The weight sync after an optimizer step: :meth:`policyzoo.engine.sync.WeightSync.sync`
         (its metrics: ``sync_seconds``, and with the check ``sync_max_diff`` / ``sync_mean_diff``)."""
         return self.weight_sync.sync()

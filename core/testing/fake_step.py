@@ -41,8 +41,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from policyzoo.engine.trainer.compute import enable_gradient_checkpointing
 from policyzoo.engine.trainer.logprob import fused_token_logprobs
+from policyzoo.engine.trainer.modeling import enable_gradient_checkpointing
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def fake_step(config: dict, layers: int, rows: int, prompt: int, response: int, 
     """Run one training micro-batch of the transformers model of ``config`` (a ``config.json`` dict with
     ``model_type``; ``num_hidden_layers`` replaced by ``layers``) under ``FakeTensorMode``: ``rows`` rows of
     ``prompt + response`` tokens, weights in ``dtype`` (``bfloat16`` or ``float32``), with transformers'
-    non-reentrant gradient checkpointing when asked (as :func:`policyzoo.engine.trainer.compute.
+    non-reentrant gradient checkpointing when asked (as :func:`policyzoo.engine.trainer.modeling.
     enable_gradient_checkpointing` turns it on). Returns the :class:`Measured` bytes and FLOPs (module
     docstring). Raises ValueError for an unknown ``model_type`` (transformers')."""
     model = _build(config, layers, dtype, gradient_checkpointing)

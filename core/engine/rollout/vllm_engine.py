@@ -12,8 +12,7 @@ import torch
 from policyzoo.contract.batch import Rollout
 from policyzoo.contract.policy_protocol import Generated
 from policyzoo.engine import device
-from policyzoo.engine.sync.cpu_kernels import refresh_cpu_kernels
-from policyzoo.engine.sync.sleep import Sleeper
+from policyzoo.engine.sync import Sleeper, refresh_cpu_kernels
 
 from .engine_base import NEXT_TOP_K, EngineBase, build_rollout, request_seed
 from .finish import finish
@@ -165,7 +164,7 @@ class VLLMRollout(EngineBase):
         q/k/v and gate/up itself), then rebuild the CPU GEMM kernels of layers that keep their
         weight tensor (the tied lm_head: its pre-packed copy is not refreshed by the reload, so
         without this a model with tied embeddings samples from stale output weights; not the
-        input embedding's unused handler: :func:`policyzoo.engine.sync.cpu_kernels.stale_gemm_modules`), and drop
+        input embedding's unused handler: :func:`policyzoo.engine.sync.stale_gemm_modules`), and drop
         the prefix cache (its keys and values were computed with the old weights; the sync
         check's :meth:`score_next` reads through it, so a cache left stale fails the check)."""
         self.sleeper.for_push()

@@ -18,7 +18,7 @@
   on CPU too (vLLM's TP groups are consecutive ranks of the launcher's process group; gloo on CPU), each
   rank's worker holds one shard; see ``policyzoo.engine.rollout.tensor_parallel``.
 
-Its sleep mode (``engine.vllm_sleep``) is the weight sync's: :mod:`policyzoo.engine.sync.sleep`.
+Its sleep mode (``engine.vllm_sleep``) is the weight sync's: :mod:`policyzoo.engine.sync`.
 """
 
 from __future__ import annotations

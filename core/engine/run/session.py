@@ -20,8 +20,7 @@ from policyzoo.engine.rollout.hf import HFRollout
 from policyzoo.engine.rollout.server import ServerRollout
 from policyzoo.engine.rollout.tensor_parallel import GroupRollout, start_rollout
 from policyzoo.engine.rollout.vllm_engine import VLLMRollout
-from policyzoo.engine.sync.check import sync_mean_tolerance, sync_tolerance
-from policyzoo.engine.sync.push import WeightSync, cached_prefix
+from policyzoo.engine.sync import WeightSync, cached_prefix, sync_mean_tolerance, sync_tolerance
 from policyzoo.engine.trainer.deepspeed_trainer import Trainer
 from policyzoo.step import needs_reference
 
@@ -84,7 +83,7 @@ class RunPart:
     """The parts of a started run, made by :func:`start` and nowhere else: ``config``, ``console``, the ``task``
     (its rows), ``run`` (the components), the step's ``settings``, the ``model`` folder, the run directory
     ``rundir``, the ``trainer`` (DeepSpeed), the ``rollout`` engine, the ``policy`` joining them (with its
-    :class:`~policyzoo.engine.sync.push.WeightSync`), the ``tracker``, ``share`` (this rank's prompts per
+    :class:`~policyzoo.engine.sync.WeightSync`), the ``tracker``, ``share`` (this rank's prompts per
     step), the checkpoint ``fingerprint``, the task's own rewards (``task_rewards_n``), the response tokens of
     a turn (``turn_tokens``), the prompt-length count (``prompt_counts``), the ``warnings`` channel and the
     ``startup`` times. ``state``, the run's counters ``{step, batches, tokens_seen}``, is the one mutable

@@ -2,7 +2,7 @@
 DeepSpeed checkpoints (read without unpickling), the optimizer settings applied after a resume and
 the ``save_pretrained`` export. A mixin of :class:`policyzoo.engine.trainer.deepspeed_trainer.Trainer`, which owns
 ``engine``, ``critic``, ``stage``, ``lora`` and ``info``. The full weights (``full_weights``) are the
-weight sync's gather, :func:`policyzoo.engine.sync.gather.full_weights`."""
+weight sync's gather, :func:`policyzoo.engine.sync.full_weights`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from policyzoo.engine.dist import any_rank, rank
 from policyzoo.engine.rundir import weights_only_load
-from policyzoo.engine.sync.gather import full_weights
+from policyzoo.engine.sync import full_weights
 
 from . import lora as lora_mod
 from .dsconfig import BETAS
@@ -93,8 +93,8 @@ class TrainerIO:
 
         Rank 0 alone copies the weights to the host and writes them: at ZeRO 0-2 the other ranks do
         nothing; at ZeRO 3 every rank takes part in each one-parameter gather (streamed, whatever
-        ``sync.gather.STREAMED`` says) and drops the parameter again, so one host copy of the model is made per
-        run, not one per rank (at 7B in fp32, 28 GB instead of 28 GB x ranks)."""
+        ``policyzoo.engine.sync.STREAMED`` says) and drops the parameter again, so one host copy of the model is
+        made per run, not one per rank (at 7B in fp32, 28 GB instead of 28 GB x ranks)."""
         mine = rank() == 0
         if self.lora:
             if mine:

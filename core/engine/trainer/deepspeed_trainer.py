@@ -19,7 +19,7 @@
   weights; the critic (only for baselines that ``need_values``) is the same transformer with a
   scalar value head (zero-initialised, so every first value is 0) trained by its own engine.
 * Options: LoRA adapters (``model.lora``, ``policyzoo.engine.trainer.lora``: the reference is then the base
-  model with the adapter off), gradient checkpointing and bf16 autocast (``policyzoo.engine.trainer.compute``),
+  model with the adapter off), gradient checkpointing and bf16 autocast (``policyzoo.engine.trainer.modeling``),
   the user's own DeepSpeed config merged over policyzoo's (``engine.deepspeed``,
   ``policyzoo.engine.trainer.dsconfig``).
 """
@@ -35,10 +35,9 @@ from policyzoo.engine.dist import any_rank, world_size
 from . import clipping, sharded
 from . import lora as lora_mod
 from .checkpoint_io import TrainerIO
-from .compute import enable_gradient_checkpointing
 from .dsconfig import check_stage, ds_config, initialize, merge, read_user_config
 from .dsconfig import zero_stage as stage_of
-from .modeling import ValueModel, lr_schedule
+from .modeling import ValueModel, enable_gradient_checkpointing, lr_schedule
 from .scoring import Scoring
 
 __all__ = ["Trainer"]
@@ -84,7 +83,7 @@ class Trainer(TrainerIO, Scoring):
         #: and every ZeRO-3 forward gathers weights with all ranks, so the ranks agree on the count first and
         #: the ranks with fewer groups add filler calls (``prefix.shared_prompt_logprobs(calls=)``)
         self.share_prompt = share_prompt and not gradient_checkpointing
-        #: bf16 compute over fp32 weights (policyzoo.engine.trainer.compute)
+        #: bf16 compute over fp32 weights (policyzoo.engine.trainer.modeling)
         self.autocast = autocast
         set_thread_device()
         self.device = local_device()  # cuda:LOCAL_RANK (one GPU per rank) or cpu

@@ -29,9 +29,8 @@ from policyzoo.engine.dist import any_rank, gather
 
 from . import lora as lora_mod
 from . import sharded, share_check
-from .compute import autocast
 from .logprob import sum_pi_squared
-from .modeling import pack
+from .modeling import autocast, pack
 from .prefix import model_calls, shared_prompt_logprobs, token_logprobs
 
 #: shared-prompt check tolerance (nats) per weight dtype: fp32 forwards of other shapes agree to

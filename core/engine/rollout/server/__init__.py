@@ -14,7 +14,7 @@ OpenAI-compatible server with policyzoo's worker extension) instead of vLLM in t
 * **Weights** (:meth:`ServerRollout.load_weights`): rank 0 pushes to every server over a process group
   with the server's workers (``weight_push``), then resets each server's prefix cache; other ranks only
   take part in the trainer's gather (ZeRO-3) and wait at a barrier. The sync check
-  (``policyzoo.engine.sync.push.WeightSync.check_now``) then scores through the server as through the
+  (``policyzoo.engine.sync.WeightSync.check_now``) then scores through the server as through the
   colocated engine.
 * **The secret** (``auth``): with ``POLICYZOO_SERVER_TOKEN`` or ``engine.server_token_file``
   set, every request (sampling, weight routes, sync check) carries ``Authorization: Bearer <secret>``;
@@ -210,7 +210,7 @@ class ServerRollout(EngineBase):
         dist.barrier()
 
     def replicas(self) -> list["ServerScorer"]:
-        """One scorer per server: the sync check checks each (``policyzoo.engine.sync.check.check_weights``)."""
+        """One scorer per server: the sync check checks each (``policyzoo.engine.sync.check_weights``)."""
         return [ServerScorer(self.client, s) for s in self.servers]
 
     def score(self, ids: list[int]) -> torch.Tensor:

@@ -19,7 +19,7 @@ Protocol of one push (the trainer side is ``policyzoo.engine.rollout.server.weig
    each tensor from rank 0; the worker receives each into a fresh tensor and calls the model's
    ``load_weights`` (HF names; vLLM fuses q/k/v and gate/up and takes its TP shard itself).
 4. ``finish``: ``finalize_layerwise_reload``, then the stale CPU GEMM kernels of the tied ``lm_head`` are
-   rebuilt (``policyzoo.engine.sync.cpu_kernels.stale_gemm_modules``: the colocated engine's repair).
+   rebuilt (``policyzoo.engine.sync.stale_gemm_modules``: the colocated engine's repair).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from policyzoo.engine.sync.cpu_kernels import stale_gemm_modules
+from policyzoo.engine.sync import stale_gemm_modules
 
 from .protocol import GLOO_BACKEND, gloo_group, installed_versions, model_identity
 
