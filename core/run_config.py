@@ -58,6 +58,11 @@ class Config(Section):
         return self
 
 
+#: keys a config may spell two ways (``data.use`` is ``data.name``): an override under either spelling replaces
+#: the value under both, so a run's own config.yaml (which writes ``name``) takes ``data.use=...`` on resume
+SPELLINGS = {"data.use": "name", "data.name": "use"}
+
+
 def _set_dotted(tree: dict, key: str, value: Any) -> None:
     parts = key.split(".")
     node = tree
@@ -67,6 +72,8 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise ConfigError(key, f"{p!r} is not a section", "override a leaf key")
+    if key in SPELLINGS:
+        node.pop(SPELLINGS[key], None)
     node[parts[-1]] = value
 
 

@@ -262,3 +262,18 @@ def test_critic_lr_is_ten_times_train_lr_when_null_else_its_own_value():
     assert critic_lr(c.engine, c.train) == pytest.approx(3e-5, rel=1e-12)
     c = load_config(algo="grpo", overrides=["train.lr=3e-6", "engine.critic_lr=1e-4"])
     assert critic_lr(c.engine, c.train) == 1e-4  # set: taken as written, train.lr plays no part
+
+
+def test_an_override_of_data_use_replaces_the_name_a_saved_config_writes(tmp_path):
+    # a run's config.yaml writes the dataset as data.name; compare and `train --resume` pass the user's
+    # overrides again, spelled data.use: the override wins, under either spelling, and nothing is left twice
+    saved = tmp_path / "config.yaml"
+    saved.write_text("data:\n  name: arithmetic\n  few_shot: 2\n")
+    assert load_config(str(saved), None, ["data.use=gsm8k"]).data.name == "gsm8k"
+    assert load_config(str(saved), None, []).data.name == "arithmetic"
+    saved.write_text("data:\n  use: arithmetic\n")
+    assert load_config(str(saved), None, ["data.name=gsm8k"]).data.name == "gsm8k"
+    # both spellings written in one file by hand are still refused: which one was meant is unknown
+    saved.write_text("data:\n  use: arithmetic\n  name: gsm8k\n")
+    with pytest.raises(ConfigError):
+        load_config(str(saved), None, [])
