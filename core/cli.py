@@ -68,7 +68,7 @@ def _dry_run(args, config, port, overrides: list[str], out: Console) -> None:
     if port is not None:  # where each key came from: the TRL config, its defaults, or the command line
         given = dict(item.split("=", 1) for item in overrides if "=" in item)
         resolved = {**resolved, "from_trl": port.report(given)}
-    out.print(yaml.safe_dump(resolved, sort_keys=False))
+    out.print(yaml.safe_dump(resolved, sort_keys=False), markup=False, highlight=False, soft_wrap=True)  # YAML
     err = Console(stderr=True, soft_wrap=True)
     for line in pre.resume_lines:
         err.print(line, markup=False, highlight=False)

@@ -20,6 +20,7 @@ from policyzoo.data.data_section import DataSettings
 from . import conventions, native_bf16, rules
 from .config_sections import EngineSettings, EvalSettings, ModelSettings, Section, TrainSettings
 from .errors import ConfigError, did_you_mean
+from .resolve import entry_name, expand_entry
 
 
 class Config(Section):
@@ -128,6 +129,8 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 
 
 def validate(tree: dict, where: str = "config") -> Config:
+    if "+" in entry_name(tree.get("algorithm")):
+        tree = {**tree, "algorithm": expand_entry(tree["algorithm"])}
     algo = tree.get("algorithm")
     if isinstance(algo, dict) and "conventions" in algo and isinstance(tree.get("train", {}), dict):
         # algorithm.conventions also sets train.* convention keys the config does not set

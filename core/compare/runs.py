@@ -36,11 +36,12 @@ from policyzoo.assembly import assemble
 from policyzoo.catalog import get_catalog
 from policyzoo.contract.ground import SLOTS
 from policyzoo.errors import ConfigError, UserError
+from policyzoo.resolve import parse_entry
 from policyzoo.run_config import load_config
 
 from . import lean
 from .aggregate import config_differences
-from .entries import check_clashes, parse_entry
+from .entries import check_clashes
 from .rundirs import RUN_FILES, read_jsonl, read_summary, summary_steps
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
