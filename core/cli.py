@@ -198,7 +198,7 @@ def _commands() -> list[tuple]:
 
 
 def _explain_arguments(e: argparse.ArgumentParser) -> None:
-    e.add_argument("name")
+    e.add_argument("name", help="a zoo name or a hybrid entry (grpo, grpo+clip=cispo, grpo+clip.eps_high=0.28)")
     e.add_argument("overrides", nargs="*", metavar="key=value", help="the run's settings (train.updates_per_batch=4, "
                    "algorithm.clip.use=cispo): the gradient probe's regime")
 

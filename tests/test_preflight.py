@@ -70,6 +70,7 @@ def refusal_sites() -> set[str]:
 
 def _rows(tmp_path, rows, name="data.jsonl"):
     f = tmp_path / name
+    f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return f
 
@@ -158,7 +159,12 @@ CASES = {
     "rundir.check_new": [("output dir is a file", lambda t, m: [f"output_dir={_rows(t, [], 'a-file')}"],
                               "output_dir"),
                              ("output dir where no file can be made", lambda t, m: ["output_dir=/proc/pz_run"],
-                              "output_dir /proc/pz_run")],
+                              "output_dir /proc/pz_run"),
+                             ("output dir holding the user's config.yaml", lambda t, m: [
+                                 f"output_dir={_rows(t, [], 'mine/config.yaml').parent}"], "output_dir"),
+                             ("output dir holding a killed run's metrics", lambda t, m: [
+                                 f"output_dir={_rows(t, [{'step': 1}], 'killed/metrics.jsonl').parent}"],
+                              "output_dir")],
     # an env with its own data set (verifiers, tests/verifiers_envs): its rows, then their prompts
     "run.env.task_rows": [("verifiers env with an empty dataset", lambda t, m: (
         m.syspath_prepend(str(TESTS / "verifiers_envs")), ["algorithm.env.use=verifiers",
