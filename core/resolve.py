@@ -18,6 +18,8 @@ from .contract.components import override
 from .errors import ConfigError, did_you_mean
 
 DEFAULT_ALGORITHM = "grpo"
+#: the keys of an algorithm mapping that are not slots: the algorithm it modifies, the peer's conventions
+NOT_SLOTS = ("base", "conventions")
 
 
 def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
@@ -58,9 +60,10 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
     for slot, value in spec.items():
         if slot == "base":
             continue
-        if slot not in SLOTS:
-            raise ConfigError(f"{where}.{slot}", f"unknown slot {slot!r}{did_you_mean(slot, SLOTS)}",
-                              f"slots are: {', '.join(SLOTS)}")
+        if slot not in SLOTS:  # the keys beside the slots count for the guess: `bse` is a typo of base
+            guess = did_you_mean(slot, [*SLOTS, *NOT_SLOTS])
+            raise ConfigError(f"{where}.{slot}", f"unknown key {slot!r}: not a slot{guess}",
+                              f"slots are: {', '.join(SLOTS)}; beside them: {', '.join(NOT_SLOTS)}")
         current = getattr(base, slot)
         if SLOTS[slot] != "single" and removes(slot, value, catalog):
             changes[slot] = None if SLOTS[slot] == "optional" else ()
