@@ -39,6 +39,12 @@ class Config(Section):
     #: set by the validator when ``engine.rollout_dtype`` was ``auto`` (the start-up line says what it chose)
     _auto_rollout_dtype: bool = pydantic.PrivateAttr(False)
 
+    @pydantic.field_validator("algorithm", mode="before")
+    @classmethod
+    def _entry(cls, value):
+        """An entry (``grpo+clip=cispo``) as its mapping, also where a Config is built without :func:`validate`."""
+        return expand_entry(value) if "+" in entry_name(value) else value
+
     @pydantic.model_validator(mode="after")
     def _cross_section_rules(self):
         """``engine.rollout_dtype: auto`` made concrete for this machine
