@@ -199,8 +199,9 @@ def _commands() -> list[tuple]:
 
 def _explain_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("name", help="a zoo name or a hybrid entry (grpo, grpo+clip=cispo, grpo+clip.eps_high=0.28)")
-    e.add_argument("overrides", nargs="*", metavar="key=value", help="the run's settings (train.updates_per_batch=4, "
-                   "algorithm.clip.use=cispo): the gradient probe's regime")
+    e.add_argument("overrides", nargs="*", default=[], metavar="key=value",  # default: not named as required
+                   help="the run's settings (train.updates_per_batch=4, algorithm.clip.use=cispo): the gradient "
+                   "probe's regime")
 
 
 def _plot_arguments(pl: argparse.ArgumentParser) -> None:

@@ -83,3 +83,10 @@ def test_plan_counts_one_gpu_in_the_singular(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "1 trainer GPU," in out and "1 trainer GPU colocated with TP 1 (ZeRO 0)" in out
     assert "1 trainer GPUs" not in out and "1 GPUs" not in out
+
+
+def test_explain_without_a_name_asks_for_the_name_alone(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["explain"])
+    assert e.value.code == 2  # argparse's own exit
+    assert capsys.readouterr().err.strip().endswith("the following arguments are required: name")
