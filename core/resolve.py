@@ -56,6 +56,15 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
         bundle = conventions.apply(resolve_algorithm(spec, catalog, where), name, catalog)[0]
         return dc_replace(bundle, name=named) if named and named != bundle.name else bundle
     base = catalog.bundle(spec["base"], f"{where}.base")
+    changes = _changes(base, spec, catalog, where)
+    hybrid = base.replace(**changes) if changes else base
+    if named and changes:
+        hybrid = dc_replace(hybrid, name=named, parent=base.name)
+    return hybrid
+
+
+def _changes(base: Bundle, spec: dict, catalog: Catalog, where: str) -> dict[str, Any]:
+    """``{slot: new value}`` of ``spec``'s slot keys over ``base`` (the forms of :func:`resolve_algorithm`)."""
     changes: dict[str, Any] = {}
     for slot, value in spec.items():
         if slot == "base":
@@ -64,7 +73,6 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
             guess = did_you_mean(slot, [*SLOTS, *NOT_SLOTS])
             raise ConfigError(f"{where}.{slot}", f"unknown key {slot!r}: not a slot{guess}",
                               f"slots are: {', '.join(SLOTS)}; beside them: {', '.join(NOT_SLOTS)}")
-        current = getattr(base, slot)
         if SLOTS[slot] != "single" and removes(slot, value, catalog):
             changes[slot] = None if SLOTS[slot] == "optional" else ()
         elif SLOTS[slot] == "collect":
@@ -75,11 +83,8 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
             raise ConfigError(f"{where}.{slot}", f"the {slot} slot cannot be empty",
                               f"name a {slot} component with `use:`{real}")
         else:
-            changes[slot] = override(current, value, f"{where}.{slot}")
-    hybrid = base.replace(**changes) if changes else base
-    if named and changes:
-        hybrid = dc_replace(hybrid, name=named, parent=base.name)
-    return hybrid
+            changes[slot] = override(getattr(base, slot), value, f"{where}.{slot}")
+    return changes
 
 
 def removes(slot: str, value: Any, catalog: Catalog) -> bool:
