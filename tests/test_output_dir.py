@@ -1,6 +1,8 @@
 """``train --output-dir D``: a run folder (the files a run writes) is told from the user's own content, the dry
 run gives the real start's verdict, and no fix suggests deleting anything."""
 
+from pathlib import Path
+
 import pytest
 
 from policyzoo.cli import main
@@ -89,3 +91,14 @@ def test_train_dry_run_refuses_a_folder_holding_only_the_users_config(tmp_path, 
     assert "another run's files" not in err and "delete" not in err and "Traceback" not in err
     assert (out / "config.yaml").read_text() == "algorithm: grpo\n" and sorted(p.name for p in out.iterdir()) == [
         "config.yaml"]
+
+
+def test_the_default_folder_of_a_long_hybrid_is_one_folder_within_a_names_limit(capsys):
+    stop = '["' + "/".join(["x"] * 80) + '"]'  # a parameter with '/' in it, 159 characters of the name
+    assert main(["train", "--dry-run", "--algo", "grpo", f"algorithm.sample.stop={stop}"]) == 0
+    out, err = capsys.readouterr()
+    assert "name: grpo+sample.stop=" in out  # the hybrid's name keeps the whole change
+    folder = Path(err.split("run directory ")[1].split(")")[0])
+    # runs/ + the first 120 characters of the name with '/' as '_' + '-YYYYmmdd-HHMMSS' (16)
+    assert folder.parent == Path("runs") and len(folder.name) == 120 + 16
+    assert folder.name.startswith('grpo+sample.stop=["x_x_x')
