@@ -62,6 +62,9 @@ def test_removed_slots_print_null_and_none_reads_as_null_except_a_real_none_comp
         assemble(hybrid, catalog=CATALOG).clip).__name__
     with pytest.raises(ConfigError, match="`none` is the component"):
         resolve_algorithm({"base": "grpo", "clip": None}, CATALOG)
+    # `none` with parameters names a component, which kl has not: the refusal says how to leave the slot out
+    with pytest.raises(ConfigError, match=r"to leave the kl slot out write null \(kl: null, grpo\+kl=null\)"):
+        assemble({"base": "grpo", "kl": {"use": "none", "beta": 0.1}}, catalog=CATALOG)
 
 
 def test_compare_entries_with_none_are_accepted(tmp_path, capsys):
