@@ -37,13 +37,14 @@ CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", 
                  "lr_plan", "resume_schedule", "rundir.claim", "encode_text",
                  "check_sampling_options", "dict", "filter_bias_warning", "state.get", "local_world_size", "any",
                  "LengthCache", "cache_dir", "cache.wrap", "cache.save", "time.perf_counter", "run.components",
-                 "comp.notes", "run_warnings", "notes_and_warnings", "gpu_profile.on_gpu"}
+                 "comp.notes", "run_warnings", "notes_and_warnings", "gpu_profile.on_gpu", "algo.replace"}
 # LengthCache and its wrap/save: an unreadable or unwritable cache is skipped, never refused;
 # run.components and comp.notes: the components' lines for the dry run (text; the sandbox's refusals
 # happen when it is built, in Run);
 # run_warnings: the gradient probe (policyzoo.equivalence) turns any failure into a line, never a refusal;
 # get_catalog: see check_same_catalog; check_sampling_options: both engines honour every option today
-# (tests/test_sampling_paths.py refuses one an engine does not name)
+# (tests/test_sampling_paths.py refuses one an engine does not name); algo.replace: the default folder's
+# name (str.replace)
 
 
 def _name(node) -> str:
