@@ -38,8 +38,9 @@ from .contract import (
     use,
     validate_params,
 )
+from .contract.components import override
 from .errors import ConfigError
-from .resolve import override, resolve_algorithm
+from .resolve import resolve_algorithm
 from .step import StepSettings
 
 __all__ = ["Run", "assemble", "build", "reward_uses", "step_settings"]

@@ -80,6 +80,8 @@ class Catalog:
         if name not in names:
             other = [s for s, comps in self.components.items() if name in comps]
             hint = f"; {name!r} is a {other[0]} component" if other else ""
+            if name in ("none", "null") and SLOTS.get(slot) != "single":
+                hint += f"; to leave the {slot} slot out write null ({slot}: null, grpo+{slot}=null), no parameters"
             raise ConfigError(where or slot, f"no {slot} component named {name!r}"
                               f"{did_you_mean(name, names)}{hint}",
                               f"choose one of: {', '.join(sorted(names))} "

@@ -68,7 +68,7 @@ def _dry_run(args, config, port, overrides: list[str], out: Console) -> None:
     if port is not None:  # where each key came from: the TRL config, its defaults, or the command line
         given = dict(item.split("=", 1) for item in overrides if "=" in item)
         resolved = {**resolved, "from_trl": port.report(given)}
-    out.print(yaml.safe_dump(resolved, sort_keys=False))
+    out.print(yaml.safe_dump(resolved, sort_keys=False), markup=False, highlight=False, soft_wrap=True)  # YAML
     err = Console(stderr=True, soft_wrap=True)
     for line in pre.resume_lines:
         err.print(line, markup=False, highlight=False)
@@ -198,9 +198,10 @@ def _commands() -> list[tuple]:
 
 
 def _explain_arguments(e: argparse.ArgumentParser) -> None:
-    e.add_argument("name")
-    e.add_argument("overrides", nargs="*", metavar="key=value", help="the run's settings (train.updates_per_batch=4, "
-                   "algorithm.clip.use=cispo): the gradient probe's regime")
+    e.add_argument("name", help="a zoo name or a hybrid entry (grpo, grpo+clip=cispo, grpo+clip.eps_high=0.28)")
+    e.add_argument("overrides", nargs="*", default=[], metavar="key=value",  # default: not named as required
+                   help="the run's settings (train.updates_per_batch=4, algorithm.clip.use=cispo): the gradient "
+                   "probe's regime")
 
 
 def _plot_arguments(pl: argparse.ArgumentParser) -> None:

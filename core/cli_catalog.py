@@ -83,7 +83,8 @@ def cmd_explain(args, out: Console) -> None:
     gradient probe finds at the run's settings: equal to its base, slots that do nothing there
     (:func:`policyzoo.equivalence.run_warnings`)."""
     cat = get_catalog()
-    cat.bundle(args.name, "explain")
+    if "+" not in args.name:  # an entry (grpo+clip=cispo) is read with the config, as --algo reads it
+        cat.bundle(args.name, "explain")
     config = load_config(None, args.name, list(getattr(args, "overrides", None) or []))
     bundle = resolve_algorithm(config.algorithm)
     out.print(f"[bold]{bundle.name}[/bold]: {bundle.summary}")

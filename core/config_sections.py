@@ -97,10 +97,19 @@ class TrainSettings(Section):
                                "(policyzoo compare's runs unless --export)")
     report_to: list[Literal["tensorboard", "wandb"]] = Field(
         ["tensorboard"], description="experiment trackers that receive every metric: tensorboard (RUN_DIR/"
-        "tensorboard), wandb (WANDB_MODE=offline works without a network); [] for none")
+        "tensorboard; pip install 'policyzoo[track]'), wandb (WANDB_MODE=offline works without a network); [] for "
+        "none; one name alone is a list of one (report_to=tensorboard, TRL's form; none: [])")
     log_completions_every: int = Field(10, ge=0, description="every N steps (and at the first and last step), "
                                        "write the sampled completions (prompt, completion, rewards, advantage) "
                                        "to completions.jsonl and the trackers; 0: never")
+
+    @pydantic.field_validator("report_to", mode="before")
+    @classmethod
+    def _one_tracker(cls, value):
+        """``report_to: tensorboard`` (TRL's ``report_to="tensorboard"``) is ``[tensorboard]``; ``none`` is ``[]``."""
+        if isinstance(value, str):
+            return [] if value == "none" else [value]
+        return value
 
 
 class EngineSettings(Section):

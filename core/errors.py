@@ -67,10 +67,33 @@ class Interrupted(UserError):
         return "\n".join(lines)
 
 
+def edit_distance(a: str, b: str) -> int:
+    """The optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+    neighbouring characters, each 1 (``bse`` -> ``base``: 1; ``gpro`` -> ``grpo``: 1)."""
+    prev2, prev = None, list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
 def did_you_mean(name: str, choices) -> str:
-    """Return ``" (did you mean 'x'?)"`` for the closest choices, or ``""``."""
+    """Return ``" (did you mean 'x'?)"`` for up to three close choices, or ``""``. Close: difflib's similarity >= 0.5,
+    or an edit distance (:func:`edit_distance`) of at most a third of the name's length. Ranked by
+    edit distance, then choices the name begins, then difflib's similarity, keeping those within one edit of the
+    closest: ``bse`` gives ``base`` (distance 1), not ``baseline`` (5). Case is ignored (``GRPO`` finds ``grpo``)."""
     by_lower = {str(c).lower(): str(c) for c in sorted(map(str, choices))}  # GRPO -> grpo too
-    close = [by_lower[c] for c in difflib.get_close_matches(str(name).lower(), list(by_lower), n=3, cutoff=0.5)]
-    if not close:
+    key = str(name).lower()
+    close = set(difflib.get_close_matches(key, list(by_lower), n=len(by_lower) or 1, cutoff=0.5))
+    close |= {c for c in by_lower if edit_distance(key, c) <= len(key) // 3}
+    ranked = sorted(close, key=lambda c: (edit_distance(key, c), not c.startswith(key),
+                                          -difflib.SequenceMatcher(None, key, c).ratio(), c))
+    if not ranked:
         return ""
-    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+    best = edit_distance(key, ranked[0])
+    ranked = [c for c in ranked if edit_distance(key, c) <= best + 1]  # a far guess beside a near one is noise
+    return " (did you mean " + " or ".join(repr(by_lower[c]) for c in ranked[:3]) + "?)"

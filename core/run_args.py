@@ -18,7 +18,7 @@ def train_arguments(t: argparse.ArgumentParser) -> None:
     ``--force-resume``, ``--dry-run``, ``--verbose`` and the ``key=value`` overrides on ``t``."""
     t.formatter_class = argparse.RawDescriptionHelpFormatter
     t.epilog = TRAIN_EPILOG + config_help()
-    t.add_argument("--algo", help="a zoo name, e.g. grpo")
+    t.add_argument("--algo", help="a zoo name or a hybrid entry, e.g. grpo, grpo+clip=cispo, grpo+kl=null")
     t.add_argument("--config", help="a YAML config file")
     t.add_argument("--trl-config", metavar="FILE", help="a TRL GRPOConfig as YAML, ported key by key (TRL's "
                    "defaults for keys it does not give; key=value overrides win; --dry-run shows each key's source)")
@@ -41,7 +41,7 @@ def train_arguments(t: argparse.ArgumentParser) -> None:
 def plan_arguments(pn: argparse.ArgumentParser) -> None:
     """``--algo``, ``--config``, ``--from-run``, ``--gpus``, ``--rollout-tp``, ``--rollout``, ``--gpu``,
     ``--shape`` and the items (``P G L``, ``model=``, ``prompt=``, ``memory=``, ``key=value``) on ``pn``."""
-    pn.add_argument("--algo", help="a zoo name (default grpo)")
+    pn.add_argument("--algo", help="a zoo name or a hybrid entry such as grpo+clip=cispo (default grpo)")
     pn.add_argument("--config", help="a YAML config file")
     pn.add_argument("--from-run", metavar="RUN_DIR", help="plan a finished run and show its measured time split")
     pn.add_argument("--gpus", type=int, help="trainer GPUs (data-parallel ranks): print the model state per GPU")

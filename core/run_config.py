@@ -20,6 +20,7 @@ from policyzoo.data.data_section import DataSettings
 from . import conventions, native_bf16, rules
 from .config_sections import EngineSettings, EvalSettings, ModelSettings, Section, TrainSettings
 from .errors import ConfigError, did_you_mean
+from .resolve import entry_name, expand_entry
 
 
 class Config(Section):
@@ -37,6 +38,12 @@ class Config(Section):
     _correction_added: bool = pydantic.PrivateAttr(False)
     #: set by the validator when ``engine.rollout_dtype`` was ``auto`` (the start-up line says what it chose)
     _auto_rollout_dtype: bool = pydantic.PrivateAttr(False)
+
+    @pydantic.field_validator("algorithm", mode="before")
+    @classmethod
+    def _entry(cls, value):
+        """An entry (``grpo+clip=cispo``) as its mapping, also where a Config is built without :func:`validate`."""
+        return expand_entry(value) if "+" in entry_name(value) else value
 
     @pydantic.model_validator(mode="after")
     def _cross_section_rules(self):
@@ -135,6 +142,8 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 
 
 def validate(tree: dict, where: str = "config") -> Config:
+    if "+" in entry_name(tree.get("algorithm")):
+        tree = {**tree, "algorithm": expand_entry(tree["algorithm"])}
     algo = tree.get("algorithm")
     if isinstance(algo, dict) and "conventions" in algo and isinstance(tree.get("train", {}), dict):
         # algorithm.conventions also sets train.* convention keys the config does not set

@@ -113,8 +113,14 @@ def test_a_longer_run_is_another_experiment_and_odd_folders_are_blocked(tmp_path
     assert runs.status(spec.path, 2, spec.config)[0] == "done"
     (spec.path / "notes.txt").write_text("mine")  # a file that is not a run's
     assert runs.status(spec.path, 2, spec.config) == ("blocked", "holds files that are not a run's (notes.txt): "
-                                                      "delete them, or choose another --output-dir")
+                                                      "move them elsewhere, or choose another --output-dir")
     (spec.path / "notes.txt").unlink()
+    mine = tmp_path / "mine"  # the user's own config.yaml, no run's file beside it: kept, not a restart
+    mine.mkdir()
+    (mine / "config.yaml").write_text("algorithm: grpo\n")
+    assert runs.status(mine, 2, spec.config) == ("blocked", "holds config.yaml, not written by a run (no resolved.yaml "
+                                                 "or metrics.jsonl beside it): move it elsewhere, or choose another "
+                                                 "--output-dir")
     (spec.path / "config.yaml").write_text("train: [unclosed")
     state, why = runs.status(spec.path, 2, spec.config)
     assert state == "blocked" and why.startswith("config.yaml does not parse")

@@ -142,12 +142,14 @@ def test_missing_required_parameter_is_named():
     assert "rewards[0].function" in str(e.value) and "required parameter 'function' is missing" in str(e.value)
 
 
-def test_hybrid_names_list_only_swapped_components():
+def test_hybrid_names_list_the_changes_as_an_entry_writes_them():
     from policyzoo import use
 
     grpo = resolve_algorithm("grpo")
     assert grpo.replace(clip=use("cispo")).name == "grpo+clip=cispo"
-    assert resolve_algorithm({"base": "grpo", "clip": {"eps_high": 0.28}}).name == "grpo"
+    # a parameter changed on the same component is named as `compare --algos` writes it (tests/test_entry_names.py)
+    assert resolve_algorithm({"base": "grpo", "clip": {"eps_high": 0.28}}).name == "grpo+clip.eps_high=0.28"
+    assert resolve_algorithm({"base": "grpo", "clip": {"eps_high": 0.2}}).name == "grpo"  # grpo's own value
     hybrid = resolve_algorithm({"base": "grpo", "filter": [{"use": "drop_truncated"}]})
     assert hybrid.name == "grpo+filter=drop_truncated"
 

@@ -68,6 +68,6 @@ def test_dry_run_of_a_yaml_hybrid_file(capsys, tmp_path):
     config = tmp_path / "hybrid.yaml"
     config.write_text("algorithm:\n  base: grpo\n  clip: {use: cispo, eps_high: 5.0}\n")
     view = yaml.safe_load(_run(capsys, "train", "--dry-run", "--config", str(config)))["algorithm"]
-    assert view["name"] == "grpo+clip=cispo" and view["slots"]["clip"]["from"] == "override"
+    assert view["name"] == "grpo+clip=cispo+clip.eps_high=5.0" and view["slots"]["clip"]["from"] == "override"
     assert view["slots"]["clip"]["components"] == [{"use": "cispo", "eps_high": 5.0, "eps_low": None}]
     assert view["slots"]["kl"]["from"] == "grpo default"

@@ -40,7 +40,7 @@ class Continuous:  # a real-valued score (a reward model): groups are never cons
 
 def entries(*names: str, overrides: tuple[str, ...] = ()) -> dict:
     """``{entry: config}`` as compare plans them (an entry's slot changes as overrides)."""
-    from policyzoo.compare.entries import parse_entry
+    from policyzoo.resolve import parse_entry
 
     out = {}
     for name in names:

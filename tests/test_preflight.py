@@ -37,13 +37,14 @@ CANNOT_REFUSE = {"dist.world_size", "datetime.now", "dist.broadcast", "RunDir", 
                  "lr_plan", "resume_schedule", "rundir.claim", "encode_text",
                  "check_sampling_options", "dict", "filter_bias_warning", "state.get", "local_world_size", "any",
                  "LengthCache", "cache_dir", "cache.wrap", "cache.save", "time.perf_counter", "run.components",
-                 "comp.notes", "run_warnings", "notes_and_warnings", "gpu_profile.on_gpu"}
+                 "comp.notes", "run_warnings", "notes_and_warnings", "gpu_profile.on_gpu", "algo.replace"}
 # LengthCache and its wrap/save: an unreadable or unwritable cache is skipped, never refused;
 # run.components and comp.notes: the components' lines for the dry run (text; the sandbox's refusals
 # happen when it is built, in Run);
 # run_warnings: the gradient probe (policyzoo.equivalence) turns any failure into a line, never a refusal;
 # get_catalog: see check_same_catalog; check_sampling_options: both engines honour every option today
-# (tests/test_sampling_paths.py refuses one an engine does not name)
+# (tests/test_sampling_paths.py refuses one an engine does not name); algo.replace: the default folder's
+# name (str.replace)
 
 
 def _name(node) -> str:
@@ -70,6 +71,7 @@ def refusal_sites() -> set[str]:
 
 def _rows(tmp_path, rows, name="data.jsonl"):
     f = tmp_path / name
+    f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return f
 
@@ -158,7 +160,12 @@ CASES = {
     "rundir.check_new": [("output dir is a file", lambda t, m: [f"output_dir={_rows(t, [], 'a-file')}"],
                               "output_dir"),
                              ("output dir where no file can be made", lambda t, m: ["output_dir=/proc/pz_run"],
-                              "output_dir /proc/pz_run")],
+                              "output_dir /proc/pz_run"),
+                             ("output dir holding the user's config.yaml", lambda t, m: [
+                                 f"output_dir={_rows(t, [], 'mine/config.yaml').parent}"], "output_dir"),
+                             ("output dir holding a killed run's metrics", lambda t, m: [
+                                 f"output_dir={_rows(t, [{'step': 1}], 'killed/metrics.jsonl').parent}"],
+                              "output_dir")],
     # an env with its own data set (verifiers, tests/verifiers_envs): its rows, then their prompts
     "run.env.task_rows": [("verifiers env with an empty dataset", lambda t, m: (
         m.syspath_prepend(str(TESTS / "verifiers_envs")), ["algorithm.env.use=verifiers",

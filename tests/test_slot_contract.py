@@ -216,7 +216,7 @@ def test_explain_marks_inherited_slots(capsys):
 
 @pytest.mark.parametrize("bundle, why", [
     (Bundle(name="orphan", parent="gpro", clip=use("none")), "parent 'gpro' is not a registered algorithm "
-                                                              "(did you mean 'gspo' or 'grpo'"),
+                                                              "(did you mean 'grpo'"),  # a swap: distance 1
     (Bundle(name="rootless", clip=use("none")), "the bundle states no sample component and has no parent"),
 ])
 def test_bundle_inheritance_errors(bundle, why):

@@ -187,7 +187,9 @@ def test_the_start_up_message_of_a_resumed_run_names_its_checkpoint(tmp_path):
                         f"({tmp_path / 'checkpoints' / 'step-000004'}) is unchanged")
     (tmp_path / "config.yaml").write_text("{}")  # a new run whose folder was written before the signal
     stop = startup_interrupted(signal.SIGINT, session, None)
-    assert stop.exit_code == 130 and stop.fix == f"delete {tmp_path}, then run the same command again"
+    # only the run's own files are named for removal (the folder may hold the user's files too)
+    assert stop.exit_code == 130 and stop.fix == (f"remove the run's files from {tmp_path} (config.yaml), then run "
+                                                  "the same command again")
     assert stop.why.endswith(f"nothing to save; {tmp_path} holds no checkpoint")
 
 
@@ -231,11 +233,13 @@ def test_main_says_what_is_saved_before_and_after_the_first_step(monkeypatch, tm
 def test_a_second_signal_with_no_checkpoint_yet_says_there_is_none(tmp_path):
     session = SimpleNamespace(rundir=SimpleNamespace(path=tmp_path, latest=lambda: None), state={"step": 3},
                               config=SimpleNamespace(train=SimpleNamespace(steps=3)))  # all 3 steps done: the end
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "notes.txt").write_text("the user's own file, not named for removal\n")
     stop = stopped_at_once(signal.SIGINT, session, session.config.train.steps)
     assert (stop.where, stop.exit_code) == ("the end of the run", 130)
     assert stop.why == f"interrupted at once (SIGINT) during the end of the run: it was not saved; {tmp_path} holds " \
                        "no checkpoint"
-    assert stop.fix == f"delete {tmp_path}, then run the same command again"
+    assert stop.fix == f"remove the run's files from {tmp_path} (metrics.jsonl), then run the same command again"
 
 
 def test_a_second_signal_during_the_first_step_is_no_start_up_interrupt(tmp_path):

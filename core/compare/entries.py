@@ -23,29 +23,9 @@ from typing import Any
 
 from policyzoo.contract.ground import SLOTS
 from policyzoo.errors import ConfigError
+from policyzoo.resolve import parse_entry
 
 DEFAULT_BASE = "grpo"  # what a config's algorithm mapping without `base` modifies (policyzoo.assembly)
-
-
-def parse_entry(entry: str) -> tuple[str, list[str]]:
-    """``"grpo+clip=cispo"`` -> ``("grpo", ["algorithm.clip.use=cispo"])``. Raises ConfigError for a
-    malformed entry (the names are checked against the catalog later, by the planner)."""
-    base, *changes = [p.strip() for p in entry.strip().split("+")]
-    where = f"--algos {entry}"
-    if not base or "=" in base or "/" in entry:
-        raise ConfigError(where, "an entry starts with a zoo name and holds no '/'",
-                          "e.g. --algos grpo,dr_grpo,grpo+clip=cispo (`policyzoo zoo` lists the names)")
-    out = []
-    for change in changes:
-        key, eq, value = change.partition("=")
-        if not eq or not key:
-            raise ConfigError(where, f"{change!r} is not SLOT=COMPONENT, SLOT.PARAM=VALUE or KEY=VALUE",
-                              "e.g. grpo+clip=cispo or grpo+clip.eps_high=0.28")
-        if key in SLOTS and value not in ("null", "~", ""):
-            out.append(f"algorithm.{key}.use={value}")
-        else:
-            out.append(f"algorithm.{key}={value}")
-    return base, out
 
 
 def check_clashes(entry: str, changes: list[str], overrides: list[str]) -> None:

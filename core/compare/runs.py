@@ -35,12 +35,14 @@ import yaml
 from policyzoo.assembly import assemble
 from policyzoo.catalog import get_catalog
 from policyzoo.contract.ground import SLOTS
+from policyzoo.engine.rundir import RunDir
 from policyzoo.errors import ConfigError, UserError
+from policyzoo.resolve import parse_entry
 from policyzoo.run_config import load_config
 
 from . import lean
 from .aggregate import config_differences
-from .entries import check_clashes, parse_entry
+from .entries import check_clashes
 from .rundirs import RUN_FILES, read_jsonl, read_summary, summary_steps
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
@@ -172,7 +174,10 @@ def status(path: Path, steps: int, planned: dict | None = None) -> tuple[str, st
         return "new", ""
     if names - RUN_FILES:
         return "blocked", (f"holds files that are not a run's ({', '.join(sorted(names - RUN_FILES)[:3])}): "
-                           "delete them, or choose another --output-dir")
+                           "move them elsewhere, or choose another --output-dir")
+    if not RunDir(path).run_files():  # a config.yaml (final/, checkpoints/) of the user's, no run's files beside it
+        return "blocked", (f"holds {', '.join(RunDir(path).clashes())}, not written by a run (no resolved.yaml or "
+                           "metrics.jsonl beside it): move it elsewhere, or choose another --output-dir")
     summary, latest = read_summary(path), _latest(path)
     if summary is None and latest is None:
         return "restart", "started before without a checkpoint (nothing to resume): its run files are removed"

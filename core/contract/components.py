@@ -31,6 +31,7 @@ the state alone and that the state survives a JSON round trip.
 
 from __future__ import annotations
 
+import json
 from abc import ABC
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
@@ -157,13 +158,56 @@ def use(name: str, **params: Any) -> Use:
     return Use(name, params)
 
 
-def _names(value) -> str:
-    """Component names of a slot value: ``"cispo"``, ``"a,b"`` for a list, ``"none"`` if empty."""
+def override(current: Use | None, value: Any, where: str) -> Use:
+    """One slot's new value, as a hybrid states it: ``use(NAME, **params)``, ``"NAME"`` or ``{use: NAME, **params}``
+    names a component (``current``'s parameters are kept, the given ones merged in, when it is the same name, as a
+    bundle's ``parent`` does);
+    ``{**params}`` keeps ``current``'s component and merges the parameters (the override
+    ``algorithm.clip.eps_high=0.28``). The parameters stay as written until assembly validates them. Raises
+    :class:`ConfigError` at ``where`` for another value, or for parameters with no component to take them."""
     if isinstance(value, Use):
-        return value.name
-    if isinstance(value, tuple):
-        return ",".join(u.name for u in value) or "none"
-    return "none"
+        return current.with_params(**value.params) if current is not None and value.name == current.name else value
+    if isinstance(value, str):
+        return current if current is not None and value == current.name else Use(value, {})
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"expected a mapping like {{use: NAME, param: value}}, got {value!r}",
+                          "see `policyzoo explain NAME` for parameters")
+    value = dict(value)
+    name = value.pop("use", None)
+    if name is None:
+        if current is None:
+            raise ConfigError(where, "no component named", "add `use: NAME`")
+        return current.with_params(**value)
+    if current is not None and name == current.name:
+        return current.with_params(**value)
+    return Use(str(name), value)
+
+
+def _text(value: Any) -> str:
+    """A parameter value as a hybrid name writes it (and an override reads it back as YAML): text as it is,
+    anything else as JSON (``0.28``, ``true``, ``null``)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def slot_changes(slot: str, old: Any, new: Any) -> list[str]:
+    """The parts of a hybrid's name for one slot changed from ``old`` to ``new``, in the form ``policyzoo compare
+    --algos`` and ``--algo`` read back (:func:`policyzoo.resolve.parse_entry`): ``kl=null`` for a removed optional
+    slot or an emptied collect slot, ``clip=cispo`` for another component, then ``clip.eps_high=0.28`` for each
+    parameter it sets (another component) or changes (the same component). Collect slots name their components
+    only (``filter=drop_truncated,nonconstant_groups``)."""
+    if new == old:
+        return []
+    if new is None or new == ():
+        return [f"{slot}=null"]
+    if isinstance(new, tuple):
+        return [f"{slot}={','.join(u.name for u in new)}"]
+    if isinstance(old, Use) and old.name == new.name:
+        missing = object()
+        changed = {k: v for k, v in new.params.items() if old.params.get(k, missing) != v}
+    else:
+        changed = dict(new.params)
+    head = [] if isinstance(old, Use) and old.name == new.name else [f"{slot}={new.name}"]
+    return head + [f"{slot}.{k}={_text(v)}" for k, v in sorted(changed.items())]
 
 
 class _Inherit:
@@ -255,21 +299,30 @@ class Bundle:
         return dc_replace(self, **changes, inherited=frozenset(inherited))
 
     def replace(self, **changes: Any) -> "Bundle":
-        """A hybrid: ``GRPO.replace(clip=use("cispo"))``. ``kl=None`` removes the KL term."""
+        """A hybrid: ``GRPO.replace(clip=use("cispo"))``; ``clip={"eps_high": 0.28}`` keeps the clip component and
+        merges the parameter (as the override ``algorithm.clip.eps_high=0.28`` does; :func:`override` reads each
+        value); ``kl=None`` removes the KL term. The hybrid is named as ``policyzoo compare --algos`` and ``--algo``
+        write it (``grpo+clip.eps_high=0.28``, ``grpo+kl=null``: :func:`slot_changes`), unless ``name`` is given.
+        Raises :class:`ConfigError` for an unknown slot or a value :func:`override` refuses."""
         fields = {f for f in self.__dataclass_fields__} - {"inherited"}
         for key in changes:
             if key not in fields:
                 raise ConfigError(f"{self.name}.replace", f"unknown slot {key!r}"
                                   f"{did_you_mean(key, fields)}",
                                   f"slots are: {', '.join(SLOTS)}")
+        for key in SINGLE_SLOTS + OPTIONAL_SLOTS:
+            if key in changes and changes[key] is not None:
+                current = getattr(self, key)
+                changes[key] = override(current if isinstance(current, Use) else None, changes[key],
+                                        f"{self.name}.replace({key}=...)")
         for key in COLLECT_SLOTS:
-            if key in changes and isinstance(changes[key], Use):
-                changes[key] = (changes[key],)
-            elif key in changes:
-                changes[key] = tuple(changes[key])
+            if key in changes:
+                items = changes[key] if isinstance(changes[key], (list, tuple)) else (
+                    () if changes[key] is None else (changes[key],))
+                changes[key] = tuple(override(None, v, f"{self.name}.replace({key}=...)") for v in items)
         if "name" not in changes:
-            swapped = [f"{k}={_names(v)}" for k, v in changes.items() if _names(v) != _names(getattr(self, k))]
-            changes["name"] = "+".join([self.name, *swapped])
+            parts = [p for k, v in changes.items() if k in SLOTS for p in slot_changes(k, getattr(self, k), v)]
+            changes["name"] = "+".join([self.name, *parts])
             changes.setdefault("parent", self.name)
         changes.setdefault("inherited", frozenset(s for s in SLOTS if s not in changes))
         return dc_replace(self, **changes)

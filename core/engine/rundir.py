@@ -88,24 +88,58 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
+#: every name a run writes into its folder (the layout above; ``tensorboard``/``wandb`` with train.report_to)
+RUN_WRITES = ("config.yaml", "resolved.yaml", "metrics.jsonl", "summary.json", "completions.jsonl", "plugins.json",
+              "run.pid", "startup.log", "checkpoints", "tensorboard", "wandb", "final")
+#: the ones nobody but a run makes: a folder holding one holds a run (``config.yaml``, ``final`` or ``checkpoints``
+#: alone may be the user's own)
+RUN_MARKS = ("resolved.yaml", "metrics.jsonl", "summary.json", "completions.jsonl", "plugins.json", "run.pid",
+             "startup.log")
+
+
+def written_by_run(path: str | os.PathLike) -> list[str]:
+    """The names of :data:`RUN_WRITES` in the folder ``path``, sorted (what removing a run's files removes)."""
+    return sorted(n for n in RUN_WRITES if (Path(path) / n).exists() or (Path(path) / n).is_symlink())
+
+
+def remove_hint(path: str | os.PathLike) -> str:
+    """How to start over in ``path``, whose run stopped without a checkpoint: remove the run's own files (only
+    those: anything else in the folder is the user's) and run the same command again."""
+    names = written_by_run(path)
+    if not names:
+        return "run the same command again"
+    return f"remove the run's files from {path} ({', '.join(names)}), then run the same command again"
+
+
 class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.ckpt = self.path / "checkpoints"
 
     def check_new(self, create: bool = True) -> None:
-        """Before any model loads: the folder can hold a new run (not a file, not another run's
-        files without a checkpoint, writable). Every rank checks, so every rank stops with the
-        same message instead of waiting for rank 0. ``create`` False (a dry run) creates nothing
-        and checks that a file can be created in the nearest existing folder on the path
-        (:func:`unwritable`)."""
+        """Before any model loads: the folder can hold a new run. Refused: a file; a folder holding another run's
+        files (:data:`RUN_MARKS`: a new run would mix its metrics into them); a folder holding something else under
+        a name the run writes (:data:`RUN_WRITES`: a user's own ``config.yaml``, a ``final`` folder), which the run
+        would replace or stop on. Other content stays beside the run's files. Every rank checks, so every rank
+        stops with the same message instead of waiting for rank 0. ``create`` False (a dry run) gives the same
+        verdict, creates nothing and checks that a file can be created in the nearest existing folder on the path
+        (:func:`unwritable`). Raises :class:`UserError`; no fix deletes anything."""
         if self.path.exists() and not self.path.is_dir():
             raise UserError(f"output_dir {self.path}", "exists and is a file, not a directory",
                             "choose another --output-dir")
-        if any((self.path / name).exists() for name in ("metrics.jsonl", "config.yaml")):
-            raise UserError(f"output_dir {self.path}", "already holds another run's files (without a complete "
-                            "checkpoint to resume from); a new run would mix its metrics into them",
-                            "choose another --output-dir, or delete the folder")
+        theirs, clash = self.run_files(), self.clashes()
+        if theirs:
+            raise UserError(f"output_dir {self.path}", f"already holds another run's files ({', '.join(theirs)}) "
+                            "without a complete checkpoint to resume from; a new run would mix its metrics into them",
+                            "choose another --output-dir (that run's files stay as they are)")
+        if clash:
+            config = (f"; to train with that config: --config {self.path / 'config.yaml'} --output-dir "
+                      f"{self.path / 'run'}") if "config.yaml" in clash else ""
+            raise UserError(f"output_dir {self.path}", f"holds {', '.join(clash)}, not written by a run (no "
+                            f"{' or '.join(RUN_MARKS[:2])} beside {'it' if len(clash) == 1 else 'them'}): the run "
+                            "writes its own under the same name and would replace or stop on "
+                            f"{'it' if len(clash) == 1 else 'them'}",
+                            f"choose a new folder, e.g. --output-dir {self.path / 'run'}{config}")
         if not create:
             parent = next(p for p in (self.path.absolute(), *self.path.absolute().parents) if p.exists())
             why = unwritable(parent)
@@ -118,6 +152,16 @@ class RunDir:
         except OSError as e:
             raise UserError(f"output_dir {self.path}", f"cannot be created: {e.strerror}",
                             "choose a writable --output-dir") from None
+
+    def run_files(self) -> list[str]:
+        """The names in the folder that only a run writes (:data:`RUN_MARKS`), sorted; ``[]`` for none."""
+        return sorted(n for n in RUN_MARKS if (self.path / n).exists() or (self.path / n).is_symlink())
+
+    def clashes(self) -> list[str]:
+        """The names in a folder without a run's files that a run would write over (:data:`RUN_WRITES`), sorted."""
+        if self.run_files():
+            return []
+        return written_by_run(self.path)
 
     def check_live(self) -> None:
         """Raise :class:`UserError` when ``RUN_DIR/run.pid`` names a process of this host that is

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from policyzoo.errors import did_you_mean
 from policyzoo.plan import GiB, Options, PlanError, Shape, Sizes, engine_path, memory
-from policyzoo.plan.placement import MODES, Placement, per_parameter
+from policyzoo.plan.placement import MODES, Placement, count, per_parameter
 
 MiB = 2**20
 #: name -> (bytes of one GPU, the source): memory.total that nvidia-smi reports (MiB); the product name's GB is
@@ -54,8 +55,8 @@ LEAN = "train.gradient_checkpointing=true train.max_tokens_per_micro_batch={}"
 def gpu_bytes(name: str) -> tuple[int, str]:
     """``(bytes, source)`` of a named GPU. Raises :class:`~policyzoo.plan.PlanError` for an unknown name."""
     if name.lower() not in GPUS:
-        raise PlanError(f"--gpu {name}", "not a GPU the planner knows", f"give one of {', '.join(GPUS)}, or "
-                        "memory=GiB for another")
+        raise PlanError(f"--gpu {name}", f"not a GPU the planner knows{did_you_mean(name, GPUS)}",
+                        f"give one of {', '.join(GPUS)}, or memory=GiB for another")
     return GPUS[name.lower()]
 
 
@@ -144,7 +145,7 @@ def same_gpus_fits(m: Shape, s: Sizes, o: Options, p: Placement, budget: int, v:
 def describe(p: Placement) -> str:
     """A placement in words, e.g. ``16 trainer GPUs colocated with TP 8 (ZeRO 3)``."""
     where = f"colocated with TP {p.tp}" if p.mode == "colocated" else f"+ a rollout server of TP {p.tp} on its own GPUs"
-    return f"{p.gpus} trainer GPUs {where} (ZeRO {p.zero_stage})"
+    return f"{count(p.gpus, 'trainer GPU')} {where} (ZeRO {p.zero_stage})"
 
 
 def compared(p: Placement) -> list[Placement]:
@@ -173,8 +174,8 @@ def print_gpu_plan(out, m: Shape, s: Sizes, o: Options, p: Placement, budget: in
     staged = same_gpus_fits(m, s, o, p, budget, v) if not ok and not others else []
     if staged:
         z = staged[0].zero_stage
-        out.print(f"no placement of {p.gpus} GPUs fits at ZeRO {p.zero_stage}; with engine.zero_stage={z} (ZeRO "
-                  f"shards the training state over the {p.gpus} GPUs) these fit: " + "; ".join(map(describe, staged)))
+        out.print(f"no placement of {count(p.gpus)} fits at ZeRO {p.zero_stage}; with engine.zero_stage={z} (ZeRO "
+                  f"shards the training state over the {count(p.gpus)}) these fit: " + "; ".join(map(describe, staged)))
     elif not ok and not others:
         _print_none_fits(out, m, s, o, p, budget, v)
     if p.mode == "colocated" and v.sleep == 0:
@@ -199,7 +200,7 @@ def _print_gpu_table(out, m: Shape, s: Sizes, o: Options, p: Placement, budget: 
         for kind, parts in per_gpu(m, s, o, q, budget, v).items():
             cols[name if kind == "trainer GPU" else f"{name} (server GPU)"] = (q, parts)
     share = -(-s.prompts // p.gpus)
-    t = Table(title=f"memory per GPU, GiB: {p.gpus} trainer GPUs, ZeRO {p.zero_stage}, {share} prompt(s) x "
+    t = Table(title=f"memory per GPU, GiB: {count(p.gpus, 'trainer GPU')}, ZeRO {p.zero_stage}, {share} prompt(s) x "
               f"{s.samples} samples per rank; fits {where}?")
     t.add_column("part")
     for name in cols:
@@ -219,7 +220,7 @@ def _print_none_fits(out, m: Shape, s: Sizes, o: Options, p: Placement, budget: 
     """When no placement of ``p``'s GPUs fits: the smallest that fit (:func:`smallest_fits`), with and without
     the lean settings, or the advice to train an adapter."""
     best = smallest_fits(m, s, o, p, budget, v)
-    out.print(f"no placement of {p.gpus} GPUs fits: " + (
+    out.print(f"no placement of {count(p.gpus)} fits: " + (
         "needs >= " + ", or >= ".join(describe(q) for q in best) if best else
         f"none of up to {SEARCH_GPUS[-1]} GPUs fits with these settings") + " (train.prompts_per_step a multiple "
         "of the GPU count).")

@@ -28,6 +28,11 @@ from policyzoo.plan import DTYPE_BYTES, GiB, PlanError
 MODES = ("colocated", "server")
 
 
+def count(n: int, what: str = "GPU") -> str:
+    """``n`` and ``what``, plural unless ``n`` is 1: ``1 trainer GPU``, ``8 trainer GPUs``."""
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
 @dataclass(frozen=True)
 class Placement:
     gpus: int = 1  # N: trainer (data-parallel) GPUs
@@ -50,8 +55,8 @@ def check_placement(p: Placement) -> None:
         raise PlanError(f"--gpus {p.gpus} --rollout-tp {p.tp}", "GPU counts must be >= 1",
                         "e.g. --gpus 8 --rollout-tp 2")
     if p.mode == "colocated" and p.gpus % p.tp:
-        raise PlanError(f"--rollout-tp {p.tp}", f"colocated, groups of {p.tp} of the {p.gpus} trainer GPUs share "
-                        "an engine: the GPUs must be a multiple of the TP size",
+        raise PlanError(f"--rollout-tp {p.tp}", f"colocated, groups of {p.tp} of the "
+                        f"{count(p.gpus, 'trainer GPU')} share an engine: the GPUs must be a multiple of the TP size",
                         f"give --gpus a multiple of {p.tp}, or --rollout server")
 
 
@@ -114,7 +119,7 @@ def print_placement(out, p: Placement, dtype: str, params: int) -> None:
     console ``out``, for the placement ``p`` (:func:`placement_for`) and a model of ``params`` parameters."""
     from rich.table import Table
 
-    t = Table(title=f"model state per GPU: {p.gpus} trainer GPUs, ZeRO {p.zero_stage}, rollout {p.mode} "
+    t = Table(title=f"model state per GPU: {count(p.gpus, 'trainer GPU')}, ZeRO {p.zero_stage}, rollout {p.mode} "
               f"TP={p.tp}, {dtype}")
     for col in ("part", "bytes/param", "GiB"):
         t.add_column(col, justify="right" if col != "part" else "left")

@@ -23,7 +23,7 @@ from policyzoo.plan import (
     options_for,
 )
 from policyzoo.plan.gpu import DEFAULT_GPU, Vllm, gpu_bytes, print_gpu_plan
-from policyzoo.plan.placement import placement_for, print_placement
+from policyzoo.plan.placement import check_placement, placement_for, print_placement
 from policyzoo.plan.roofline import print_roofline, roofline
 from policyzoo.plan.shapes import shape_config
 from policyzoo.resolve import resolve_algorithm
@@ -51,27 +51,31 @@ def print_plan(out: Console, config, model: str | None, sizes: list[int], prompt
     opts = options_for(config, run, shape)
     s = Sizes(p, g, n, prompt)
     placed = bool(gpus or rollout_tp or rollout)
+    # every argument is checked before anything prints: a wrong --gpu or --rollout-tp stops with its error alone
+    where = f"memory={budget / GiB:g} GiB" if budget else None
+    named = gpu_bytes(gpu or DEFAULT_GPU) if gpu or (placed and not budget) else None
+    place = placement_for(config, gpus, rollout_tp, rollout, opts.need_ref) if placed else None
+    if place is not None:
+        check_placement(place)
     zero3_ranks = placed and config.engine.zero_stage >= 3 and (gpus or rollout_tp or 1) > 1
     f = flops(shape, s, engine_path(opts, zero3_ranks))
+    phases = roofline(shape, s, engine_path(opts, zero3_ranks), f, gpu, gpus or 1, config.engine.zero_stage,
+                      config.engine.rollout_dtype) if gpu else None
     out.print(f"{model or 'embedded default'}: {shape.params / 1e6:.1f} M parameters, {shape.layers} layers; "
               f"P={p} prompts x G={g} samples, {prompt} prompt + {n} response tokens; {opts.dtype}")
     _print_flops(out, f)
-    where = f"memory={budget / GiB:g} GiB" if budget else None
-    if gpu or (placed and not budget):
-        budget, source = gpu_bytes(gpu or DEFAULT_GPU)
+    if named is not None:
+        budget, source = named
         where = gpu or DEFAULT_GPU
         out.print(f"GPU memory: {where} = {budget / GiB:.1f} GiB ({source})" + ("" if gpu else
                   "; the default GPU: --gpu NAME or memory=GiB for another"))
-    if placed:
-        place = placement_for(config, gpus, rollout_tp, rollout, opts.need_ref)
+    if place is not None:
         print_placement(out, place, config.model.dtype, shape.params)
         print_gpu_plan(out, shape, s, opts, place, int(budget), where,
                        Vllm(config.engine.gpu_memory_utilization, config.engine.vllm_sleep))
     else:
         print_rank(out, shape, s, opts, budget, where)
-    if gpu:
-        phases = roofline(shape, s, engine_path(opts, zero3_ranks), f, gpu, gpus or 1, config.engine.zero_stage,
-                          config.engine.rollout_dtype)
+    if phases is not None:
         print_roofline(out, phases, gpu, gpus or 1, opts.dtype)
     if split:
         _print_split(out, config, split, f, from_run)

@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 
+from policyzoo.engine.rundir import remove_hint
 from policyzoo.errors import Interrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -99,7 +100,7 @@ def startup_interrupted(signum: int, pre, resume: str | None) -> Interrupted:
                            f"policyzoo train --resume {folder}", signum)
     if pre is not None and (pre.rundir.path / "config.yaml").exists():  # a new run with a folder
         return Interrupted(f"start-up of {folder}", f"{why}; {folder} holds no checkpoint",
-                           f"delete {folder}, then run the same command again", signum)
+                           remove_hint(folder), signum)
     return Interrupted("start-up" if folder is None else f"start-up of {folder}", f"{why} (no step was taken)",
                        "run the same command again", signum)
 
@@ -120,8 +121,7 @@ def stopped_at_once(signum: int, pre, steps: int) -> Interrupted:
     if found is not None:
         return Interrupted(at, f"{why}; the last checkpoint is step {found[1]['step']} ({found[0]})",
                            f"policyzoo train --resume {folder}", signum)
-    return Interrupted(at, f"{why}; {folder} holds no checkpoint", f"delete {folder}, then run the same command again",
-                       signum)
+    return Interrupted(at, f"{why}; {folder} holds no checkpoint", remove_hint(folder), signum)
 
 
 def quiet_teardown() -> None:

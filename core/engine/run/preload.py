@@ -281,7 +281,8 @@ def _check_run_dir(config, algo: str, run: Run, fingerprint: dict, resume, force
             rundir.claim()
         return RunPlace(rundir, resume_from, state, rows_drawn(state, old_train, config.train.prompts_per_step),
                         optimizer_notes(old_train, config), resume_lines + lines, plan)
-    out = dist.broadcast(config.output_dir or f"runs/{algo}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
+    folder = algo.replace("/", "_")[:120]  # a hybrid's name names its changes: one folder, within a name's limit
+    out = dist.broadcast(config.output_dir or f"runs/{folder}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
     rundir = RunDir(out)
     rundir.check_live()
     if rundir.latest() is not None:
