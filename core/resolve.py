@@ -14,7 +14,7 @@ import yaml
 from . import conventions
 from .catalog import Catalog, get_catalog
 from .contract import SLOTS, Bundle
-from .contract.components import override
+from .contract.components import Use, override
 from .errors import ConfigError, did_you_mean
 
 DEFAULT_ALGORITHM = "grpo"
@@ -58,6 +58,10 @@ def resolve_algorithm(spec: str | dict | Bundle, catalog: Catalog | None = None,
     base = catalog.bundle(spec["base"], f"{where}.base")
     changes = _changes(base, spec, catalog, where)
     hybrid = base.replace(**changes) if changes else base
+    if changes and not named:  # named without the parameters that change nothing (the components keep them)
+        plain = base.replace(**{slot: _without_defaults(v, getattr(base, slot), catalog.components.get(slot, {}))
+                                if isinstance(v, Use) else v for slot, v in changes.items()})
+        hybrid = dc_replace(hybrid, name=plain.name, summary=plain.summary)
     if named and changes:
         hybrid = dc_replace(hybrid, name=named, parent=base.name)
     return hybrid
@@ -85,6 +89,21 @@ def _changes(base: Bundle, spec: dict, catalog: Catalog, where: str) -> dict[str
         else:
             changes[slot] = override(getattr(base, slot), value, f"{where}.{slot}")
     return changes
+
+
+def _without_defaults(new: Use, old: Use | None, classes: dict) -> Use:
+    """``new`` without the parameters that change nothing: ``old`` (the base's value of the slot) is the same
+    component, states no value for them, and they are set to the component's own default. A TRL config's
+    ``temperature: 1.0`` on grpo's sampler trains as without it, so the run's name leaves it out (for the name
+    only: the resolved components keep every parameter as written). Another component's parameters are named as
+    written (``clip=cispo+clip.eps_high=5.0``), as :meth:`Bundle.replace` names them."""
+    if old is None or old.name != new.name:  # another component: its parameters are named as written
+        return new
+    cls = classes.get(new.name, (None,))[0]  # {name: (class, source)}; an unknown name is refused at assembly
+    fields = getattr(getattr(cls, "Params", None), "model_fields", {})
+    kept = {k: v for k, v in new.params.items()
+            if k in old.params or k not in fields or fields[k].is_required() or fields[k].default != v}
+    return new if kept == new.params else Use(new.name, kept)
 
 
 def removes(slot: str, value: Any, catalog: Catalog) -> bool:
@@ -122,6 +141,16 @@ def parse_entry(entry: str, where: str | None = None) -> tuple[str, list[str]]:
             out.append(f"algorithm.{key}.use={value}")
         else:
             out.append(f"algorithm.{key}={value}")
+    keys = [c.split("=", 1)[0] for c in out]  # algorithm.clip.use, algorithm.clip.eps_high, algorithm.kl (null)
+    for i, a in enumerate(keys):
+        for j in range(i + 1, len(keys)):
+            b = keys[j]
+            if a == b or b.startswith(a + ".") or a.startswith(b + "."):
+                what = min(a, b, key=len).removeprefix("algorithm.").removesuffix(".use")
+                raise ConfigError(where, f"{changes[i]!r} and {changes[j]!r} both set {what}: one would silently "
+                                  "replace the other",
+                                  "state each slot once: its component (SLOT=NAME), then its parameters "
+                                  "(SLOT.PARAM=VALUE); or SLOT=null alone")
     return base, out
 
 

@@ -109,10 +109,17 @@ def load_config(path: str | None = None, algo: str | None = None, overrides: lis
     if algo:  # --algo names the base; slot overrides in the file are kept
         current = tree.get("algorithm")
         tree["algorithm"] = {**current, "base": algo} if isinstance(current, dict) else algo
+    seen: dict[str, str] = {}  # the dotted keys the overrides set so far -> the override
     for item in overrides:
         if "=" not in item:
             raise ConfigError(item, "an override must look like key=value", "e.g. train.lr=1e-6")
         key, raw = item.split("=", 1)
+        inside = [o for k, o in seen.items() if k.startswith(key.strip() + ".")]
+        if inside:  # algorithm.kl.beta=0.01 then algorithm.kl=null: the first would vanish without a word
+            raise ConfigError(key.strip(), f"{item!r} replaces the section that {inside[0]!r} set a key of, "
+                              "so that override would be dropped",
+                              f"give one of them: {inside[0]!r} or {item!r}")
+        seen[key.strip()] = item
         try:
             value = yaml.safe_load(raw) if raw != "" else None
         except yaml.YAMLError as e:

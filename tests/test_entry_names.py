@@ -96,8 +96,8 @@ def test_a_parameter_only_replace_keeps_the_component_and_equals_the_cli_overrid
 
 
 def test_a_swapped_component_names_its_parameters_and_reads_back():
-    hybrid = GRPO.replace(clip=use("cispo", eps_high=5.0))
-    assert hybrid.name == "grpo+clip=cispo+clip.eps_high=5.0"
+    hybrid = GRPO.replace(clip=use("cispo", eps_high=4.0))  # cispo's default is 5.0: 4.0 is a change
+    assert hybrid.name == "grpo+clip=cispo+clip.eps_high=4.0"
     assert _read_back(hybrid.name) == hybrid
 
 
@@ -121,3 +121,49 @@ def test_an_entry_and_a_key_that_set_the_same_thing_are_refused_naming_both(caps
     assert main(["explain", "grpo+clip=cisp"]) == 2  # a misspelled component: one error block, exit 2
     err = capsys.readouterr().err
     assert "no clip component named 'cisp'" in err and "did you mean 'cispo'" in err and "Traceback" not in err
+
+
+def test_a_parameter_set_to_what_it_already_is_is_no_change_and_not_in_the_name():
+    # the group sampler's temperature defaults to 1.0 and grpo states none: temperature=1.0 changes nothing;
+    # max_tokens=64 does (grpo's sampler states no max_tokens of 64). A TRL config spells every sampling default.
+    hybrid = resolve_algorithm("grpo+sample.temperature=1.0+sample.max_tokens=64", CATALOG)
+    assert hybrid.name == "grpo+sample.max_tokens=64"
+    assert hybrid.sample.params == {"n": 8, "temperature": 1.0, "max_tokens": 64}  # kept as written: name only
+    # another component's parameters are named as written, even at its default (cispo's eps_high is 5.0), as
+    # Bundle.replace names them
+    assert resolve_algorithm("grpo+clip=cispo+clip.eps_high=5.0", CATALOG).name == "grpo+clip=cispo+clip.eps_high=5.0"
+    # grpo states eps_low 0.2: setting it to 0.2 again is grpo itself
+    assert resolve_algorithm("grpo+clip.eps_low=0.2", CATALOG).name == "grpo"
+    # a value the base states differently from the component's default is a change even when it equals that
+    # default: grpo's k3 KL states beta 0.04, so beta=0.0 stays (and is named)
+    assert resolve_algorithm("grpo+kl.beta=0.0", CATALOG).name == "grpo+kl.beta=0.0"
+
+
+@pytest.mark.parametrize("entry, slot", [("grpo+kl.beta=0.01+kl=null", "kl"), ("grpo+kl=null+kl.beta=0.01", "kl"),
+                                         ("grpo+clip=cispo+clip=ppo_clip", "clip"),
+                                         ("grpo+clip.eps_high=0.3+clip.eps_high=0.28", "clip.eps_high")])
+def test_an_entry_that_sets_a_slot_twice_is_refused_in_either_order(entry, slot):
+    with pytest.raises(ConfigError) as e:
+        parse_entry(entry)
+    assert f"both set {slot}: one would silently replace the other" in e.value.why
+    # a component then its parameters is one statement of the slot, not two
+    assert parse_entry("grpo+clip=cispo+clip.eps_high=4.0")[1] == ["algorithm.clip.use=cispo",
+                                                                  "algorithm.clip.eps_high=4.0"]
+
+
+def test_an_override_that_replaces_an_earlier_overrides_section_is_refused():
+    # algorithm.kl.beta=0.01 then algorithm.kl=null would drop the beta without a word
+    with pytest.raises(ConfigError) as e:
+        load_config(None, "grpo", ["algorithm.kl.beta=0.01", "algorithm.kl=null"])
+    assert e.value.where == "algorithm.kl" and "would be dropped" in e.value.why
+    # the other order is refused too ('kl' is no section once it is null), and a file's section may be replaced
+    with pytest.raises(ConfigError):
+        load_config(None, "grpo", ["algorithm.kl=null", "algorithm.kl.beta=0.01"])
+    assert load_config(None, None, ["algorithm={base: grpo, kl: {beta: 0.01}}", "algorithm.kl=null"]
+                       ).algorithm["kl"] is None
+
+
+def test_a_hybrids_summary_names_its_changes_not_only_its_parents():
+    hybrid = GRPO.replace(clip=use("cispo"), kl=None)
+    assert hybrid.summary.startswith("grpo with clip=cispo, kl=null; grpo itself: ")
+    assert GRPO.replace().summary == GRPO.summary  # no change, the parent's line

@@ -324,6 +324,9 @@ class Bundle:
             parts = [p for k, v in changes.items() if k in SLOTS for p in slot_changes(k, getattr(self, k), v)]
             changes["name"] = "+".join([self.name, *parts])
             changes.setdefault("parent", self.name)
+            if parts:  # the parent's one-line summary would describe slots the hybrid changed
+                changes.setdefault("summary", f"{self.name} with {', '.join(parts)}"
+                                   + (f"; {self.name} itself: {self.summary}" if self.summary else ""))
         changes.setdefault("inherited", frozenset(s for s in SLOTS if s not in changes))
         return dc_replace(self, **changes)
 
