@@ -108,6 +108,12 @@ def load_config(path: str | None = None, algo: str | None = None, overrides: lis
             raise ConfigError(str(path), "the top level must be a mapping", "write `key: value` lines")
     if algo:  # --algo names the base; slot overrides in the file are kept
         current = tree.get("algorithm")
+        written = current.get("base") if isinstance(current, dict) else current
+        if isinstance(written, str) and "+" in written and written != algo:  # a hybrid's changes would vanish
+            raise ConfigError(f"{path or 'config'}: algorithm", f"the config's algorithm is the hybrid {written} "
+                              f"and --algo names {algo}: --algo would replace it, dropping the hybrid's changes",
+                              "drop --algo to train the config's hybrid, or write the algorithm you want in the "
+                              "config")
         tree["algorithm"] = {**current, "base": algo} if isinstance(current, dict) else algo
     seen: dict[str, str] = {}  # the dotted keys the overrides set so far -> the override
     for item in overrides:

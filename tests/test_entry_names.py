@@ -167,3 +167,15 @@ def test_a_hybrids_summary_names_its_changes_not_only_its_parents():
     hybrid = GRPO.replace(clip=use("cispo"), kl=None)
     assert hybrid.summary.startswith("grpo with clip=cispo, kl=null; grpo itself: ")
     assert GRPO.replace().summary == GRPO.summary  # no change, the parent's line
+
+
+def test_algo_does_not_silently_replace_a_configs_hybrid(tmp_path):
+    config = tmp_path / "hybrid.yaml"
+    config.write_text("algorithm: grpo+clip=cispo\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(config), "dapo", [])
+    assert "the hybrid grpo+clip=cispo and --algo names dapo" in e.value.why
+    # the same name, or a plain base with slot overrides in the file (--algo names the base), are fine
+    assert load_config(str(config), "grpo+clip=cispo", []).algorithm == {"base": "grpo", "clip": {"use": "cispo"}}
+    config.write_text("algorithm: {base: grpo, clip: {use: cispo}}\n")
+    assert load_config(str(config), "dapo", []).algorithm == {"base": "dapo", "clip": {"use": "cispo"}}
