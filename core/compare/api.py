@@ -148,6 +148,8 @@ def _print_commands(specs: list[runs.RunSpec]) -> list[str]:
             print(f"# {s.path}: {s.status}: {s.detail}", file=sys.stderr)
             continue
         line = s.command()
+        if s.status in ("new", "resume") and s.detail:  # e.g. a file of the user's that stays beside the run's
+            print(f"# {s.path}: {s.status}: {s.detail}", file=sys.stderr)
         if s.status == "restart":  # `policyzoo train` refuses a folder holding a run's files: the line removes them
             names = sorted(n for n in RUN_FILES if (s.path / n).exists() or (s.path / n).is_symlink())
             line = shlex.join(["rm", "-rf", "--", *(str(s.path / n) for n in names)]) + " && " + line

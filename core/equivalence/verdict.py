@@ -12,7 +12,7 @@ import torch
 from policyzoo.assembly import Run
 from policyzoo.catalog import get_catalog
 from policyzoo.contract import SLOTS, Bundle, use
-from policyzoo.errors import ConfigError, UserError
+from policyzoo.errors import ConfigError, DataError, UserError
 from policyzoo.resolve import DEFAULT_ALGORITHM, resolve_algorithm
 from policyzoo.run_config import Config
 
@@ -129,7 +129,9 @@ def equal_entries(entries: dict[str, Any], allow_equal: bool = False) -> list[st
     """``policyzoo compare``'s check before anything runs: ``entries`` maps each entry of ``--algos`` to
     its planned config (a :class:`~policyzoo.run_config.Config` or its dump). Raises :class:`ConfigError`
     (exit 2) naming the equal pairs, the slot that differs, why it is inert and the fix, unless
-    ``allow_equal``; then returns the same lines as notes. A probe that fails returns its note."""
+    ``allow_equal``; then returns the same lines as notes. A probe that fails on a component returns its note;
+    data that does not load (:class:`DataError`, as ``train --dry-run`` gives it) is raised: the runs would stop
+    on it too."""
     probes: list[tuple[str, Probed]] = []
     tasks: dict = {}  # the data task's default rewards, loaded once per data setting
     lines, fixes = [], []
@@ -145,6 +147,8 @@ def equal_entries(entries: dict[str, Any], allow_equal: bool = False) -> list[st
                     fixes.append(fix)
                     break
             probes.append((entry, mine))
+    except DataError:  # the run's own data does not load: the run would stop on it too, so a refusal, not a note
+        raise
     except Exception as e:  # noqa: BLE001 - a component that refuses synthetic batches: no claim, never a stop
         return [f"note: the equality probe claims nothing: {_failure(e)}"]
     if lines and not allow_equal:
