@@ -299,3 +299,31 @@ def test_user_files_are_kept_and_never_to_be_deleted_in_plan_and_table(tmp_path,
     assert (f"remove the run's files from {cut} (config.yaml, metrics.jsonl; the other files are not a run's and "
             "stay), then run it again") in text and "delete" not in text
     assert (out / "dapo" / "seed1" / "config.yaml").exists() and (out / "grpo" / "seed0" / "mydata.jsonl").exists()
+
+
+def test_a_bundle_is_taken_where_the_python_api_takes_an_algorithm_name(tmp_path, capsys):
+    from dataclasses import replace
+
+    from policyzoo.api import build_config
+    from policyzoo.contract import use
+    from policyzoo.zoo.grpo import BUNDLE as GRPO
+
+    cispo = GRPO.replace(clip=use("cispo"))  # its .name is the entry "grpo+clip=cispo" (Bundle.replace's name)
+    lines = compare(algos=["grpo", cispo], seeds=1, output_dir=str(tmp_path / "c"), print_commands=True,
+                    allow_equal=True, console=QUIET)["commands"]
+    # 2 entries x 1 seed: the Bundle's run is the hybrid's, in its folder and with its one change
+    assert len(lines) == 2 and f"--output-dir {tmp_path / 'c' / 'grpo+clip=cispo' / 'seed0'} algorithm.clip.use=cispo" \
+        in lines[1]
+    with pytest.raises(ConfigError, match="the same algorithm"):  # the Bundle and its name are one entry
+        compare(algos=[cispo, "grpo+clip.use=cispo"], seeds=1, output_dir=str(tmp_path / "d"), print_commands=True,
+                console=QUIET)
+    assert build_config(cispo, output_dir=str(tmp_path / "r")).algorithm == {"base": "grpo", "clip": {"use": "cispo"}}
+    mine = replace(GRPO, name="mine")  # built by hand, not in the catalog: its name reads back to nothing
+    for call in (lambda: build_config(mine, output_dir=str(tmp_path / "r")),
+                 lambda: compare(algos=["grpo", mine], seeds=1, output_dir=str(tmp_path / "e"), print_commands=True)):
+        with pytest.raises(UserError) as e:
+            call()
+        assert "the Bundle named 'mine' is not the algorithm that name reads back to" in e.value.why
+        assert "pass its name" in e.value.fix and "Bundle(" not in str(e.value)
+    with pytest.raises(ConfigError, match="int 3 is not an algorithm"):
+        compare(algos=["grpo", 3], seeds=1, output_dir=str(tmp_path / "f"), print_commands=True)
