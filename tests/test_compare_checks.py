@@ -327,3 +327,33 @@ def test_a_bundle_is_taken_where_the_python_api_takes_an_algorithm_name(tmp_path
         assert "pass its name" in e.value.fix and "Bundle(" not in str(e.value)
     with pytest.raises(ConfigError, match="int 3 is not an algorithm"):
         compare(algos=["grpo", 3], seeds=1, output_dir=str(tmp_path / "f"), print_commands=True)
+
+
+def test_aggregating_names_entries_that_were_the_same_update_at_their_settings(tmp_path):
+    # at train.updates_per_batch 1 (write_run's config: the default) every ratio is 1, so gspo's sequence ratio
+    # and clip give grpo's gradient, and gspo has no kl: gspo is grpo+kl=null (docs/compare.md); dr_grpo is not
+    # (no std in its baseline, a constant normaliser)
+    for s in (0, 1):
+        write_run(tmp_path / "grpo+kl=null" / f"seed{s}", "grpo+kl=null", s, 0.3 + 0.1 * s)
+        write_run(tmp_path / "gspo" / f"seed{s}", "gspo", s, 0.2 + 0.1 * s)
+        write_run(tmp_path / "dr_grpo" / f"seed{s}", "dr_grpo", s, 0.2 + 0.1 * s)
+    result = compare(str(tmp_path), baseline="grpo+kl=null", console=QUIET)
+    (pair,) = result["equal"]
+    assert (pair["algorithm"], pair["equals"]) == ("gspo", "grpo+kl=null")
+    assert pair["why"].startswith("gspo equals grpo+kl=null at train.updates_per_batch=1 (every ratio is 1")
+    assert "ratio: sequence vs token" in pair["why"]
+    md = (tmp_path / "compare.md").read_text()
+    # gspo - grpo+kl=null per seed: 0.2 - 0.3 = 0.3 - 0.4 = -0.1: no verdict for it, the probe's reason instead
+    assert f"* gspo - grpo+kl=null: no verdict: {pair['why']}: their runs measured noise (-0.100 over 2 paired " \
+           "seeds)." in md
+    assert "gspo and grpo+kl=null are not told apart" not in md and "gspo's held-out" not in md
+    # dr_grpo keeps its verdict: 0.2 - 0.3 = -0.1 on both seeds, half-width 0 (s = 0): the interval excludes 0
+    assert "dr_grpo's held-out accuracy is lower than grpo+kl=null's: -0.100 ± 0.000" in md
+    assert json.loads((tmp_path / "compare.json").read_text())["equal"] == [pair]
+    # two algorithms that differ at these settings: the table says the probe found no pair
+    other = tmp_path / "other"
+    for s in (0, 1):
+        write_run(other / "grpo" / f"seed{s}", "grpo", s, 0.3)
+        write_run(other / "dr_grpo" / f"seed{s}", "dr_grpo", s, 0.3)
+    assert compare(str(other), console=QUIET)["equal"] == []
+    assert "finds no two algorithms the same update" in (other / "compare.md").read_text()

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from policyzoo.equivalence import equal_entries
+from policyzoo.equivalence import equal_entries, equal_pairs, probe_failure
 from policyzoo.errors import UserError
 
 from . import launch, plot, report, runs
@@ -193,9 +193,30 @@ def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: 
     if recorded not in labels([r.config.get("algorithm") for r in found]):
         recorded = None
     result = aggregate(found, baseline or recorded, allow_mixed)
+    result["equal"], result["equal_note"] = _equal_at_their_settings(found)
     files = report.write(result, skipped, out, command)
     files.append(plot.draw(result, out / "compare.png"))
     report.print_table(console, result, skipped)
     console.print("written: " + ", ".join(str(f) for f in files), highlight=False, soft_wrap=True)
     return {**result, "skipped": [{"path": str(s.path), "why": s.why} for s in skipped],
             "files": [str(f) for f in files]}
+
+
+def _equal_at_their_settings(found: list) -> tuple[list[dict] | None, str]:
+    """The pairs of the table's algorithms that were the same update at the settings their runs recorded
+    (:func:`policyzoo.equivalence.equal_pairs` on each algorithm's first finished run's config: seconds), as
+    ``[{"algorithm", "equals", "why"}]`` (None: fewer than two algorithms, or the probe failed), and the
+    probe's one line when it claims nothing (``""`` otherwise).
+    A fresh compare refuses such a pair; the table says so instead of a verdict for it (:func:`report.verdict`)."""
+    names = labels([r.config.get("algorithm") for r in found])
+    first = {}
+    for name, run in zip(names, found):
+        if not run.stopped:
+            first.setdefault(name, {**run.config, "output_dir": str(run.path)})
+    if len(first) < 2:
+        return None, ""
+    try:
+        pairs = equal_pairs(first)
+    except Exception as e:  # noqa: BLE001 - a recorded run's data or component gone or refusing: no claim
+        return None, probe_failure(e)
+    return [{"algorithm": a, "equals": b, "why": why} for a, b, why, _ in pairs], ""
