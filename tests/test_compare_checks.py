@@ -310,7 +310,7 @@ def test_a_bundle_is_taken_where_the_python_api_takes_an_algorithm_name(tmp_path
 
     cispo = GRPO.replace(clip=use("cispo"))  # its .name is the entry "grpo+clip=cispo" (Bundle.replace's name)
     lines = compare(algos=["grpo", cispo], seeds=1, output_dir=str(tmp_path / "c"), print_commands=True,
-                    allow_equal=True, console=QUIET)["commands"]
+                    allow_equal=True, baseline=cispo, console=QUIET)["commands"]
     # 2 entries x 1 seed: the Bundle's run is the hybrid's, in its folder and with its one change
     assert len(lines) == 2 and f"--output-dir {tmp_path / 'c' / 'grpo+clip=cispo' / 'seed0'} algorithm.clip.use=cispo" \
         in lines[1]

@@ -35,7 +35,7 @@ from policyzoo.errors import UserError
 
 from . import launch, plot, report, runs
 from .aggregate import aggregate, resolve_baseline
-from .entries import labels, parse_algos, parse_seeds, settings_overrides
+from .entries import entry_of, labels, parse_algos, parse_seeds, settings_overrides
 from .rundirs import RUN_FILES, Skipped, find_runs
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
@@ -54,8 +54,9 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
             allow_mixed: bool = False, parallel: int = 1, print_commands: bool = False, export: bool = False,
             overrides: list[str] = (), console: Console | None = None, allow_equal: bool = False,
             start: Callable | None = None, **settings: Any) -> dict:
-    """See the module docstring. ``allow_equal``: run entries the gradient probe finds equal at these
-    settings (:func:`policyzoo.equivalence.equal_entries`; refused otherwise). ``console`` receives the
+    """See the module docstring. ``algos`` and ``baseline`` take :class:`~policyzoo.contract.Bundle` objects
+    too, as their ``.name`` (:func:`policyzoo.compare.entries.entry_of`). ``allow_equal``: run entries the gradient
+    probe finds equal at these settings (:func:`policyzoo.equivalence.equal_entries`; refused otherwise). ``console`` receives the
     plan, progress and table (default: stdout); ``start`` replaces :func:`policyzoo.compare.launch.popen` (tests)."""
     if console is None:
         from rich.console import Console
@@ -65,6 +66,7 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
         raise UserError("policyzoo.compare(overrides=...)", f"overrides must be a list of key=value strings, got "
                         f"the string {overrides!r}", f"write overrides=[{overrides!r}]")
     _check_output_dir(output_dir)
+    baseline = entry_of(baseline, "policyzoo.compare(baseline=...)")  # a Bundle: its name, as in algos
     if algos is None:
         patterns = _aggregate_args(dirs, seeds, parallel, print_commands, [*overrides, *settings], export,
                                    allow_equal)
