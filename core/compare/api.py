@@ -56,8 +56,9 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
             start: Callable | None = None, **settings: Any) -> dict:
     """See the module docstring. ``algos`` and ``baseline`` take :class:`~policyzoo.contract.Bundle` objects
     too, as their ``.name`` (:func:`policyzoo.compare.entries.entry_of`). ``allow_equal``: run entries the gradient
-    probe finds equal at these settings (:func:`policyzoo.equivalence.equal_entries`; refused otherwise). ``console`` receives the
-    plan, progress and table (default: stdout); ``start`` replaces :func:`policyzoo.compare.launch.popen` (tests)."""
+    probe finds equal at these settings (:func:`policyzoo.equivalence.equal_entries`; refused otherwise).
+    ``console`` receives the plan, progress and table (default: stdout); ``start`` replaces
+    :func:`policyzoo.compare.launch.popen` (tests)."""
     if console is None:
         from rich.console import Console
 
