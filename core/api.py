@@ -15,7 +15,8 @@
             metrics = t.step()
         t.evaluate(); t.save()
 
-Arguments map onto the config (``policyzoo config`` lists every key): ``algo`` -> ``algorithm``,
+Arguments map onto the config (``policyzoo config`` lists every key): ``algo`` -> ``algorithm`` (a name, an
+entry such as ``"grpo+clip=cispo"``, a mapping, or a :class:`~policyzoo.contract.Bundle`, read as its ``.name``),
 ``model`` -> ``model.path`` (a dict: the ``model`` section), ``dataset`` -> ``data.path``,
 ``eval_dataset`` -> ``data.eval_path``,
 ``output_dir``; ``config`` a YAML file or a dict to start from; every other keyword is a config key,
@@ -44,6 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .compare.entries import entry_of
 from .errors import ConfigError, UserError
 from .run_config import _set_dotted, load_config, validate
 
@@ -117,6 +119,7 @@ def build_config(algo: str | dict | None = None, model: str | dict | None = None
                  config: str | dict | None = None, resume: str | None = None, **overrides: Any):
     """The validated :class:`~policyzoo.run_config.Config` the arguments describe (see the module docstring);
     in-memory data sets are saved into the run directory first."""
+    algo = entry_of(algo, "policyzoo.train(algo=...)")  # a Bundle: its name (a run records a name)
     if resume and config is None and algo is None:
         from policyzoo.engine.run.train import config_from_run_dir
 

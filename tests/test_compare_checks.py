@@ -5,6 +5,7 @@ the arguments (--seeds, --output-dir, --baseline, two spellings of one algorithm
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -92,7 +93,7 @@ def test_a_folder_made_with_other_settings_is_blocked_not_done(tmp_path):
     write_run(spec.path, "grpo", 0, 0.1, steps=2, config=other)
     (again,) = runs.plan(["grpo"], [0], tmp_path, ["train.steps=2"])
     assert again.status == "blocked" and "train.lr 0.5 here, 1e-06 planned" in again.detail
-    assert "delete the folder (or choose another --output-dir)" in again.detail
+    assert f"delete the folder {spec.path} (or choose another --output-dir)" in again.detail
     # the same run planned with lr 0.5 is done
     assert runs.plan(["grpo"], [0], tmp_path, ["train.steps=2", "train.lr=0.5"])[0].status == "done"
     # another algorithm's run in the folder: blocked too (the algorithm is part of what must match)
@@ -111,23 +112,23 @@ def test_a_longer_run_is_another_experiment_and_odd_folders_are_blocked(tmp_path
     (spec,) = runs.plan(["dr_grpo"], [0], tmp_path, ["train.steps=2"])
     write_planned(spec)
     assert runs.status(spec.path, 2, spec.config)[0] == "done"
-    (spec.path / "notes.txt").write_text("mine")  # a file that is not a run's
-    assert runs.status(spec.path, 2, spec.config) == ("blocked", "holds files that are not a run's (notes.txt): "
-                                                      "move them elsewhere, or choose another --output-dir")
+    (spec.path / "notes.txt").write_text("mine")  # a file that is not a run's: it stays, as `train` keeps it
+    assert runs.status(spec.path, 2, spec.config) == ("done", "finished at step 2 (notes.txt: not a run's, kept "
+                                                      "beside the run's files)")
     (spec.path / "notes.txt").unlink()
     mine = tmp_path / "mine"  # the user's own config.yaml, no run's file beside it: kept, not a restart
     mine.mkdir()
     (mine / "config.yaml").write_text("algorithm: grpo\n")
     assert runs.status(mine, 2, spec.config) == ("blocked", "holds config.yaml, not written by a run (no resolved.yaml "
-                                                 "or metrics.jsonl beside it): move it elsewhere, or choose another "
-                                                 "--output-dir")
+                                                 "or metrics.jsonl beside it): not a run; it is never removed: move it "
+                                                 "elsewhere to run there, or choose another --output-dir")
     (spec.path / "config.yaml").write_text("train: [unclosed")
     state, why = runs.status(spec.path, 2, spec.config)
     assert state == "blocked" and why.startswith("config.yaml does not parse")
     summary = json.loads((spec30.path / "summary.json").read_text())
     (spec30.path / "summary.json").write_text(json.dumps({**summary, "steps": "x"}))
     assert runs.status(spec30.path, 30, spec30.config) == (
-        "blocked", "summary.json's steps is 'x', not a step count: delete the folder")
+        "blocked", f"summary.json's steps is 'x', not a step count: delete the folder {spec30.path}")
 
 
 def test_blocked_runs_are_neither_run_nor_counted(tmp_path):
@@ -247,3 +248,112 @@ def test_a_finished_run_with_a_bad_time_gives_no_eta_instead_of_a_crash(tmp_path
     specs = runs.plan(["grpo"], [0, 1], tmp_path, ["train.steps=2"])
     assert specs[0].status == "done" and runs.measured_seconds(done) is None
     assert runs.eta_line(specs, 1).startswith("ETA: none yet")
+
+
+@pytest.mark.parametrize("override, where, why", [
+    ("data.path={d}/d1.jsonl", "data.prompt_column", "no column 'prompt' in the data"),
+    ("data.path={d}/nonexist.jsonl", "data.path", "no such file or folder"),
+    ("model.path={d}/nonexist", "model.path", "does not exist"),
+])
+def test_data_or_model_that_does_not_load_is_refused_before_any_command(tmp_path, capsys, override, where, why):
+    # d1.jsonl has the columns question/solution, not prompt: `train --dry-run` stops on it, so compare does too,
+    # before the equality probe (grpo,grpo+clip=cispo are equal at 1 update per batch) and before any line
+    (tmp_path / "d1.jsonl").write_text('{"question": "1+1?", "solution": "2"}\n')
+    with pytest.raises(UserError) as e:
+        compare(algos="grpo,grpo+clip=cispo", seeds=1, output_dir=str(tmp_path / "c3"), print_commands=True,
+                overrides=[override.format(d=tmp_path)], console=QUIET)
+    assert where in e.value.where and why in e.value.why and e.value.fix
+    out = capsys.readouterr()
+    assert "policyzoo train" not in out.out and "claims nothing" not in out.err
+    assert not (tmp_path / "c3").exists()
+
+
+def test_user_files_are_kept_and_never_to_be_deleted_in_plan_and_table(tmp_path, capsys):
+    # rundir's rule: other content stays beside a run's files unless it has a name a run writes (config.yaml)
+    out = tmp_path / "o1"
+    (out / "dapo" / "seed1").mkdir(parents=True)
+    (out / "dapo" / "seed1" / "config.yaml").write_text("algorithm: dapo\n")  # the user's: no run's file beside it
+    (out / "grpo" / "seed0").mkdir(parents=True)
+    (out / "grpo" / "seed0" / "mydata.jsonl").write_text("{}\n")  # the user's: no clash, it stays
+    lines = compare(algos="grpo,dapo", seeds=2, output_dir=str(out), print_commands=True, console=QUIET)["commands"]
+    err = " ".join(capsys.readouterr().err.split())
+    # 2 algorithms x 2 seeds = 4 runs, dapo/seed1 blocked: 3 lines, grpo/seed0 a plain train line with a note
+    assert len(lines) == 3 and lines[0].startswith(f"policyzoo train --algo grpo --output-dir {out / 'grpo' / 'seed0'}")
+    assert f"# {out / 'grpo' / 'seed0'}: new: holds mydata.jsonl: not a run's, kept beside the run's files" in err
+    blocked = ("holds config.yaml, not written by a run (no resolved.yaml or metrics.jsonl beside it): not a run; it "
+               "is never removed: move it elsewhere to run there")
+    assert f"# {out / 'dapo' / 'seed1'}: blocked: {blocked}" in err
+    seen = Console(file=io.StringIO(), width=1000)
+    with pytest.raises(UserError):  # nothing finished to aggregate; the folder's reason is the planner's
+        compare(str(out), console=seen)
+    assert f"{out / 'dapo' / 'seed1'} left out: {blocked}" in " ".join(seen.file.getvalue().split())
+    # a run cut off without a checkpoint beside a file of the user's: remove the run's files, never the folder
+    cut = tmp_path / "cut" / "grpo" / "seed0"
+    write_run(cut, "grpo", 0, 0.1)
+    (cut / "summary.json").unlink()
+    (cut / "mine.txt").write_text("x")
+    seen = Console(file=io.StringIO(), width=1000)
+    with pytest.raises(UserError):
+        compare(str(tmp_path / "cut"), console=seen)
+    text = " ".join(seen.file.getvalue().split())
+    assert (f"remove the run's files from {cut} (config.yaml, metrics.jsonl; the other files are not a run's and "
+            "stay), then run it again") in text and "delete" not in text
+    assert (out / "dapo" / "seed1" / "config.yaml").exists() and (out / "grpo" / "seed0" / "mydata.jsonl").exists()
+
+
+def test_a_bundle_is_taken_where_the_python_api_takes_an_algorithm_name(tmp_path, capsys):
+    from dataclasses import replace
+
+    from policyzoo.api import build_config
+    from policyzoo.contract import use
+    from policyzoo.zoo.grpo import BUNDLE as GRPO
+
+    cispo = GRPO.replace(clip=use("cispo"))  # its .name is the entry "grpo+clip=cispo" (Bundle.replace's name)
+    lines = compare(algos=["grpo", cispo], seeds=1, output_dir=str(tmp_path / "c"), print_commands=True,
+                    allow_equal=True, baseline=cispo, console=QUIET)["commands"]
+    # 2 entries x 1 seed: the Bundle's run is the hybrid's, in its folder and with its one change
+    assert len(lines) == 2 and f"--output-dir {tmp_path / 'c' / 'grpo+clip=cispo' / 'seed0'} algorithm.clip.use=cispo" \
+        in lines[1]
+    with pytest.raises(ConfigError, match="the same algorithm"):  # the Bundle and its name are one entry
+        compare(algos=[cispo, "grpo+clip.use=cispo"], seeds=1, output_dir=str(tmp_path / "d"), print_commands=True,
+                console=QUIET)
+    assert build_config(cispo, output_dir=str(tmp_path / "r")).algorithm == {"base": "grpo", "clip": {"use": "cispo"}}
+    mine = replace(GRPO, name="mine")  # built by hand, not in the catalog: its name reads back to nothing
+    for call in (lambda: build_config(mine, output_dir=str(tmp_path / "r")),
+                 lambda: compare(algos=["grpo", mine], seeds=1, output_dir=str(tmp_path / "e"), print_commands=True)):
+        with pytest.raises(UserError) as e:
+            call()
+        assert "the Bundle named 'mine' is not the algorithm that name reads back to" in e.value.why
+        assert "pass its name" in e.value.fix and "Bundle(" not in str(e.value)
+    with pytest.raises(ConfigError, match="int 3 is not an algorithm"):
+        compare(algos=["grpo", 3], seeds=1, output_dir=str(tmp_path / "f"), print_commands=True)
+
+
+def test_aggregating_names_entries_that_were_the_same_update_at_their_settings(tmp_path):
+    # at train.updates_per_batch 1 (write_run's config: the default) every ratio is 1, so gspo's sequence ratio
+    # and clip give grpo's gradient, and gspo has no kl: gspo is grpo+kl=null (docs/compare.md); dr_grpo is not
+    # (no std in its baseline, a constant normaliser)
+    for s in (0, 1):
+        write_run(tmp_path / "grpo+kl=null" / f"seed{s}", "grpo+kl=null", s, 0.3 + 0.1 * s)
+        write_run(tmp_path / "gspo" / f"seed{s}", "gspo", s, 0.2 + 0.1 * s)
+        write_run(tmp_path / "dr_grpo" / f"seed{s}", "dr_grpo", s, 0.2 + 0.1 * s)
+    result = compare(str(tmp_path), baseline="grpo+kl=null", console=QUIET)
+    (pair,) = result["equal"]
+    assert (pair["algorithm"], pair["equals"]) == ("gspo", "grpo+kl=null")
+    assert pair["why"].startswith("gspo equals grpo+kl=null at train.updates_per_batch=1 (every ratio is 1")
+    assert "ratio: sequence vs token" in pair["why"]
+    md = (tmp_path / "compare.md").read_text()
+    # gspo - grpo+kl=null per seed: 0.2 - 0.3 = 0.3 - 0.4 = -0.1: no verdict for it, the probe's reason instead
+    assert f"* gspo - grpo+kl=null: no verdict: {pair['why']}: their runs measured noise (-0.100 over 2 paired " \
+           "seeds)." in md
+    assert "gspo and grpo+kl=null are not told apart" not in md and "gspo's held-out" not in md
+    # dr_grpo keeps its verdict: 0.2 - 0.3 = -0.1 on both seeds, half-width 0 (s = 0): the interval excludes 0
+    assert "dr_grpo's held-out accuracy is lower than grpo+kl=null's: -0.100 ± 0.000" in md
+    assert json.loads((tmp_path / "compare.json").read_text())["equal"] == [pair]
+    # two algorithms that differ at these settings: the table says the probe found no pair
+    other = tmp_path / "other"
+    for s in (0, 1):
+        write_run(other / "grpo" / f"seed{s}", "grpo", s, 0.3)
+        write_run(other / "dr_grpo" / f"seed{s}", "dr_grpo", s, 0.3)
+    assert compare(str(other), console=QUIET)["equal"] == []
+    assert "finds no two algorithms the same update" in (other / "compare.md").read_text()

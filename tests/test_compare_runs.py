@@ -127,9 +127,12 @@ def test_folder_status_done_resume_restart_blocked(tmp_path):
     assert runs.status(early, 6)[0] == "restart"
     runs.clear(early)
     assert list(early.iterdir()) == []
-    (cut / "notes.txt").write_text("mine")
+    (cut / "notes.txt").write_text("mine")  # the user's: it stays beside the run's files (as `train` keeps it)
     (cut / "checkpoints" / "latest.json").unlink()
-    assert runs.status(cut, 6)[0] == "blocked"
+    assert runs.status(cut, 6) == ("restart", "started before without a checkpoint (nothing to resume): its run files "
+                                   "are removed (notes.txt: not a run's, kept beside the run's files)")
+    runs.clear(cut)
+    assert [p.name for p in cut.iterdir()] == ["notes.txt"]
 
 
 def test_finished_runs_are_skipped_and_interrupted_ones_resumed(tmp_path, capsys):

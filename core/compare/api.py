@@ -30,12 +30,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from policyzoo.equivalence import equal_entries
+from policyzoo.equivalence import equal_entries, equal_pairs, probe_failure
 from policyzoo.errors import UserError
 
 from . import launch, plot, report, runs
 from .aggregate import aggregate, resolve_baseline
-from .entries import labels, parse_algos, parse_seeds, settings_overrides
+from .entries import entry_of, labels, parse_algos, parse_seeds, settings_overrides
 from .rundirs import RUN_FILES, Skipped, find_runs
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
@@ -54,9 +54,11 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
             allow_mixed: bool = False, parallel: int = 1, print_commands: bool = False, export: bool = False,
             overrides: list[str] = (), console: Console | None = None, allow_equal: bool = False,
             start: Callable | None = None, **settings: Any) -> dict:
-    """See the module docstring. ``allow_equal``: run entries the gradient probe finds equal at these
-    settings (:func:`policyzoo.equivalence.equal_entries`; refused otherwise). ``console`` receives the
-    plan, progress and table (default: stdout); ``start`` replaces :func:`policyzoo.compare.launch.popen` (tests)."""
+    """See the module docstring. ``algos`` and ``baseline`` take :class:`~policyzoo.contract.Bundle` objects
+    too, as their ``.name`` (:func:`policyzoo.compare.entries.entry_of`). ``allow_equal``: run entries the gradient
+    probe finds equal at these settings (:func:`policyzoo.equivalence.equal_entries`; refused otherwise).
+    ``console`` receives the plan, progress and table (default: stdout); ``start`` replaces
+    :func:`policyzoo.compare.launch.popen` (tests)."""
     if console is None:
         from rich.console import Console
 
@@ -65,6 +67,7 @@ def compare(dirs: str | list[str] | None = None, *, algos: str | list[str] | Non
         raise UserError("policyzoo.compare(overrides=...)", f"overrides must be a list of key=value strings, got "
                         f"the string {overrides!r}", f"write overrides=[{overrides!r}]")
     _check_output_dir(output_dir)
+    baseline = entry_of(baseline, "policyzoo.compare(baseline=...)")  # a Bundle: its name, as in algos
     if algos is None:
         patterns = _aggregate_args(dirs, seeds, parallel, print_commands, [*overrides, *settings], export,
                                    allow_equal)
@@ -148,6 +151,8 @@ def _print_commands(specs: list[runs.RunSpec]) -> list[str]:
             print(f"# {s.path}: {s.status}: {s.detail}", file=sys.stderr)
             continue
         line = s.command()
+        if s.status in ("new", "resume") and s.detail:  # e.g. a file of the user's that stays beside the run's
+            print(f"# {s.path}: {s.status}: {s.detail}", file=sys.stderr)
         if s.status == "restart":  # `policyzoo train` refuses a folder holding a run's files: the line removes them
             names = sorted(n for n in RUN_FILES if (s.path / n).exists() or (s.path / n).is_symlink())
             line = shlex.join(["rm", "-rf", "--", *(str(s.path / n) for n in names)]) + " && " + line
@@ -191,9 +196,30 @@ def _aggregate(patterns: list[str], output_dir, baseline, allow_mixed, console: 
     if recorded not in labels([r.config.get("algorithm") for r in found]):
         recorded = None
     result = aggregate(found, baseline or recorded, allow_mixed)
+    result["equal"], result["equal_note"] = _equal_at_their_settings(found)
     files = report.write(result, skipped, out, command)
     files.append(plot.draw(result, out / "compare.png"))
     report.print_table(console, result, skipped)
     console.print("written: " + ", ".join(str(f) for f in files), highlight=False, soft_wrap=True)
     return {**result, "skipped": [{"path": str(s.path), "why": s.why} for s in skipped],
             "files": [str(f) for f in files]}
+
+
+def _equal_at_their_settings(found: list) -> tuple[list[dict] | None, str]:
+    """The pairs of the table's algorithms that were the same update at the settings their runs recorded
+    (:func:`policyzoo.equivalence.equal_pairs` on each algorithm's first finished run's config: seconds), as
+    ``[{"algorithm", "equals", "why"}]`` (None: fewer than two algorithms, or the probe failed), and the
+    probe's one line when it claims nothing (``""`` otherwise).
+    A fresh compare refuses such a pair; the table says so instead of a verdict for it (:func:`report.verdict`)."""
+    names = labels([r.config.get("algorithm") for r in found])
+    first = {}
+    for name, run in zip(names, found):
+        if not run.stopped:
+            first.setdefault(name, {**run.config, "output_dir": str(run.path)})
+    if len(first) < 2:
+        return None, ""
+    try:
+        pairs = equal_pairs(first)
+    except Exception as e:  # noqa: BLE001 - a recorded run's data or component gone or refusing: no claim
+        return None, probe_failure(e)
+    return [{"algorithm": a, "equals": b, "why": why} for a, b, why, _ in pairs], ""

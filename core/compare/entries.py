@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from policyzoo.contract import Bundle
 from policyzoo.contract.ground import SLOTS
-from policyzoo.errors import ConfigError
-from policyzoo.resolve import parse_entry
+from policyzoo.errors import ConfigError, UserError
+from policyzoo.resolve import parse_entry, resolve_algorithm
 
 DEFAULT_BASE = "grpo"  # what a config's algorithm mapping without `base` modifies (policyzoo.assembly)
 
@@ -45,9 +46,35 @@ def check_clashes(entry: str, changes: list[str], overrides: list[str]) -> None:
                                   "give each its own entry" + (example if own != key else ""))
 
 
-def parse_algos(algos: str | list[str]) -> list[str]:
-    """The entries of ``--algos`` (a comma-separated string or a list), each once, in order."""
-    items = algos.split(",") if isinstance(algos, str) else list(algos)
+def entry_of(algo: Any, where: str) -> Any:
+    """A :class:`~policyzoo.contract.Bundle` given where the Python API takes an algorithm name
+    (``policyzoo.train(algo=...)``, ``policyzoo.compare(algos=[...])``) as its ``.name``, the entry that reads
+    back to it (``GRPO.replace(clip=use("cispo"))`` -> ``"grpo+clip=cispo"``); anything else unchanged.
+    Raises :class:`UserError` (at ``where``) for a Bundle its name does not read back to (one built by hand and
+    not registered): a run's ``config.yaml`` records a name, so the run could not be resumed or compared."""
+    if not isinstance(algo, Bundle):
+        return algo
+    try:
+        back = resolve_algorithm(algo.name)
+    except UserError:
+        back = None
+    if back != algo:
+        raise UserError(where, f"the Bundle named {algo.name!r} is not the algorithm that name reads back to (a "
+                        "Bundle built by hand, not in the catalog): a run records its algorithm by name",
+                        "register the bundle (a plugin's `policyzoo` entry point, docs/writing-a-plugin.md) and pass "
+                        "its name, or build it with Bundle.replace from a zoo bundle and pass that (or its .name)")
+    return algo.name
+
+
+def parse_algos(algos: str | list) -> list[str]:
+    """The entries of ``--algos`` (a comma-separated string, or a list of entries and
+    :class:`~policyzoo.contract.Bundle` objects, each read by :func:`entry_of`), each once, in order."""
+    items = algos.split(",") if isinstance(algos, str) else [entry_of(a, "policyzoo.compare(algos=...)")
+                                                             for a in algos]
+    wrong = [a for a in items if not isinstance(a, str)]
+    if wrong:
+        raise ConfigError("policyzoo.compare(algos=...)", f"{type(wrong[0]).__name__} {wrong[0]!r} is not an "
+                          "algorithm", "give names or entries (\"grpo\", \"grpo+clip=cispo\") or Bundle objects")
     items = [a.strip() for a in items if a and a.strip()]
     if not items:
         raise ConfigError("--algos", "no algorithm given", "e.g. --algos grpo,dr_grpo")

@@ -86,14 +86,21 @@ def verdict(result: dict) -> list[str]:
     """The comparison in words: per algorithm, whether its paired difference to the baseline excludes 0
     and in which direction, or that it cannot tell; then the smallest gap the design resolves: the
     paired intervals' half-widths, and the binomial standard error ``sqrt(p (1 - p) / R)`` of one run's
-    accuracy over its ``R`` held-out rows at ``p`` = the baseline's mean after (0/1 metrics only)."""
+    accuracy over its ``R`` held-out rows at ``p`` = the baseline's mean after (0/1 metrics only). A pair the gradient
+    probe found the same update at the runs' settings (``result["equal"]``, :mod:`policyzoo.compare.api`) gets
+    that reason instead of a verdict."""
     base, metric, out = result["baseline"], result["metric"], []
     widths = []
+    same = {frozenset((e["algorithm"], e["equals"])): e["why"] for e in result.get("equal") or []}
     for a in result["algorithms"]:
         d = a.get("paired_diff")
         if a["algorithm"] == base or d is None:
             continue
         name, n = a["algorithm"], d["n"]
+        if frozenset((name, base)) in same:  # the same update at these settings: the difference is seed noise
+            out.append(f"{name} - {base}: no verdict: {same[frozenset((name, base))]}: their runs measured noise "
+                       f"({_signed(d['mean'])} over {n} paired seeds).")
+            continue
         if d["half_width"] is None:
             out.append(f"{name} - {base}: {_signed(d['mean'])} from one seed pair: no interval, no verdict (--seeds 3 "
                        "or more).")
@@ -106,6 +113,13 @@ def verdict(result: dict) -> list[str]:
             out.append(f"{name}'s held-out {metric} is {side} than {base}'s: {span} excludes 0.")
         else:
             out.append(f"{name} and {base} are not told apart: {span} includes 0.")
+    out += [f"{e['algorithm']} and {e['equals']} were the same update here: {e['why']}." for e in
+            result.get("equal") or [] if base not in (e["algorithm"], e["equals"])]
+    if result.get("equal_note"):
+        out.append(result["equal_note"] + ".")
+    elif result.get("equal") == []:  # probed at the runs' own settings (policyzoo.compare.api): no pair was equal
+        out.append("The gradient probe at the runs' recorded settings finds no two algorithms the same update "
+                   "(docs/compare.md, \"Equal at these settings\").")
     if not out:
         out.append(f"Only {base} was compared: nothing to judge." if len(result["algorithms"]) == 1 else
                    f"No paired difference to judge: no other algorithm shares a seed with {base}.")

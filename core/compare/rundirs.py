@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from policyzoo.engine.rundir import RUN_MARKS, RunDir
+
 #: files a run directory holds (what marks a folder as one, and what a stale run start leaves); wandb's folder
 #: (train.report_to) and curves.png (`policyzoo plot RUN_DIR`) included
 RUN_FILES = {"config.yaml", "resolved.yaml", "metrics.jsonl", "summary.json", "completions.jsonl", "plugins.json",
@@ -35,6 +37,27 @@ RECORD_NUMBERS = ("reward_mean", "kl_ref", "entropy", "clip_frac_low", "clip_fra
                   "response_length_correct_mean", "response_length_wrong_mean")
 
 MARKS = {"config.yaml", "summary.json", "metrics.jsonl", "run.pid"}  # a folder holding one is read as a run
+
+
+def not_a_run(path: Path) -> str:
+    """Why the folder holds no run although it holds a name a run writes (``config.yaml``, ``final``,
+    ``checkpoints``) with none of the files only a run writes beside it (:data:`~policyzoo.engine.rundir.RUN_MARKS`),
+    or ``""``: those are the user's, never removed (``policyzoo train`` refuses such a folder the same way)."""
+    clash = RunDir(path).clashes()
+    if not clash:
+        return ""
+    return (f"holds {', '.join(clash)}, not written by a run (no {' or '.join(RUN_MARKS[:2])} beside it): not a run; "
+            "it is never removed: move it elsewhere to run there, or choose another --output-dir")
+
+
+def start_over(path: Path) -> str:
+    """How to run a folder's run again from scratch: delete the folder when it holds only a run's files
+    (:data:`RUN_FILES`), else remove those alone (named), since the other files are the user's."""
+    names = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    theirs = [n for n in names if n in RUN_FILES]
+    if len(theirs) == len(names):
+        return f"delete the folder {path}"
+    return f"remove the run's files from {path} ({', '.join(theirs)}; the other files are not a run's and stay)"
 
 
 @dataclass
@@ -141,6 +164,9 @@ def read_run(path: Path) -> Run | Skipped:
         return Skipped(path, "not a directory")
     if not any(path.iterdir()):
         return Skipped(path, "empty directory")
+    foreign = not_a_run(path)
+    if foreign:
+        return Skipped(path, foreign)
     try:
         config = yaml.safe_load((path / "config.yaml").read_text())
     except FileNotFoundError:
@@ -181,13 +207,13 @@ def _resume_hint(path: Path, config: dict) -> str:
     try:
         latest = json.loads((path / "checkpoints" / "latest.json").read_text())["step"]
     except (OSError, ValueError, KeyError, TypeError):
-        return "it holds no checkpoint to resume from: delete it and run it again"
+        return f"it holds no checkpoint to resume from: {start_over(path)}, then run it again"
     train = config.get("train")
     steps = train.get("steps") if isinstance(train, dict) else None
     if isinstance(latest, int) and isinstance(steps, int) and latest >= steps:
         return (f"its checkpoint is of its final step {latest} (stopped while finishing), so `--resume` alone is "
-                f"refused: `policyzoo train --resume {path} train.steps={latest + 1}` runs one step more, or delete "
-                "it and run it again")
+                f"refused: `policyzoo train --resume {path} train.steps={latest + 1}` runs one step more, or "
+                f"{start_over(path)} and run it again")
     return f"resume it with `policyzoo train --resume {path}`"
 
 

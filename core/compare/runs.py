@@ -12,9 +12,10 @@ planned ``train.steps``, its config.yaml the planned run's: skipped); ``resume``
 ``policyzoo train --resume DIR``); ``restart`` (a started run without a checkpoint, so nothing to
 resume: its run files are removed before it starts again); ``stopped`` (summary.json says the run
 stopped early, with its reason: not run again, shown in the table); ``blocked`` (another live run
-writes there, files that are not a run's, a config.yaml that does not parse or differs from the
+writes there, a config.yaml (final/, checkpoints/) no run wrote, a config.yaml that does not parse or differs from the
 planned run's in more than ``train.steps``, ``output_dir``, ``engine.threads`` and what is kept on
-disk (:data:`policyzoo.compare.lean.OUTPUT_KEYS`), a run of more steps).
+disk (:data:`policyzoo.compare.lean.OUTPUT_KEYS`), a run of more steps). Other files of the user's stay beside a
+run's files, as ``policyzoo train`` keeps them (:mod:`policyzoo.engine.rundir`): the status is the run's, noted.
 
 Each run is lean (:mod:`.lean`): no checkpoint kept once finished, no ``final/`` export unless ``export``.
 """
@@ -35,6 +36,8 @@ import yaml
 from policyzoo.assembly import assemble
 from policyzoo.catalog import get_catalog
 from policyzoo.contract.ground import SLOTS
+from policyzoo.data import load_task
+from policyzoo.engine.models import resolve_model
 from policyzoo.engine.rundir import RunDir
 from policyzoo.errors import ConfigError, UserError
 from policyzoo.resolve import parse_entry
@@ -43,7 +46,7 @@ from policyzoo.run_config import load_config
 from . import lean
 from .aggregate import config_differences
 from .entries import check_clashes
-from .rundirs import RUN_FILES, read_jsonl, read_summary, summary_steps
+from .rundirs import RUN_FILES, not_a_run, read_jsonl, read_summary, start_over, summary_steps
 
 if TYPE_CHECKING:  # rich loads when something is printed, not with `import policyzoo`
     from rich.console import Console
@@ -99,9 +102,10 @@ def _check_overrides(overrides: list[str]) -> None:
 def plan(algos: list[str], seeds: list[int], output_dir: str | Path, overrides: list[str] = (),
          threads: int | None = None, export: bool = False) -> list[RunSpec]:
     """Every run, checked before any starts: each entry's config validates and its names resolve
-    (an unknown name raises the ConfigError ``--algo`` gives, with the close matches), and no two
-    entries resolve to the same algorithm (the same components with the same parameters). Each run
-    gets :func:`policyzoo.compare.lean.overrides` (``export``: keep ``final/``)."""
+    (an unknown name raises the ConfigError ``--algo`` gives, with the close matches), the data and the
+    model load as ``policyzoo train --dry-run`` loads them (:func:`check_inputs`), and no two entries
+    resolve to the same algorithm (the same components with the same parameters). Each run gets
+    :func:`policyzoo.compare.lean.overrides` (``export``: keep ``final/``)."""
     overrides = list(overrides)
     _check_overrides(overrides)
     keys = {item.split("=", 1)[0].strip() for item in overrides}
@@ -118,6 +122,8 @@ def plan(algos: list[str], seeds: list[int], output_dir: str | Path, overrides: 
             given = [*overrides, *changes, *extra, f"train.seed={seed}",
                      *([] if "data.seed" in keys else [f"data.seed={seed}"])]
             config = load_config(None, base, [*given, f"output_dir={path}"])
+            if not out:  # the entries change only algorithm.*: one run's data and model are every run's
+                check_inputs(config)
             try:  # the components are built as a run builds them (names, parameters), no model loaded
                 built = assemble(config.algorithm, catalog=catalog)
             except UserError as e:
@@ -131,6 +137,17 @@ def plan(algos: list[str], seeds: list[int], output_dir: str | Path, overrides: 
                               "components with the same parameters): their runs would be one experiment twice",
                               f"name it once: drop {entry!r} or {other!r}")
     return out
+
+
+def check_inputs(config) -> None:
+    """The data and the model of a planned run, checked as ``policyzoo train --dry-run`` checks them
+    (:func:`policyzoo.data.load_task`: the file, its columns, the rows; :func:`policyzoo.engine.models.resolve_model`:
+    the folder, config.json, weights, tokenizer). Raises their :class:`~policyzoo.errors.UserError`
+    (``DataError``, ``ModelError``: exit 2) before any command is printed or run. The embedded default model
+    (``model.path`` null) is not resolved here: the run converts it on first use."""
+    load_task(config.data)
+    if config.model.path is not None:
+        resolve_model(config.model.path, config.model.trust_remote_code)
 
 
 def _components(run) -> str:
@@ -170,38 +187,38 @@ def status(path: Path, steps: int, planned: dict | None = None) -> tuple[str, st
     if owner is not None:
         return "blocked", f"a live run (pid {owner['pid']}) is writing here: wait for it, or stop it"
     names = {p.name for p in path.iterdir()}
-    if not names & {"config.yaml", "metrics.jsonl", "summary.json", "checkpoints"}:
-        return "new", ""
-    if names - RUN_FILES:
-        return "blocked", (f"holds files that are not a run's ({', '.join(sorted(names - RUN_FILES)[:3])}): "
-                           "move them elsewhere, or choose another --output-dir")
-    if not RunDir(path).run_files():  # a config.yaml (final/, checkpoints/) of the user's, no run's files beside it
-        return "blocked", (f"holds {', '.join(RunDir(path).clashes())}, not written by a run (no resolved.yaml or "
-                           "metrics.jsonl beside it): move it elsewhere, or choose another --output-dir")
+    other = sorted(names - RUN_FILES)  # the user's: they stay beside the run's files (as `policyzoo train` keeps them)
+    kept = f"{', '.join(other[:3])}{' ...' if len(other) > 3 else ''}: not a run's, kept beside the run's files"
+    beside = f" ({kept})" if other else ""
+    foreign = not_a_run(path)  # a config.yaml (final/, checkpoints/) of the user's, no run's files beside it
+    if foreign:
+        return "blocked", foreign
+    if not RunDir(path).run_files():
+        return "new", f"holds {kept}" if other else ""
     summary, latest = read_summary(path), _latest(path)
     if summary is None and latest is None:
-        return "restart", "started before without a checkpoint (nothing to resume): its run files are removed"
-    why = _config_mismatch(path, planned)
+        return "restart", "started before without a checkpoint (nothing to resume): its run files are removed" + beside
+    why, again = _config_mismatch(path, planned), start_over(path)
     if why:
-        return "blocked", f"{why}: delete the folder (or choose another --output-dir) to run the planned one"
+        return "blocked", f"{why}: {again} (or choose another --output-dir) to run the planned one"
     if summary is not None and summary.get("stopped_early") is True:
         return "stopped", (f"stopped early at step {summary['steps']}: {summary.get('stop_reason') or 'no reason'}"
-                           " (delete the folder to run it again)")
+                           f" ({again} to run it again)")
     done_at = None if summary is None else summary_steps(summary)
     if summary is not None and done_at is None:
-        return "blocked", f"summary.json's steps is {summary['steps']!r}, not a step count: delete the folder"
+        return "blocked", f"summary.json's steps is {summary['steps']!r}, not a step count: {again}"
     if done_at == steps:
-        return "done", f"finished at step {done_at}"
+        return "done", f"finished at step {done_at}{beside}"
     if done_at is not None and done_at > steps:
         return "blocked", (f"finished at step {done_at}, the plan has train.steps {steps}: another experiment (its "
-                           "last-20% window and schedule differ): delete the folder or choose another --output-dir")
+                           f"last-20% window and schedule differ): {again} or choose another --output-dir")
     if latest is not None and latest < steps:
-        return "resume", f"from the checkpoint of step {latest}"
+        return "resume", f"from the checkpoint of step {latest}{beside}"
     if latest is None:
         return "blocked", (f"finished at step {done_at} (train.steps is {steps}) without a checkpoint to "
-                           "continue from: delete the folder to run it again")
+                           f"continue from: {again} to run it again")
     return "blocked", (f"a checkpoint of step {latest} but no summary.json (stopped while finishing): run "
-                       f"`policyzoo train --resume {path} train.steps={latest + 1}` or delete the folder")
+                       f"`policyzoo train --resume {path} train.steps={latest + 1}` or {again}")
 
 
 def _latest(path: Path) -> int | None:

@@ -20,8 +20,10 @@ the larger gradient's largest entry). Slots that cannot be probed on synthetic b
   beta 0, a filter that cannot drop, a term with coefficient 0).
 
 A probe that fails on a component (a third-party component that refuses synthetic data) claims
-nothing and says so in one line; it never stops a run. The only error raised is ``equal_entries``'s
-:class:`~policyzoo.errors.ConfigError` for equal entries. Imports: contract, step and the building of
+nothing and says so in one line; it never stops a run. The only errors raised are ``equal_entries``'s
+:class:`~policyzoo.errors.ConfigError` for equal entries and the :class:`~policyzoo.errors.DataError` of data
+that does not load (the run would stop on it too); :func:`equal_pairs` gives the pairs (the table of runs
+already made names them). Imports: contract, step and the building of
 a run only (no engine): about 0.1 s for two entries on a CPU (B = P x G rows, T <= 8 tokens, float64).
 
 Peers: verl splits a batch into several optimizer steps (``ppo_mini_batch_size``), so its ratios move
@@ -33,7 +35,8 @@ arXiv:2506.13585, eq. 4), GSPO's sequence ratio (arXiv:2507.18071, eq. 7).
 
 from .batches import ProbeBatch, Regime, probe_batches, regime, task_reward_classes
 from .gradient import ATOL, RTOL, Probe, gradient, probe, same
-from .verdict import NEUTRAL, equal_entries, inert_slots, notes_and_warnings, run_warnings
+from .verdict import NEUTRAL, equal_entries, equal_pairs, inert_slots, notes_and_warnings, probe_failure, run_warnings
 
-__all__ = ["ATOL", "NEUTRAL", "RTOL", "Probe", "ProbeBatch", "Regime", "equal_entries", "gradient", "inert_slots",
-           "notes_and_warnings", "probe", "probe_batches", "regime", "run_warnings", "same", "task_reward_classes"]
+__all__ = ["ATOL", "NEUTRAL", "RTOL", "Probe", "ProbeBatch", "Regime", "equal_entries", "equal_pairs", "gradient",
+           "inert_slots", "notes_and_warnings", "probe", "probe_batches", "probe_failure", "regime", "run_warnings",
+           "same", "task_reward_classes"]

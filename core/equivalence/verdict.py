@@ -12,7 +12,7 @@ import torch
 from policyzoo.assembly import Run
 from policyzoo.catalog import get_catalog
 from policyzoo.contract import SLOTS, Bundle, use
-from policyzoo.errors import ConfigError, UserError
+from policyzoo.errors import ConfigError, DataError, UserError
 from policyzoo.resolve import DEFAULT_ALGORITHM, resolve_algorithm
 from policyzoo.run_config import Config
 
@@ -125,33 +125,50 @@ def equal_message(a: str, b: str, ra: Run, rb: Run, r: Regime) -> tuple[str, str
     return why, "; or ".join(fixes)
 
 
+def equal_pairs(entries: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """``(entry, other, why, fix)`` for each entry of ``entries`` (name -> its config, a
+    :class:`~policyzoo.run_config.Config` or its dump) whose gradient probe equals an earlier entry's
+    (:func:`equal`), ``why`` and ``fix`` the texts of :func:`equal_message`. Raises what the probe raises (a
+    component that refuses synthetic batches, data that does not load)."""
+    probes: list[tuple[str, Probed]] = []
+    tasks: dict = {}  # the data task's default rewards, loaded once per data setting
+    out = []
+    for entry, config in entries.items():
+        config = config if isinstance(config, Config) else Config.model_validate(config)
+        bundle = resolve_algorithm(config.algorithm)
+        mine = probed(bundle, config, task_reward_classes(config, bundle, tasks))
+        for other, theirs in probes:
+            if equal(mine, theirs):
+                out.append((entry, other, *equal_message(entry, other, mine.run, theirs.run, mine.regime)))
+                break
+        probes.append((entry, mine))
+    return out
+
+
 def equal_entries(entries: dict[str, Any], allow_equal: bool = False) -> list[str]:
     """``policyzoo compare``'s check before anything runs: ``entries`` maps each entry of ``--algos`` to
     its planned config (a :class:`~policyzoo.run_config.Config` or its dump). Raises :class:`ConfigError`
-    (exit 2) naming the equal pairs, the slot that differs, why it is inert and the fix, unless
-    ``allow_equal``; then returns the same lines as notes. A probe that fails returns its note."""
-    probes: list[tuple[str, Probed]] = []
-    tasks: dict = {}  # the data task's default rewards, loaded once per data setting
-    lines, fixes = [], []
+    (exit 2) naming the equal pairs (:func:`equal_pairs`), the slot that differs, why it is inert and the fix,
+    unless ``allow_equal``; then returns the same lines as notes. A probe that fails on a component returns its
+    note; data that does not load (:class:`DataError`, as ``train --dry-run`` gives it) is raised: the runs would
+    stop on it too."""
     try:
-        for entry, config in entries.items():
-            config = config if isinstance(config, Config) else Config.model_validate(config)
-            bundle = resolve_algorithm(config.algorithm)
-            mine = probed(bundle, config, task_reward_classes(config, bundle, tasks))
-            for other, theirs in probes:
-                if equal(mine, theirs):
-                    why, fix = equal_message(entry, other, mine.run, theirs.run, mine.regime)
-                    lines.append(why)
-                    fixes.append(fix)
-                    break
-            probes.append((entry, mine))
+        pairs = equal_pairs(entries)
+    except DataError:  # the run's own data does not load: the run would stop on it too, so a refusal, not a note
+        raise
     except Exception as e:  # noqa: BLE001 - a component that refuses synthetic batches: no claim, never a stop
         return [f"note: the equality probe claims nothing: {_failure(e)}"]
+    lines, fixes = [why for _, _, why, _ in pairs], [fix for _, _, _, fix in pairs]
     if lines and not allow_equal:
         raise ConfigError("--algos " + ",".join(entries), "; ".join(lines) + ": their runs would measure noise",
                           "; ".join(dict.fromkeys(f for f in fixes if f)) + "; or drop one of them, or pass "
                           "--allow-equal to run them anyway")
     return [f"note: {line}" for line in lines]
+
+
+def probe_failure(e: Exception) -> str:
+    """The one line of a probe that claims nothing because ``e`` was raised."""
+    return f"the equality probe claims nothing: {_failure(e)}"
 
 
 def _failure(e: Exception) -> str:
