@@ -137,6 +137,20 @@ def test_verdict_names_what_separates_and_what_does_not(tmp_path):
     assert "## Verdict" in md and md.index("## Verdict") > md.index("| algorithm | KL |")
 
 
+def test_equal_scores_in_every_seed_are_said_so_not_given_a_zero_width(tmp_path):
+    _three(tmp_path, "grpo", [0.37, 0.36, 0.39])
+    _three(tmp_path, "dr_grpo", [0.37, 0.36, 0.39])  # paired d = 0, 0, 0: s = 0, half-width 0
+    _three(tmp_path, "rloo", [0.3, 0.3, 0.6])  # paired d = -0.07, -0.06, +0.21: a real spread
+    lines = report.verdict(aggregate.aggregate(find_runs([str(tmp_path)])[0], baseline="grpo"))
+    same = "dr_grpo and grpo scored the same held-out accuracy in each of 3 paired seeds"
+    assert any(x.startswith(same) for x in lines)
+    assert not any(x.startswith("dr_grpo and grpo are not told apart") for x in lines)
+    # the resolution line reads rloo's width only: d = -0.07, -0.06, +0.21, mean 0.0267, s = 0.1588,
+    # h = 4.303 x 0.1588 / sqrt 3 = 0.3945; never the 0.000 of the equal pair
+    gap = next(x for x in lines if x.startswith("Smallest gap"))
+    assert "half-width, 0.395 here" in gap
+
+
 def test_one_seed_gives_no_verdict(tmp_path):
     _three(tmp_path, "grpo", [0.2])
     _three(tmp_path, "dapo", [0.3])

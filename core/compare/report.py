@@ -88,7 +88,8 @@ def verdict(result: dict) -> list[str]:
     paired intervals' half-widths, and the binomial standard error ``sqrt(p (1 - p) / R)`` of one run's
     accuracy over its ``R`` held-out rows at ``p`` = the baseline's mean after (0/1 metrics only). A pair the gradient
     probe found the same update at the runs' settings (``result["equal"]``, :mod:`policyzoo.compare.api`) gets
-    that reason instead of a verdict."""
+    that reason instead of a verdict. A pair whose held-out scores are equal in every seed (paired differences all
+    0, a t-interval of width 0) is said to be so, not "not told apart" with a resolution of 0."""
     base, metric, out = result["baseline"], result["metric"], []
     widths = []
     same = {frozenset((e["algorithm"], e["equals"])): e["why"] for e in result.get("equal") or []}
@@ -104,6 +105,12 @@ def verdict(result: dict) -> list[str]:
         if d["half_width"] is None:
             out.append(f"{name} - {base}: {_signed(d['mean'])} from one seed pair: no interval, no verdict (--seeds 3 "
                        "or more).")
+            continue
+        if d["half_width"] == 0 and d["mean"] == 0:  # the same held-out score in every seed: no spread to read
+            out.append(f"{name} and {base} scored the same held-out {metric} in each of {n} paired seeds (difference "
+                       "0 in every seed): the held-out figure does not separate them here, and a spread of 0 gives "
+                       "no interval to read; the greedy answers may have collapsed onto the same output (see the "
+                       "entropy and zero-std columns).")
             continue
         widths.append(d["half_width"])
         span = f"{_signed(d['mean'])} ± {d['half_width']:.3f} over {n} paired seeds, 95% interval " \
