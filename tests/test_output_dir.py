@@ -102,3 +102,19 @@ def test_the_default_folder_of_a_long_hybrid_is_one_folder_within_a_names_limit(
     # runs/ + the first 120 characters of the name with '/' as '_' + '-YYYYmmdd-HHMMSS' (16)
     assert folder.parent == Path("runs") and len(folder.name) == 120 + 16
     assert folder.name.startswith('grpo+sample.stop=["x_x_x')
+
+
+def test_rank_0s_own_start_files_do_not_stop_the_other_ranks_of_its_launch(tmp_path, monkeypatch):
+    # rank 0 writes run.pid and startup.log as it starts; rank 1 of the same launch may check the folder a moment
+    # later (seen on two ranks under load): it must not take them for another run's files. Rank 0 still does.
+    out = _make(tmp_path, ["run.pid", "startup.log"])
+    monkeypatch.setenv("RANK", "1")
+    RunDir(out).check_new()  # no refusal on rank 1
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(UserError, match=r"another run's files \(run.pid, startup.log\)"):
+        RunDir(out).check_new()
+    # a real run's metrics stop every rank
+    (out / "metrics.jsonl").write_text("{}\n")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(UserError, match="metrics.jsonl"):
+        RunDir(out).check_new()

@@ -97,6 +97,17 @@ RUN_MARKS = ("resolved.yaml", "metrics.jsonl", "summary.json", "completions.json
              "startup.log")
 
 
+#: what rank 0 of a launch writes into the folder as it starts (its claim, its library log): another rank of the
+#: same launch checking a moment later would take them for another run's files, so only rank 0 looks at them (a
+#: refusal on rank 0 ends the launch; check_live reasons the same way)
+STARTED_BY_RANK0 = ("run.pid", "startup.log")
+
+
+def _looked_at(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` less :data:`STARTED_BY_RANK0` on every rank but 0."""
+    return names if dist.rank() == 0 else tuple(n for n in names if n not in STARTED_BY_RANK0)
+
+
 def written_by_run(path: str | os.PathLike) -> list[str]:
     """The names of :data:`RUN_WRITES` in the folder ``path``, sorted (what removing a run's files removes)."""
     return sorted(n for n in RUN_WRITES if (Path(path) / n).exists() or (Path(path) / n).is_symlink())
@@ -155,13 +166,13 @@ class RunDir:
 
     def run_files(self) -> list[str]:
         """The names in the folder that only a run writes (:data:`RUN_MARKS`), sorted; ``[]`` for none."""
-        return sorted(n for n in RUN_MARKS if (self.path / n).exists() or (self.path / n).is_symlink())
+        return sorted(n for n in _looked_at(RUN_MARKS) if (self.path / n).exists() or (self.path / n).is_symlink())
 
     def clashes(self) -> list[str]:
         """The names in a folder without a run's files that a run would write over (:data:`RUN_WRITES`), sorted."""
         if self.run_files():
             return []
-        return written_by_run(self.path)
+        return [n for n in written_by_run(self.path) if n in _looked_at(RUN_WRITES)]
 
     def check_live(self) -> None:
         """Raise :class:`UserError` when ``RUN_DIR/run.pid`` names a process of this host that is
