@@ -105,16 +105,19 @@ def test_the_default_folder_of_a_long_hybrid_is_one_folder_within_a_names_limit(
 
 
 def test_rank_0s_own_start_files_do_not_stop_the_other_ranks_of_its_launch(tmp_path, monkeypatch):
-    # rank 0 writes run.pid and startup.log as it starts; rank 1 of the same launch may check the folder a moment
-    # later (seen on two ranks under load): it must not take them for another run's files. Rank 0 still does.
+    # rank 0 writes run.pid, startup.log and config.yaml as it starts; rank 1 of the same launch may check the
+    # folder a moment later (seen on two ranks under load): it must not take them for another run's or a user's
+    # files. Rank 0 checks the content, and its refusal ends the launch.
     out = _make(tmp_path, ["run.pid", "startup.log"])
     monkeypatch.setenv("RANK", "1")
     RunDir(out).check_new()  # no refusal on rank 1
+    (out / "startup.log").unlink()
+    (out / "config.yaml").write_text("algorithm: grpo\n")  # run.pid and config.yaml alone: a clash on rank 0
+    RunDir(out).check_new()
     monkeypatch.setenv("RANK", "0")
-    with pytest.raises(UserError, match=r"another run's files \(run.pid, startup.log\)"):
+    with pytest.raises(UserError, match=r"another run's files \(run.pid\)"):
         RunDir(out).check_new()
-    # a real run's metrics stop every rank
-    (out / "metrics.jsonl").write_text("{}\n")
+    # a file in place of the folder stops every rank
     monkeypatch.setenv("RANK", "1")
-    with pytest.raises(UserError, match="metrics.jsonl"):
-        RunDir(out).check_new()
+    with pytest.raises(UserError, match="is a file"):
+        RunDir(out / "config.yaml").check_new()

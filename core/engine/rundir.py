@@ -97,15 +97,12 @@ RUN_MARKS = ("resolved.yaml", "metrics.jsonl", "summary.json", "completions.json
              "startup.log")
 
 
-#: what rank 0 of a launch writes into the folder as it starts (its claim, its library log): another rank of the
-#: same launch checking a moment later would take them for another run's files, so only rank 0 looks at them (a
-#: refusal on rank 0 ends the launch; check_live reasons the same way)
-STARTED_BY_RANK0 = ("run.pid", "startup.log")
-
-
 def _looked_at(names: tuple[str, ...]) -> tuple[str, ...]:
-    """``names`` less :data:`STARTED_BY_RANK0` on every rank but 0."""
-    return names if dist.rank() == 0 else tuple(n for n in names if n not in STARTED_BY_RANK0)
+    """The names whose presence refuses the folder: all of ``names`` on rank 0, none on the other ranks. Rank 0
+    of a launch writes its claim (``run.pid``), its library log and its config into the folder as it starts, and
+    another rank checking a moment later would take them for another run's or a user's files (seen on two ranks
+    under load); a refusal on rank 0 ends the launch (``check_live`` reasons the same way)."""
+    return names if dist.rank() == 0 else ()
 
 
 def written_by_run(path: str | os.PathLike) -> list[str]:
@@ -131,8 +128,9 @@ class RunDir:
         """Before any model loads: the folder can hold a new run. Refused: a file; a folder holding another run's
         files (:data:`RUN_MARKS`: a new run would mix its metrics into them); a folder holding something else under
         a name the run writes (:data:`RUN_WRITES`: a user's own ``config.yaml``, a ``final`` folder), which the run
-        would replace or stop on. Other content stays beside the run's files. Every rank checks, so every rank
-        stops with the same message instead of waiting for rank 0. ``create`` False (a dry run) gives the same
+        would replace or stop on. Other content stays beside the run's files. Rank 0 checks the content (the
+        other ranks would see rank 0's own first files, :func:`_looked_at`; its refusal ends the launch); every
+        rank checks that the path is a writable folder. ``create`` False (a dry run) gives the same
         verdict, creates nothing and checks that a file can be created in the nearest existing folder on the path
         (:func:`unwritable`). Raises :class:`UserError`; no fix deletes anything."""
         if self.path.exists() and not self.path.is_dir():
