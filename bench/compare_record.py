@@ -51,7 +51,7 @@ def copy_results(runs: Path, out: Path, result: dict) -> list[Path]:
             copied.append(Path(shutil.copy2(runs / name, out / name)))
     for a in result["algorithms"]:
         for run in a["runs"]:
-            src = Path(run) if Path(run).is_absolute() else bench_summary.ROOT / run
+            src = (Path(run) if Path(run).is_absolute() else bench_summary.ROOT / run).resolve()  # a linked folder too
             dst = out / src.relative_to(runs.resolve()) if src.is_relative_to(runs.resolve()) else out / src.name
             dst.mkdir(parents=True, exist_ok=True)
             for f in RUN_FILES:

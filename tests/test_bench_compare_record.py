@@ -46,6 +46,21 @@ def test_copy_results_takes_the_table_and_each_runs_small_files_only(tmp_path):
                                                       for f in ("metrics.jsonl", "resolved.yaml", "summary.json")]
 
 
+def test_runs_reached_through_a_linked_folder_keep_their_algorithm_folders(tmp_path):
+    # runs/cmp-zoo may be a link to the folder the runs were made in: each run keeps its ALGO/seedS place (it was
+    # copied to out/seed0, every algorithm's seed 0 over the others)
+    real = tmp_path / "made"
+    for algo in ("grpo", "dr_grpo"):
+        (real / algo / "seed0").mkdir(parents=True)
+        (real / algo / "seed0" / "summary.json").write_text(f'{{"algo": "{algo}"}}')
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    result = {"algorithms": [{"algorithm": a, "runs": [str(link / a / "seed0")]} for a in ("grpo", "dr_grpo")]}
+    copied = compare_record.copy_results(link, tmp_path / "out", result)
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p in copied) == ["dr_grpo/seed0/summary.json",
+                                                                            "grpo/seed0/summary.json"]
+
+
 def test_a_folder_without_a_table_exits_2_with_the_command_that_makes_it(tmp_path, capsys):
     assert compare_record.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
